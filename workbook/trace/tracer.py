@@ -1,0 +1,526 @@
+"""Per-step tracer of MRV2 sampling internals: what vLLM did with the thinking budget.
+
+``Tracer().install()`` patches (``workbook.patching`` layer "trace", i.e. outermost) the hook
+points of ``workbook.hookpoints`` and records, for every real engine step (warm-up and dummy runs
+never enter ``sample_tokens`` with a request and are ignored):
+
+- **steps**: step index, path (``Sampler`` / ``RejectionSampler``), number of requests, logits
+  rows and draft tokens, tokens the guard replaced (if the guard is installed).
+- **requests** (one per request per step): request id, slot, phase, drafts verified this step,
+  ``enabled``, ``use_thinking_budget[slot]``, the budget in the host array AND in the device
+  tensor, the per-slot gate ``needs_logits_processing[slot]``, whether
+  ``apply_sampling_params`` took the fast path (returned its input), whether
+  ``ThinkingBudgetState.apply`` ran and launched its kernels, the marker caches after it
+  (last start / last end / scan position), committed length before and after, the reasoning
+  count from the tracer's OWN host-side history (prompt + emitted tokens: independent of vLLM's
+  device state), tokens sampled by vLLM, tokens finally emitted, drafts proposed for next step.
+- **rows** (one per logits row): local position, input token (the committed last token at 0,
+  draft j at j), the end-token logit raw / before ``apply`` / after ``apply`` / after all
+  processing, forced (after ``apply`` >= 1e8), top-k ids and values before and after, the token
+  vLLM sampled at the row, whether the row's draft was accepted, whether its token was emitted.
+
+Processing order inside one step (MRV2): ``sample_tokens`` → ``sample`` → ``Sampler.__call__``
+or ``RejectionSampler.__call__`` → ``apply_sampling_params`` (per chunk) →
+``ThinkingBudgetState.apply`` → ``apply_thinking_budget`` → [guard] → ``postprocess_sampled``
+→ ``speculator.propose``. Device tensors are cloned (small: the end column, top-k, per-slot
+values) during the step and copied to the host once at its end (one synchronization per step).
+
+It never writes into vLLM tensors and never changes a return value, so what vLLM samples is the
+same with or without it; removing it restores the original methods (``workbook.patching``).
+Never whole vocabulary rows: memory is bounded by ``max_steps`` × rows × ``topk``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from workbook import hookpoints, patching
+
+FORCED_THRESHOLD = 1e8
+
+
+@dataclass
+class _Call:
+    """One ``apply_sampling_params`` call (a step may have several: chunks)."""
+    slots: Any = None  # [rows] expanded_idx_mapping
+    local_pos: Any = None  # [rows]
+    input_ids: Any = None  # [rows]
+    gate: Any = None  # np [reqs]
+    gate_slots: Any = None  # np [reqs]
+    end_in: Any = None  # [rows, E]
+    end_final: Any = None
+    top_in: Any = None  # (vals, ids) [rows, k]
+    top_final: Any = None
+    fast_path: bool | None = None
+    apply_called: bool = False
+    apply: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Step:
+    index: int
+    req_ids: list
+    idx_mapping: np.ndarray
+    cu_num_logits: np.ndarray
+    num_draft_tokens: int
+    path: str | None = None
+    calls: list = field(default_factory=list)
+    sampled_vllm: Any = None  # [reqs, k+1] before the guard
+    num_sampled_vllm: Any = None
+    sampled: Any = None  # final (emitted)
+    num_sampled: Any = None
+    num_rejected: Any = None
+    total_len_after: Any = None
+    proposed: Any = None
+    guard_fixed: Any = None
+
+
+class Tracer:
+    """Install with ``install()`` / ``with Tracer() as t:``; read with ``frames()``."""
+
+    def __init__(self, topk: int = 5, max_steps: int = 20000, flush_dir: str | None = None,
+                 flush_every: int = 64):
+        self.topk = topk
+        self.max_steps = max_steps
+        self.flush_dir = flush_dir
+        self.flush_every = flush_every
+        self.hp = hookpoints.resolve()
+        self.patches = self._build_patches()
+        self._step: _Step | None = None
+        self._call: _Call | None = None
+        self._nsteps = 0
+        self._history: dict[str, list[int]] = {}  # req_id -> prompt + emitted (host view)
+        self._prompt_len: dict[str, int] = {}
+        self.registrations: list[dict] = []
+        self.steps: list[dict] = []
+        self.requests: list[dict] = []
+        self.rows: list[dict] = []
+        self.markers: dict[str, list[int]] | None = None
+        self.dropped_steps = 0
+
+    # ---- install / remove ---------------------------------------------------------------
+    def install(self) -> "Tracer":
+        self.patches.install()
+        return self
+
+    def remove(self) -> None:
+        self.patches.remove()
+        if self.flush_dir:
+            self.flush()
+
+    def __enter__(self):
+        return self.install()
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+    def _build_patches(self) -> patching.PatchSet:
+        hp = self.hp
+        ps = patching.PatchSet("trace", "trace")
+        ps.wrap(hp.runner, "add_requests", self._w_add_requests)
+        ps.wrap(hp.runner, "sample_tokens", self._w_sample_tokens)
+        ps.wrap(hp.runner, "sample", self._w_sample)
+        ps.wrap(hp.runner, "postprocess_sampled", self._w_postprocess)
+        ps.wrap(hp.sampler, "__call__", self._w_path("Sampler"))
+        ps.wrap(hp.rejection, "__call__", self._w_path("RejectionSampler"))
+        ps.wrap(hp.sampler, "apply_sampling_params", self._w_apply_sampling_params)
+        ps.wrap(hp.budget, "apply", self._w_budget_apply)
+        import importlib
+
+        tb_mod = importlib.import_module(hp.budget.__module__)
+        if hasattr(tb_mod, "apply_thinking_budget"):
+            ps.wrap(tb_mod, "apply_thinking_budget", self._w_kernel_launch)
+        return ps
+
+    # ---- wrappers -------------------------------------------------------------------------
+    def _w_add_requests(self, orig):
+        tracer = self
+
+        def add_requests(runner, scheduler_output, *a, **k):
+            out = orig(runner, scheduler_output, *a, **k)
+            try:
+                tracer._on_add_requests(runner, scheduler_output)
+            except Exception as e:  # the tracer must never break the engine
+                tracer._error("add_requests", e)
+            return out
+
+        return add_requests
+
+    def _w_sample_tokens(self, orig):
+        tracer = self
+
+        def sample_tokens(runner, *a, **k):
+            st = getattr(runner, "execute_model_state", None)
+            batch = getattr(st, "input_batch", None) if st is not None else None
+            step = tracer._begin_step(batch)
+            try:
+                return orig(runner, *a, **k)
+            finally:
+                if step is not None:
+                    try:
+                        tracer._end_step(runner, step)
+                    except Exception as e:
+                        tracer._error("sample_tokens", e)
+                    tracer._step = None
+
+        return sample_tokens
+
+    def _w_sample(self, orig):
+        tracer = self
+
+        def sample(runner, hidden_states, input_batch, *a, **k):
+            out = orig(runner, hidden_states, input_batch, *a, **k)
+            step = tracer._step
+            if step is not None:
+                sampler_output, num_sampled, num_rejected = out
+                step.sampled = sampler_output.sampled_token_ids.detach().clone()
+                step.num_sampled = num_sampled.detach().clone()
+                step.num_rejected = num_rejected.detach().clone()
+                g = getattr(runner, "_workbook_guard", None)
+                fixed = getattr(g, "last_fixed", None)
+                step.guard_fixed = fixed.detach().clone() if fixed is not None else None
+            return out
+
+        return sample
+
+    def _w_postprocess(self, orig):
+        tracer = self
+
+        def postprocess_sampled(runner, idx_mapping, *a, **k):
+            out = orig(runner, idx_mapping, *a, **k)
+            step = tracer._step
+            if step is not None:
+                step.total_len_after = runner.req_states.total_len.gpu.detach().clone()
+            return out
+
+        return postprocess_sampled
+
+    def _w_path(self, name):
+        tracer = self
+
+        def make(orig):
+            def __call__(sampler, *a, **k):
+                step = tracer._step
+                outer = step is not None and step.path is None
+                if outer:
+                    step.path = name
+                out = orig(sampler, *a, **k)
+                if outer:
+                    step.sampled_vllm = out.sampled_token_ids.detach().clone()
+                    step.num_sampled_vllm = out.num_sampled.detach().clone()
+                return out
+
+            return __call__
+
+        return make
+
+    def _w_apply_sampling_params(self, orig):
+        tracer = self
+
+        def apply_sampling_params(sampler, *a, **k):
+            step = tracer._step
+            if step is None:
+                return orig(sampler, *a, **k)
+            args = hookpoints.apply_sampling_args(a, k)
+            call = _Call()
+            tracer._call = call
+            ends = tracer._end_col()
+            call.slots = args.expanded_idx_mapping.detach().clone()
+            call.local_pos = args.expanded_local_pos.detach().clone()
+            call.input_ids = args.input_ids.detach().clone()
+            call.gate_slots = np.array(args.idx_mapping_np, copy=True)
+            call.gate = np.array(sampler.needs_logits_processing[args.idx_mapping_np], copy=True)
+            call.end_in = args.logits[:, ends].detach().float().clone()
+            call.top_in = tracer._topk(args.logits)
+            try:
+                out = orig(sampler, *a, **k)
+            finally:
+                tracer._call = None
+            call.fast_path = out is args.logits
+            call.end_final = out[:, ends].detach().float().clone()
+            call.top_final = tracer._topk(out)
+            step.calls.append(call)
+            return out
+
+        return apply_sampling_params
+
+    def _w_budget_apply(self, orig):
+        tracer = self
+
+        def apply(state, *a, **k):
+            call = tracer._call
+            if call is None or tracer._step is None:
+                return orig(state, *a, **k)
+            args = hookpoints.budget_apply_args(tracer.hp.generation, a, k)
+            ends = tracer._end_col()
+            slots_np = np.asarray(args.idx_mapping_np)
+            rec = call.apply
+            call.apply_called = True
+            rec["enabled"] = bool(state.enabled)
+            rec["before"] = args.logits[:, ends].detach().float().clone()
+            rec["launched"] = False
+            if state.enabled:
+                rec["use"] = np.array(state.use_thinking_budget[slots_np], copy=True)
+                rec["budget_host"] = np.array(state.thinking_token_budget.np[slots_np], copy=True)
+                rec["budget_dev"] = state.thinking_token_budget.gpu[
+                    args.idx_mapping.long()].detach().clone()
+            out = orig(state, *a, **k)
+            rec["after"] = args.logits[:, ends].detach().float().clone()
+            if state.enabled:
+                idx = args.idx_mapping.long()
+                rec["last_start"] = state.cached_last_start[idx].detach().clone()
+                rec["last_end"] = state.cached_last_end[idx].detach().clone()
+                rec["scan_pos"] = state.cached_scan_pos[idx].detach().clone()
+            rec["slots"] = slots_np
+            return out
+
+        return apply
+
+    def _w_kernel_launch(self, orig):
+        tracer = self
+
+        def apply_thinking_budget(*a, **k):
+            if tracer._call is not None:
+                tracer._call.apply["launched"] = True
+            return orig(*a, **k)
+
+        return apply_thinking_budget
+
+    # ---- step bookkeeping -------------------------------------------------------------------
+    def _on_add_requests(self, runner, scheduler_output) -> None:
+        self._markers(runner)
+        sampler = getattr(runner, "sampler", None)
+        state = getattr(sampler, "thinking_budget_state", None)
+        for new in scheduler_output.scheduled_new_reqs:
+            req_id = new.req_id
+            slot = runner.req_states.req_id_to_index.get(req_id)
+            tokens = [int(t) for t in (new.prefill_token_ids or [])]
+            self._history[req_id] = tokens
+            self._prompt_len[req_id] = int(getattr(new, "prompt_len", len(tokens)) or len(tokens))
+            sp = new.sampling_params
+            reg = {"req_id": req_id, "slot": slot, "prompt_len": self._prompt_len[req_id],
+                   "prompt_tail": tokens[-8:],
+                   "budget_param": getattr(sp, "thinking_token_budget", None),
+                   "temperature": getattr(sp, "temperature", None),
+                   "step": self._nsteps}
+            if state is not None and slot is not None:
+                reg["enabled"] = bool(state.enabled)
+                if state.enabled:
+                    reg["use_thinking_budget"] = bool(state.use_thinking_budget[slot])
+                    reg["budget_host"] = int(state.thinking_token_budget.np[slot])
+            if sampler is not None and slot is not None:
+                reg["gate"] = bool(sampler.needs_logits_processing[slot])
+            self.registrations.append(reg)
+
+    def _begin_step(self, batch) -> _Step | None:
+        if batch is None or not getattr(batch, "req_ids", None):
+            return None
+        req_ids = list(batch.req_ids)
+        if not any(r in self._history for r in req_ids):
+            return None  # a dummy / warm-up batch
+        if self._nsteps >= self.max_steps:
+            self.dropped_steps += 1
+            return None
+        step = _Step(index=self._nsteps, req_ids=req_ids,
+                     idx_mapping=np.array(batch.idx_mapping_np, copy=True),
+                     cu_num_logits=np.array(batch.cu_num_logits_np, copy=True),
+                     num_draft_tokens=int(batch.num_draft_tokens))
+        self._nsteps += 1
+        self._step = step
+        return step
+
+    def _end_step(self, runner, step: _Step) -> None:
+        spec_states = getattr(runner.req_states, "draft_tokens", None)
+        if spec_states is not None and getattr(runner, "speculator", None) is not None:
+            idx = torch_long(step.idx_mapping, spec_states.device)
+            step.proposed = spec_states[idx].detach().clone()
+        _sync()
+        self._materialize(step)
+        if self.flush_dir and self._nsteps % self.flush_every == 0:
+            self.flush()
+
+    def _materialize(self, step: _Step) -> None:
+        h = _host
+        sampled = h(step.sampled)
+        num_sampled = h(step.num_sampled)
+        num_rejected = h(step.num_rejected)
+        sampled_vllm = h(step.sampled_vllm) if step.sampled_vllm is not None else sampled
+        ns_vllm = h(step.num_sampled_vllm) if step.num_sampled_vllm is not None else num_sampled
+        total_after = h(step.total_len_after)
+        proposed = h(step.proposed)
+        fixed = h(step.guard_fixed)
+        batch_of_slot = {int(s): i for i, s in enumerate(step.idx_mapping)}
+        req_calls: dict[int, tuple[_Call, int]] = {}
+        for call in step.calls:
+            for j, s in enumerate(call.gate_slots):
+                req_calls[int(s)] = (call, j)
+        self.steps.append({"step": step.index, "path": step.path, "num_reqs": len(step.req_ids),
+                           "num_logits": int(step.cu_num_logits[-1]),
+                           "num_draft_tokens": step.num_draft_tokens,
+                           "guard_fixed": None if fixed is None else int(np.sum(fixed))})
+        for i, req_id in enumerate(step.req_ids):
+            slot = int(step.idx_mapping[i])
+            hist = self._history.setdefault(req_id, [])
+            n_logits = int(step.cu_num_logits[i + 1] - step.cu_num_logits[i])
+            call, j = req_calls.get(slot, (None, None))
+            ap = call.apply if call is not None else {}
+            ns = int(num_sampled[i]) if num_sampled is not None else 0
+            ns_v = int(ns_vllm[i]) if ns_vllm is not None else ns
+            emitted = [int(t) for t in sampled[i, :ns]] if sampled is not None else []
+            vllm_tokens = [int(t) for t in sampled_vllm[i, :ns_v]] if sampled_vllm is not None \
+                else []
+            rec = {"step": step.index, "req_id": req_id, "slot": slot,
+                   "phase": "prefill" if len(hist) <= self._prompt_len.get(req_id, 0)
+                   else "decode",
+                   "path": step.path, "num_logits": n_logits, "num_drafts": n_logits - 1,
+                   "total_len_before": len(hist),
+                   "reasoning_count": self._reasoning_count(hist),
+                   "gate": None if call is None else bool(call.gate[j]),
+                   "fast_path": None if call is None else call.fast_path,
+                   "apply_called": None if call is None else call.apply_called,
+                   "enabled": ap.get("enabled"),
+                   "kernels_launched": ap.get("launched"),
+                   "num_sampled_vllm": ns_v, "num_sampled": ns,
+                   "num_rejected": int(num_rejected[i]) if num_rejected is not None else None,
+                   "sampled_vllm": vllm_tokens, "emitted": emitted,
+                   "total_len_after": int(total_after[slot]) if total_after is not None
+                   else None,
+                   "proposed": [int(t) for t in proposed[i]] if proposed is not None else []}
+            if "use" in ap:
+                k = int(np.nonzero(ap["slots"] == slot)[0][0])
+                rec.update(use_thinking_budget=bool(ap["use"][k]),
+                           budget_host=int(ap["budget_host"][k]),
+                           budget_device=int(_host(ap["budget_dev"])[k]),
+                           last_start=int(_host(ap["last_start"])[k]),
+                           last_end=int(_host(ap["last_end"])[k]),
+                           scan_pos=int(_host(ap["scan_pos"])[k]))
+            drafts = []
+            if call is not None:
+                rows = self._rows_of(step, call, slot, req_id, i, sampled, num_sampled,
+                                     sampled_vllm, ns_v)
+                drafts = [r["input_token"] for r in rows if r["local_pos"] > 0]
+                self.rows.extend(rows)
+            rec["draft_tokens"] = drafts
+            self.requests.append(rec)
+            hist.extend(emitted)
+        return None
+
+    def _rows_of(self, step, call, slot, req_id, i, sampled, num_sampled, sampled_vllm, ns_v):
+        h = _host
+        slots = h(call.slots)
+        local = h(call.local_pos)
+        inputs = h(call.input_ids)
+        end_in, end_final = h(call.end_in), h(call.end_final)
+        before = h(call.apply.get("before"))
+        after = h(call.apply.get("after"))
+        tv_in, ti_in = (h(call.top_in[0]), h(call.top_in[1]))
+        tv_out, ti_out = (h(call.top_final[0]), h(call.top_final[1]))
+        ns = int(num_sampled[i]) if num_sampled is not None else 0
+        out = []
+        for r in np.nonzero(slots == slot)[0]:
+            lp = int(local[r])
+            row = {"step": step.index, "req_id": req_id, "slot": slot, "row": int(r),
+                   "local_pos": lp, "input_token": int(inputs[r]),
+                   "end_logit_raw": float(end_in[r, 0]),
+                   "end_logit_before_apply": None if before is None else float(before[r, 0]),
+                   "end_logit_after_apply": None if after is None else float(after[r, 0]),
+                   "end_logit_final": float(end_final[r, 0]),
+                   "topk_ids_before": [int(x) for x in ti_in[r]],
+                   "topk_vals_before": [float(x) for x in tv_in[r]],
+                   "topk_ids_after": [int(x) for x in ti_out[r]],
+                   "topk_vals_after": [float(x) for x in tv_out[r]],
+                   "sampled_vllm": int(sampled_vllm[i, lp]) if sampled_vllm is not None
+                   and lp < sampled_vllm.shape[1] and lp < ns_v else None,
+                   "emitted_token": int(sampled[i, lp]) if sampled is not None and lp < ns
+                   else None,
+                   "draft_accepted": (lp >= 1 and lp < ns) if lp >= 1 else None,
+                   "emitted": lp < ns}
+            row["forced"] = (row["end_logit_after_apply"] is not None
+                             and row["end_logit_after_apply"] >= FORCED_THRESHOLD)
+            row["forced_final"] = row["end_logit_final"] >= FORCED_THRESHOLD
+            out.append(row)
+        return out
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _markers(self, runner) -> None:
+        if self.markers is not None:
+            return
+        rc = getattr(runner.vllm_config, "reasoning_config", None)
+        get = lambda k: list(getattr(rc, k, None) or []) if rc is not None else []
+        self.markers = {"start": get("reasoning_start_token_ids"),
+                        "end": get("reasoning_end_token_ids"),
+                        "natural_end": get("natural_reasoning_end_token_ids")}
+
+    def _end_col(self) -> list[int]:
+        """The logits column(s) recorded: the first reasoning-end token."""
+        ends = (self.markers or {}).get("end") or []
+        return ends[:1] or [0]
+
+    def _topk(self, logits):
+        import torch
+
+        k = min(self.topk, logits.shape[-1])
+        vals, ids = torch.topk(logits.detach().float(), k, dim=-1)
+        return vals, ids
+
+    def _reasoning_count(self, hist: list[int]) -> int | None:
+        from workbook.request import reasoning_count_at_start
+
+        m = self.markers or {}
+        natural = m.get("natural_end") or m.get("end") or []
+        return reasoning_count_at_start(hist, m.get("start") or [], natural)
+
+    def _error(self, where: str, e: Exception) -> None:
+        self.steps.append({"step": -1, "path": f"tracer-error:{where}:{type(e).__name__}:{e}"[:300],
+                           "num_reqs": 0, "num_logits": 0, "num_draft_tokens": 0,
+                           "guard_fixed": None})
+
+    # ---- output ------------------------------------------------------------------------------
+    def frames(self) -> dict[str, Any]:
+        import pandas as pd
+
+        from workbook.trace import store
+
+        return {"steps": store.frame(self.steps, store.STEP_COLUMNS),
+                "requests": store.frame(self.requests, store.REQUEST_COLUMNS),
+                "rows": store.frame(self.rows, store.ROW_COLUMNS),
+                "registrations": pd.DataFrame(self.registrations),
+                "meta": pd.DataFrame([{"markers": self.markers or {},
+                                       "hookpoints": self.hp.describe(),
+                                       "dropped_steps": self.dropped_steps,
+                                       "topk": self.topk, "pid": os.getpid()}])}
+
+    def save(self, path: str) -> list[str]:
+        from workbook.trace import store
+
+        return store.save(self.frames(), path)
+
+    def flush(self) -> None:
+        if self.flush_dir:
+            self.save(self.flush_dir)
+
+
+def _host(t):
+    if t is None:
+        return None
+    if isinstance(t, np.ndarray):
+        return t
+    return t.detach().cpu().numpy()
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def torch_long(arr: np.ndarray, device):
+    import torch
+
+    return torch.as_tensor(arr, dtype=torch.long).to(device)
