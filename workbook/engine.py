@@ -55,6 +55,8 @@ def prepare_process(cfg: RunConfig) -> None:
             os.environ[k] = v
     if cfg.runner == "auto":
         os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+    if cfg.fault == "H-h":  # workbook.faults: a V2 run silently served by V1
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if os.environ.get("WORKBOOK_TRITON_CPU") == "1":
         from workbook import cpu_shim
 

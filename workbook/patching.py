@@ -44,7 +44,7 @@ def _compose(cls: type, attr: str) -> None:
             setattr(cls, attr, chain.original)
         del _chains[(cls, attr)]
         return
-    base = chain.original if chain.original is not _MISSING else _inherited(cls, attr)
+    base = chain.original if chain.original is not _MISSING else _inherited_or_none(cls, attr)
     fn = base
     for _layer, _s, _owner, make in sorted(chain.wrappers, key=lambda w: (w[0], w[1])):
         fn = make(fn)
@@ -52,10 +52,17 @@ def _compose(cls: type, attr: str) -> None:
 
 
 def _inherited(cls: type, attr: str):
-    for klass in cls.__mro__[1:]:
+    for klass in getattr(cls, "__mro__", ())[1:]:
         if attr in klass.__dict__:
             return klass.__dict__[attr]
     raise AttributeError(f"{cls.__qualname__}.{attr} does not exist")
+
+
+def _inherited_or_none(cls: type, attr: str):
+    try:
+        return _inherited(cls, attr)
+    except (AttributeError, TypeError):
+        return None
 
 
 def original(cls: type, attr: str):
@@ -75,11 +82,22 @@ class PatchSet:
         self.name = name
         self.layer = LAYERS[layer]
         self._specs: list[tuple[type, str, Callable]] = []
+        self._on_remove: list[Callable[[], None]] = []
         self.installed = False
 
-    def wrap(self, cls: type, attr: str, make: Callable[[Callable], Callable]) -> "PatchSet":
-        """Register ``make(original) -> replacement`` for ``cls.attr`` (applied on install)."""
-        if not hasattr(cls, attr):
+    def on_remove(self, fn: Callable[[], None]) -> "PatchSet":
+        """Run ``fn()`` after the wrappers are gone (to undo state a wrapper left behind)."""
+        self._on_remove.append(fn)
+        return self
+
+    def wrap(self, cls: type, attr: str, make: Callable[[Callable], Callable], *,
+             allow_new: bool = False) -> "PatchSet":
+        """Register ``make(original) -> replacement`` for ``cls.attr`` (applied on install).
+
+        ``allow_new``: the attribute may be absent (``make`` then gets ``None``); removal deletes
+        it again.
+        """
+        if not allow_new and not hasattr(cls, attr):
             raise AttributeError(f"{cls.__module__}.{cls.__qualname__}.{attr} does not exist")
         self._specs.append((cls, attr, make))
         if self.installed:
@@ -110,6 +128,8 @@ class PatchSet:
                 continue
             chain.wrappers = [w for w in chain.wrappers if w[2] is not self]
             _compose(cls, attr)
+        for fn in self._on_remove:
+            fn()
 
     def __enter__(self):
         return self.install()

@@ -306,6 +306,7 @@ class Tracer:
             reg = {"req_id": req_id, "slot": slot, "prompt_len": self._prompt_len[req_id],
                    "prompt_tail": tokens[-8:],
                    "budget_param": getattr(sp, "thinking_token_budget", None),
+                   "max_tokens": getattr(sp, "max_tokens", None),
                    "temperature": getattr(sp, "temperature", None),
                    "step": self._nsteps}
             if state is not None and slot is not None:

@@ -1,0 +1,185 @@
+"""One removable fault per hypothesis of brief §3, injected into healthy vLLM by patching.
+
+The bug of #54906 does not reproduce on healthy hardware, so the diagnosis is proven by making
+healthy vLLM fail in each plausible way and checking that ``workbook.diagnose`` names the way.
+Each fault is a ``PatchSet`` of layer "fault" (innermost: the tracer sees its effects exactly as
+it would see a broken vLLM) and is removed with ``.remove()``:
+
+- ``H-a``  gate bypass: ``Sampler.add_request`` clears ``needs_logits_processing[slot]`` for
+           greedy requests, so ``apply_sampling_params`` takes its fast path (pre-#52329 form).
+- ``H-b``  ``ThinkingBudgetState.enabled`` reads False in the worker (as when the natural-end ids
+           are missing from the reasoning config).
+- ``H-c``  the request's budget never reaches ``ThinkingBudgetState.add_request`` (registered
+           as "no budget").
+- ``H-d``  stale device view: host writes of the budget never reach the device copy
+           (``apply_staged_writes`` skips ``copy_to_uva`` of the budget).
+- ``H-d-draft`` the budget kernel never forces draft rows (local position >= 1).
+- ``H-e``  the row is forced, but the token is sampled from the unprocessed logits
+           (``apply_sampling_params`` returns an FP32 copy of its input).
+- ``H-f``  a decision frozen when it was first taken, as a captured graph would freeze it: the
+           launch decision of ``ThinkingBudgetState.apply`` is the one of the warm-up batch,
+           where no slot had a budget, so the kernels never launch.
+- ``H-g``  synthetic acceptance: the rejection sampler accepts every draft without looking at
+           the target row (``synthetic_conditional_rates`` all 1).
+- ``H-h``  a V2 run silently served by V1: an environment fault, applied by
+           ``workbook.engine.prepare_process`` before vLLM starts (``VLLM_USE_V2_MODEL_RUNNER=0``
+           while the configuration asks for V2). ``inject("H-h")`` only checks it was applied.
+
+Not here: any knowledge used by the diagnosis (it never reads which fault was injected).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+from workbook import hookpoints, patching
+
+DESCRIPTIONS = {
+    "H-a": "gate bypass: greedy requests skip logits processing",
+    "H-b": "ThinkingBudgetState disabled in the worker",
+    "H-c": "request's budget never registered",
+    "H-d": "device copy of the budget stale while the host copy is right",
+    "H-d-draft": "budget kernel never forces draft rows",
+    "H-e": "row forced but token sampled from unprocessed logits",
+    "H-f": "launch decision frozen at the first (warm-up) step",
+    "H-g": "synthetic acceptance of drafts",
+    "H-h": "V2 run silently served by V1",
+}
+FAULT_NAMES = tuple(DESCRIPTIONS)
+
+
+def hypothesis_of(fault: str) -> str:
+    """The hypothesis a fault belongs to (``H-d-draft`` → ``H-d``)."""
+    return fault[:3]
+
+
+def inject(name: str, engine=None) -> patching.PatchSet:
+    """Install fault ``name``; returns its patch set (``.remove()`` restores vLLM)."""
+    if name not in DESCRIPTIONS:
+        raise ValueError(f"unknown fault {name!r}; known: {list(DESCRIPTIONS)}")
+    hp = hookpoints.resolve()
+    ps = patching.PatchSet(f"fault:{name}", "fault")
+    _BUILDERS[name](ps, hp)
+    return ps.install()
+
+
+def _h_a(ps, hp):
+    def make(orig):
+        def add_request(sampler, *a, **k):
+            out = orig(sampler, *a, **k)
+            req_idx, sp = hookpoints.sampler_add_request_params(hp.generation, a, k)
+            if sp is not None and sp.temperature == 0.0:
+                sampler.needs_logits_processing[req_idx] = False
+            return out
+        return add_request
+    ps.wrap(hp.sampler, "add_request", make)
+
+
+def _h_b(ps, hp):
+    def make(_orig):
+        return property(lambda self: False, lambda self, v: None)
+    ps.wrap(hp.budget, "enabled", make, allow_new=True)
+
+
+def _h_c(ps, hp):
+    def make(orig):
+        def add_request(state, req_idx, sampling_params, *a, **k):
+            lost = sampling_params.clone() if hasattr(sampling_params, "clone") else None
+            if lost is None:
+                import copy
+                lost = copy.copy(sampling_params)
+            lost.thinking_token_budget = None
+            return orig(state, req_idx, lost, *a, **k)
+        return add_request
+    ps.wrap(hp.budget, "add_request", make)
+
+
+def _h_d(ps, hp):
+    touched = weakref.WeakSet()
+
+    def make(orig):
+        def apply_staged_writes(state, *a, **k):
+            if getattr(state, "enabled", False):
+                if state not in touched:  # a device view that never saw a host write
+                    touched.add(state)
+                    state.thinking_token_budget.gpu.fill_(-1)
+                state._budget_dirty = False  # the budget never reaches the device view
+            return orig(state, *a, **k)
+        return apply_staged_writes
+
+    def resync():  # removal: the device view catches up with the host again
+        for state in list(touched):
+            state.thinking_token_budget.copy_to_uva()
+
+    ps.wrap(hp.budget, "apply_staged_writes", make)
+    ps.on_remove(resync)
+
+
+def _h_d_draft(ps, hp):
+    def make(orig):
+        def apply(state, *a, **k):
+            args = hookpoints.budget_apply_args(hp.generation, a, k)
+            if not getattr(state, "enabled", False):
+                return orig(state, *a, **k)
+            ends = state.reasoning_end_token_ids.long()
+            before = args.logits[:, ends].clone()  # [rows, E]
+            out = orig(state, *a, **k)
+            draft = (args.expanded_local_pos > 0).nonzero().flatten()
+            if draft.numel():
+                rows = draft.unsqueeze(1)
+                args.logits[rows, ends.unsqueeze(0)] = before[draft]
+            return out
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def _h_e(ps, hp):
+    import torch
+
+    def make(orig):
+        def apply_sampling_params(sampler, logits, *a, **k):
+            orig(sampler, logits, *a, **k)  # the budget forces its rows ...
+            return logits.to(torch.float32, copy=True)  # ... but sampling uses the raw logits
+        return apply_sampling_params
+    ps.wrap(hp.sampler, "apply_sampling_params", make)
+
+
+def _h_f(ps, hp):
+    frozen = {"launch": False}  # the warm-up batch had no slot with a budget
+
+    def make(orig):
+        def apply(state, *a, **k):
+            if not frozen["launch"]:
+                return None  # replay of the captured decision: no launch
+            return orig(state, *a, **k)
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def _h_g(ps, hp):
+    import torch
+
+    def make(orig):
+        def __call__(rs, *a, **k):
+            saved = rs.synthetic_conditional_rates
+            k_steps = rs.num_speculative_steps
+            dev = a[0].device if a else k["logits"].device
+            rs.synthetic_conditional_rates = torch.ones(k_steps, dtype=torch.float32, device=dev)
+            try:
+                return orig(rs, *a, **k)
+            finally:
+                rs.synthetic_conditional_rates = saved
+        return __call__
+    ps.wrap(hp.rejection, "__call__", make)
+
+
+def _h_h(ps, hp):
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
+        raise RuntimeError("fault H-h is applied at engine start (RunConfig(fault='H-h') makes "
+                           "workbook.engine set VLLM_USE_V2_MODEL_RUNNER=0); it cannot be "
+                           "injected into a running engine")
+
+
+_BUILDERS = {"H-a": _h_a, "H-b": _h_b, "H-c": _h_c, "H-d": _h_d, "H-d-draft": _h_d_draft,
+             "H-e": _h_e, "H-f": _h_f, "H-g": _h_g, "H-h": _h_h}
