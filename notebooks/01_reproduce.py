@@ -1,0 +1,138 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 — Reproduce vLLM #54906: is `thinking_token_budget` honoured?
+#
+# One configuration, one engine, the request of the report (`thinking_token_budget=1`,
+# `max_tokens=32`, prompt ending `<think>\n`). Healthy vLLM emits `</think>` as the first
+# generated token. Everything below is a thin narrative over
+# `workbook.investigate.run(cfg, outdir, checks)`: it starts the engine, sends the request,
+# runs the deterministic checks asked for, diagnoses the trace and writes the evidence files
+# into `outdir` (when given). Parameters are injected by papermill (`workbook run ENV`).
+
+# %% tags=["parameters"]
+model: str = "tiny-mimo-mtp"  # tiny model name (workbook.models.MODELS) or a checkpoint folder
+draft_model: str = None  # eagle / draft_model speculation: draft path or tiny name (None: default)
+spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
+num_spec_tokens: int = 4  # draft tokens per step (k)
+runner: str = "v2"  # v2 | v1 | auto (auto: vLLM chooses)
+max_model_len: int = 1024  # engine context length
+max_num_seqs: int = 8  # engine batch size
+enforce_eager: bool = True  # False: CUDA graphs (GPU only)
+attention_backend: str = None  # e.g. FLASH_ATTN, FLASHINFER, TRITON_ATTN (None: vLLM's pick)
+async_scheduling: bool = None  # None: vLLM's default (forced off on CPU)
+dtype: str = "auto"  # model dtype
+seed: int = 0  # engine and sampling seed
+kv_cache_bytes: int = 67108864  # KV cache size in bytes (None: gpu_memory_utilization decides)
+gpu_memory_utilization: float = None  # fraction of GPU memory (None: vLLM's default)
+reasoning_parser: str = "qwen3"  # vLLM reasoning parser
+engine_kwargs: dict = {}  # extra keyword arguments for vllm.LLM
+thinking_token_budget: int = 1  # reasoning-token budget (-1: none)
+max_tokens: int = 32  # completion length limit
+temperature: float = 0.0  # 0: greedy
+top_p: float = 1.0  # nucleus sampling
+top_k: int = -1  # -1: off
+ignore_eos: bool = True  # keep generating past end-of-sequence
+enable_thinking: bool = True  # chat template kwarg
+preserve_thinking: bool = True  # chat template kwarg
+prompt: str = "What is 1+1?"  # user message
+mode: str = "in-process"  # in-process | server
+fault: str = "none"  # inject one hypothesis' fault (workbook.faults), e.g. H-b
+guard: bool = False  # apply the commit-time budget guard (workbook.guard)
+trace: bool = True  # record the per-step trace (workbook.trace)
+outdir: str = ""  # folder for the evidence files (empty: keep them in memory only)
+checks: list = []  # deterministic checks to run as well: A, B
+
+# %% [markdown]
+# ## Configuration
+# The parameters become a `RunConfig`; `validate` rejects a bad one before any engine starts.
+
+# %%
+import dataclasses
+import json
+
+import pandas as pd
+from IPython.display import Markdown, display
+
+from workbook import investigate
+from workbook.config import RunConfig, validate
+
+params = {f.name: globals()[f.name] for f in dataclasses.fields(RunConfig) if f.name in globals()}
+cfg = validate(RunConfig.from_dict(params))
+pd.DataFrame({"value": {k: repr(v) for k, v in cfg.to_dict().items()}})
+
+# %% [markdown]
+# ## Run
+# Engine start, hooks (fault → guard → tracer), the reported request, the checks, the diagnosis.
+
+# %%
+res = investigate.run(cfg, outdir or None, checks=tuple(checks))
+pd.DataFrame({"seconds": res.timings}).round(2)
+
+# %% [markdown]
+# ## Effective configuration
+# Read from the live engine, not from the parameters: the runner vLLM really chose, the
+# speculator, attention backends, whether `ThinkingBudgetState` is enabled, the reasoning
+# marker ids, and vLLM's own log lines about fallbacks.
+
+# %%
+eff = {k: v for k, v in res.effective.items() if k != "log_lines"}
+pd.DataFrame({"effective": {k: json.dumps(v, default=str) for k, v in eff.items()}})
+
+# %%
+for line in res.effective.get("log_lines", []):
+    print(line)
+
+# %% [markdown]
+# ## Outcome, as the server would report it
+# The fields of the report: `finish_reason`, `completion_tokens`, `reasoning_tokens`,
+# `content`, the generated token ids and the first token.
+
+# %%
+def as_server_reply(o) -> dict:
+    return {"finish_reason": o.finish_reason, "completion_tokens": o.completion_tokens,
+            "reasoning_tokens": o.reasoning_tokens, "content": o.content,
+            "first_token": o.first_token, "first_token_text": o.first_token_text,
+            "token_ids": o.token_ids, "end_token_ids": o.end_token_ids,
+            "expected_end_index": o.expected_end_index, "actual_end_index": o.actual_end_index,
+            "honored": o.honored}
+
+
+pd.DataFrame([as_server_reply(o) for o in res.outcomes]).T
+
+# %% [markdown]
+# ## Deterministic checks (brief §6)
+# A: greedy, budget 1 and 0 → `</think>` first. B: drafts accepted, `</think>` exactly at every
+# budget 2..9. Empty when no checks were asked for.
+
+# %%
+rows = [dict(check=name, budget=o["budget"], expected=o["expected_end_index"],
+             actual=o["actual_end_index"], honored=o["honored"],
+             tokens=o["token_ids"][:12])
+        for name, outs in res.checks.items() for o in outs]
+pd.DataFrame(rows, columns=["check", "budget", "expected", "actual", "honored", "tokens"])
+
+# %% [markdown]
+# ## Verdict
+# From `workbook.diagnose` over the trace, the effective configuration and the outcome.
+
+# %%
+v = res.verdict
+display(Markdown(f"**{v.get('verdict', '?')}** — hypothesis `{v.get('hypothesis')}` — "
+                 f"{v.get('summary', '')}"))
+pd.DataFrame([v.get("first_violation") or {}])
+
+# %%
+pd.DataFrame(v.get("evidence") or [])
