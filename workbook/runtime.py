@@ -7,6 +7,13 @@ driven by environment variables:
 - ``WORKBOOK_FAULT=H-x``      inject that hypothesis' fault (``workbook.faults``)
 - ``WORKBOOK_GUARD=1``        apply the budget guard (``workbook.guard``)
 - ``WORKBOOK_TRACE_DIR=path`` trace into ``path/<pid>/`` (``workbook.trace``); flushed at exit
+- ``WORKBOOK_TRACE_FLUSH_EVERY=n`` flush the trace every ``n`` steps (the OpenAI server's engine
+  process is killed at shutdown, so ``workbook.server`` asks for every step)
+- ``WORKBOOK_EFFECTIVE_DIR=path`` on the first ``add_requests`` of a model runner, write
+  ``path/<pid>/effective.json``: the runner-side effective configuration (``worker_effective``)
+
+A traced process that forks (vLLM's engine core on a fork start method) re-points the inherited
+tracer at the child's own ``<pid>/`` folder.
 
 Returns the installed patch sets (remove them in reverse order) and the tracer, if any.
 """
@@ -71,5 +78,83 @@ def install_from_env() -> None:
 
         from workbook.trace import Tracer
 
-        tracer = Tracer(flush_dir=os.path.join(trace_dir, str(os.getpid()))).install()
+        every = int(os.environ.get("WORKBOOK_TRACE_FLUSH_EVERY") or 64)
+        tracer = Tracer(flush_dir=os.path.join(trace_dir, str(os.getpid())),
+                        flush_every=max(1, every)).install()
         atexit.register(tracer.flush)
+        os.register_at_fork(after_in_child=lambda: _repoint(tracer, trace_dir))
+    effective_dir = os.environ.get("WORKBOOK_EFFECTIVE_DIR")
+    if effective_dir:
+        effective_writer(effective_dir)
+
+
+def _repoint(tracer, trace_dir: str) -> None:
+    tracer.flush_dir = os.path.join(trace_dir, str(os.getpid()))
+
+
+# --- runner-side effective configuration (for engines in other processes: the server) --------
+
+def worker_effective(runner) -> dict:
+    """The keys of ``engine.effective_config``, read inside the process that owns ``runner``.
+
+    (``effective_config`` needs the in-process ``LLM``; this reads the same facts from the
+    runner's ``vllm_config``. Log lines are not visible here: ``workbook.server`` adds them
+    from the server log.)
+    """
+    import vllm
+
+    from workbook import engine
+
+    vcfg = runner.vllm_config
+    spec = vcfg.speculative_config
+    rc = getattr(vcfg, "reasoning_config", None)
+    eff = {"vllm_version": vllm.__version__, "vllm_commit": engine._vllm_commit(),
+           "async_scheduling": bool(vcfg.scheduler_config.async_scheduling),
+           "enforce_eager": bool(vcfg.model_config.enforce_eager),
+           "dtype": str(vcfg.model_config.dtype), "model": vcfg.model_config.model,
+           "architecture": (vcfg.model_config.architectures or [None])[0],
+           "use_v2_model_runner": bool(getattr(vcfg, "use_v2_model_runner", False)),
+           "env_VLLM_USE_V2_MODEL_RUNNER": os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
+           "spec_method": getattr(spec, "method", None) if spec else None,
+           "num_spec_tokens": getattr(spec, "num_speculative_tokens", 0) if spec else 0,
+           "pid": os.getpid()}
+    for key in ("reasoning_start_token_ids", "reasoning_end_token_ids",
+                "natural_reasoning_end_token_ids"):
+        val = getattr(rc, key, None) if rc is not None else None
+        eff[key] = list(val) if val is not None else None
+    eff.update(engine.runner_facts(runner))
+    return eff
+
+
+def effective_writer(out_dir: str):
+    """Patch set writing ``out_dir/<pid>/effective.json`` on a runner's first ``add_requests``."""
+    from workbook import hookpoints, patching
+
+    written: set[int] = set()
+
+    def make(orig):
+        def add_requests(runner, *a, **k):
+            out = orig(runner, *a, **k)
+            if os.getpid() not in written:
+                written.add(os.getpid())
+                _write_effective(runner, os.path.join(out_dir, str(os.getpid())))
+            return out
+        return add_requests
+
+    ps = patching.PatchSet("effective", "trace")
+    ps.wrap(hookpoints.resolve().runner, "add_requests", make)
+    return ps.install()
+
+
+def _write_effective(runner, folder: str) -> None:
+    import json
+
+    try:
+        eff = worker_effective(runner)
+    except Exception as e:  # never break the engine; say what failed instead
+        eff = {"error": f"{type(e).__name__}: {e}", "pid": os.getpid()}
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "effective.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(eff, f, indent=1, sort_keys=True, default=str)
+    os.replace(path + ".tmp", path)
