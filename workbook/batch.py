@@ -13,7 +13,8 @@ An environment file holds::
     defaults: {model: tiny-mimo-mtp, ...}        # RunConfig fields for every run
     runs:
       - name: reported-mtp             # [A-Za-z0-9._-]+, unique
-        spec_method: mtp               # any RunConfig field overrides the defaults
+        spec_method: mtp               # any RunConfig field overrides the defaults (or any
+                                       # other parameter the run's notebook declares)
         checks: [A, B]                 # optional: notebook / checks / timeout per run
 
 ``plan(env)`` merges and validates EVERY run (``workbook.config.validate``) before anything
@@ -65,8 +66,9 @@ class RunSpec:
     notebook: str  # absolute path of the source notebook (.py percent or .ipynb)
     checks: list[str]
     timeout: float
-    params: dict[str, Any]  # the full RunConfig of the run
+    params: dict[str, Any]  # the full RunConfig of the run + notebook-only parameters
     explicit: dict[str, Any]  # what the file / --set said for this run (defaults included)
+    required: list[str] = field(default_factory=list)  # keys the notebook must declare
     description: str = ""
 
 
@@ -164,10 +166,11 @@ def plan(raw: dict[str, Any], path: str, overrides: dict[str, Any]) -> list[RunS
 
 
 def _spec(raw, path, defaults, entry, overrides) -> RunSpec:
-    explicit = {**defaults, **{k: v for k, v in entry.items() if k not in RESERVED},
-                **overrides}
-    _reject_placeholders(explicit)
-    cfg = validate(RunConfig.from_dict(explicit))
+    own = {k: v for k, v in entry.items() if k not in RESERVED}
+    merged = {**defaults, **own, **overrides}
+    _reject_placeholders(merged)
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    cfg = validate(RunConfig.from_dict({k: v for k, v in merged.items() if k in fields}))
     checks = list(entry.get("checks", raw.get("checks")) or [])
     bad = [c for c in checks if c not in CHECKS]
     if bad:
@@ -176,8 +179,10 @@ def _spec(raw, path, defaults, entry, overrides) -> RunSpec:
     if timeout <= 0:
         raise ConfigError(f"timeout={timeout!r} must be > 0 seconds")
     nb = entry.get("notebook", raw.get("notebook", "notebooks/01_reproduce.py"))
+    extra = {k: v for k, v in merged.items() if k not in fields}
     return RunSpec(name=entry["name"], notebook=_resolve_notebook(nb, path), checks=checks,
-                   timeout=timeout, params=cfg.to_dict(), explicit=explicit,
+                   timeout=timeout, params={**cfg.to_dict(), **extra}, explicit=merged,
+                   required=sorted(set(own) | set(overrides) | set(extra)),
                    description=str(entry.get("description", "")))
 
 
@@ -222,12 +227,24 @@ def _drop_scratch() -> None:
     shutil.rmtree(os.path.join(_scratch()), ignore_errors=True)
 
 
+def _fields() -> list[str]:
+    return [f.name for f in dataclasses.fields(RunConfig)]
+
+
 def notebook_parameters(spec: RunSpec) -> dict[str, Any]:
-    """What papermill injects: the run's config, ``outdir`` and ``checks``, all declared."""
+    """What papermill injects: the run's parameters the notebook declares, ``checks``.
+
+    A parameter the run (or ``--set``) names, or one that is no RunConfig field, must be
+    declared by the notebook; a ``defaults`` field it does not declare is left out.
+    """
     _, declared = read_notebook(spec.notebook)
-    missing = sorted(k for k in spec.explicit if k not in declared)
+    missing = [k for k in spec.required if k not in declared]
     if spec.checks and "checks" not in declared:
         missing.append("checks")
+    unknown = [k for k in missing if k not in _fields()]
+    if unknown:
+        raise ConfigError(f"unknown parameter(s) {unknown}: neither RunConfig fields "
+                          f"({_fields()}) nor parameters of notebook {_show(spec.notebook)}")
     if missing:
         raise ConfigError(f"notebook {_show(spec.notebook)} declares no parameter(s) "
                           f"{missing}")
@@ -427,17 +444,23 @@ _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?
 
 
 def exception_from_log(path: str) -> dict[str, Any]:
-    """The last ``pkg.SomeError: message`` line of a log and the log's tail."""
+    """The exception papermill's own process died with (from its last traceback), log tail.
+
+    The header line after the last column-0 ``Traceback`` names it; a multi-line message
+    (``PapermillExecutionError`` embeds the kernel's traceback) is not searched further.
+    """
     if not os.path.exists(path):
         return {}
     with open(path, errors="replace") as f:
         lines = [_strip_ansi(ln.rstrip()) for ln in f if ln.strip()]
-    for line in reversed(lines):
+    tail = "\n".join(lines[-30:])
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call")]
+    for line in lines[starts[-1] + 1:] if starts else []:
         m = _EXC_LINE.match(line)
         if m:
-            return {"ename": m.group(1).rsplit(".", 1)[-1], "evalue": m.group(2),
-                    "log_tail": "\n".join(lines[-30:])}
-    return {"log_tail": "\n".join(lines[-30:])}
+            return {"ename": m.group(1).rsplit(".", 1)[-1], "evalue": m.group(2) or None,
+                    "log_tail": tail}
+    return {"log_tail": tail}
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

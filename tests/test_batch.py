@@ -1,0 +1,200 @@
+"""``workbook run`` end to end: real papermill, real vLLM on the tiny CPU model, one process per run.
+
+Each test writes its own small environment file and runs the ``workbook`` command in a
+subprocess (as a user would), then checks what landed on disk:
+
+- a bad parameter is rejected before any engine starts (no output folder, seconds not minutes);
+- a successful run: folder layout, evidence files, manifest, ``SHA256SUMS`` (also checked with
+  coreutils' ``sha256sum -c``); ``workbook verify`` passes, then fails after tampering;
+- failing runs keep their partial executed notebook and get a failure row (a cell timeout, and
+  an engine error raised inside the notebook);
+- two consecutive batches never overwrite each other.
+
+About 4–5 minutes on a 2-core machine (two engine starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_FILES = {"01_reproduce.ipynb", "parameters.yaml", "papermill.log", "config.json",
+             "effective.json", "outcome.json", "verdict.json", "timings.json"}
+
+
+def workbook(*args, timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workbook.cli", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def env_file(tmp_path: Path, name: str, runs: list[dict], **top) -> Path:
+    doc = {"hardware": "test-cpu", "notebook": "notebooks/01_reproduce.py", "timeout": 420,
+           "defaults": {"model": "tiny-mimo-mtp", "max_tokens": 8}, "runs": runs, **top}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run_dirs(out: Path) -> list[Path]:
+    return sorted(p for p in (out / "test-cpu").iterdir()) if (out / "test-cpu").is_dir() else []
+
+
+def manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def test_console_script_declared():
+    from importlib.metadata import entry_points
+
+    eps = [e for e in entry_points(group="console_scripts") if e.name == "workbook"]
+    assert eps and eps[0].value == "workbook.cli:main"
+
+
+@pytest.mark.parametrize("runs,needle", [
+    ([{"name": "fine"}, {"name": "bad", "thinking_token_budget": -5}],
+     ["run 'bad'", "thinking_token_budget=-5"]),
+    ([{"name": "fine"}, {"name": "typo", "thinking_budget": 2}],
+     ["run 'typo'", "thinking_budget"]),
+    ([{"name": "fine", "model": "<SET: a checkpoint path>"}],
+     ["run 'fine'", "model", "placeholder"]),
+])
+def test_bad_parameter_rejected_before_any_engine(tmp_path, runs, needle):
+    out = tmp_path / "outputs"
+    t0 = time.perf_counter()
+    res = workbook("run", env_file(tmp_path, "bad", runs), "--out", out)
+    elapsed = time.perf_counter() - t0
+    assert res.returncode == 2, res.stderr
+    for n in needle:
+        assert n in res.stderr
+    assert not out.exists()  # nothing was created, so no run (and no engine) started
+    assert elapsed < 45, elapsed  # an engine start alone takes longer than this on CPU
+
+
+def test_reporter_templates_need_a_model_path(tmp_path):
+    res = workbook("validate", "thor")
+    assert res.returncode == 2
+    assert "placeholder" in res.stderr and "--set model=" in res.stderr
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    res = workbook("validate", "thor", "--set", f"model={ckpt}")
+    assert res.returncode == 0, res.stderr
+    assert "reported-mtp" in res.stdout
+
+
+def test_run_writes_layout_manifest_sums_and_verify_detects_tampering(tmp_path):
+    out = tmp_path / "outputs"
+    env = env_file(tmp_path, "one", [{"name": "mtp", "spec_method": "mtp", "checks": ["A"]}])
+    res = workbook("run", env, "--out", out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run_dir,) = run_dirs(out)
+    assert res.stdout.strip().endswith(run_dir.name)
+    folder = run_dir / "mtp"
+    names = {p.name for p in folder.iterdir()}
+    assert RUN_FILES <= names, names
+    assert {"steps.parquet", "requests.parquet", "rows.parquet"} <= set(
+        os.listdir(folder / "trace"))
+    m = manifest(run_dir)
+    assert m["status"] == "ok" and m["hardware"] == "test-cpu" and m["run_id"] == run_dir.name
+    (row,) = m["runs"]
+    assert row["status"] == "ok" and row["failure"] is None
+    assert row["verdict"]["verdict"] in ("honored", "violated", "inconclusive")
+    assert row["outcome"]["finish_reason"] in ("length", "stop")
+    assert row["timings"]["engine_start_s"] > 0 and row["wall_s"] > row["timings"]["total_s"]
+    assert m["verdicts"] == {"mtp": row["verdict"]["verdict"]}
+    environment = json.loads((run_dir / "environment.json").read_text())
+    assert environment["software"]["torch"] and environment["python"]
+    assert environment["workbook_git"]["commit"]
+    assert "vLLM" in (environment["collect_env"]["output"] or "")
+    nb = nbformat.read(folder / "01_reproduce.ipynb", as_version=4)
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert injected and str(folder) in injected[0].source
+    assert not [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    checks = json.loads((folder / "checks.json").read_text())
+    assert set(checks) == {"A"}
+
+    listed = [line.split("  ", 1)[1] for line in (run_dir / "SHA256SUMS").read_text().splitlines()]
+    on_disk = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")
+                     if p.is_file() and p.name != "SHA256SUMS")
+    assert listed == on_disk
+    if shutil.which("sha256sum"):
+        subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=run_dir, check=True)
+    ok = workbook("verify", run_dir)
+    assert ok.returncode == 0, ok.stderr
+
+    with open(folder / "outcome.json", "a") as f:
+        f.write(" ")
+    bad = workbook("verify", run_dir)
+    assert bad.returncode == 1 and "changed: mtp/outcome.json" in bad.stderr
+    (folder / "outcome.json").write_bytes((folder / "outcome.json").read_bytes()[:-1])
+    assert workbook("verify", run_dir).returncode == 0
+    (folder / "extra.txt").write_text("x")
+    bad = workbook("verify", run_dir)
+    assert bad.returncode == 1 and "not listed: mtp/extra.txt" in bad.stderr
+
+
+def test_failing_runs_keep_partial_notebook_and_failure_row(tmp_path):
+    broken = tmp_path / "broken-ckpt"  # passes validation (a folder with config.json) ...
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"architectures": ["NoSuchModel"],
+                                                    "model_type": "no_such_model"}))
+    out = tmp_path / "outputs"
+    env = env_file(tmp_path, "failing", [
+        {"name": "slow", "spec_method": "mtp", "timeout": 15},  # ... cell timeout
+        {"name": "broken", "spec_method": "none", "model": str(broken)},  # ... engine error
+    ])
+    res = workbook("run", env, "--out", out)
+    assert res.returncode == 1, res.stderr[-3000:]
+    (run_dir,) = run_dirs(out)
+    m = manifest(run_dir)
+    assert m["status"] == "failed" and m["counts"] == {"ok": 0, "failed": 1, "timeout": 1}
+    slow, broken_row = m["runs"]
+
+    assert slow["status"] == "timeout"
+    assert slow["failure"]["ename"] == "CellTimeoutError"
+    assert "investigate.run" in slow["failure"]["cell_source_head"]
+    nb = nbformat.read(run_dir / "slow" / "01_reproduce.ipynb", as_version=4)
+    assert nb.cells[slow["failure"]["cell_index"]].source.startswith("res = investigate.run")
+    assert (run_dir / "slow" / "config.json").exists()  # evidence written before the failure
+
+    assert broken_row["status"] == "failed"
+    f = broken_row["failure"]
+    assert f["ename"] and f["evalue"] and f["traceback_tail"]
+    assert f["runner_exception"] == "PapermillExecutionError"
+    nb = nbformat.read(run_dir / "broken" / "01_reproduce.ipynb", as_version=4)
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert errors and errors[0].ename == f["ename"]
+    assert nb.cells[f["cell_index"]].source.startswith("res = investigate.run")
+    assert workbook("verify", run_dir).returncode == 0
+
+
+def test_consecutive_batches_never_overwrite(tmp_path):
+    out = tmp_path / "outputs"
+    env = env_file(tmp_path, "twice", [{"name": "quick", "timeout": 2}])
+    first = workbook("run", env, "--out", out)
+    (d1,) = run_dirs(out)
+    sums1 = (d1 / "SHA256SUMS").read_text()
+    second = workbook("run", env, "--out", out)
+    assert first.returncode == second.returncode == 1  # both time out, on purpose (fast)
+    d1b, d2 = run_dirs(out)
+    assert d1b == d1 and d2 != d1
+    assert (d1 / "SHA256SUMS").read_text() == sums1
+    assert workbook("verify", d1).returncode == 0 and workbook("verify", d2).returncode == 0
+    assert manifest(d2)["run_id"] != manifest(d1)["run_id"]
+
+
+def test_new_run_dir_is_always_fresh(tmp_path):
+    from workbook.batch import new_run_dir
+
+    made = {new_run_dir(str(tmp_path), "hw")[0] for _ in range(200)}
+    assert len(made) == 200 and len(os.listdir(tmp_path / "hw")) == 200
