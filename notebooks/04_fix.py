@@ -1,0 +1,134 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 — The fix: a commit-time budget guard for MRV2
+#
+# vLLM enforces `thinking_token_budget` *before* sampling (a 1e9 logit on `</think>`); #54906
+# shows that something between that write and the committed token can lose it. The guard
+# (`workbook.guard`) checks the *result* instead: after `GPUModelRunner.sample` returned the
+# step's tokens — whichever sampler produced them, with or without drafts — and before they are
+# committed, one Triton kernel walks each request's tokens with vLLM's own budget semantics and,
+# where the budget binds and the token is not the due end marker, writes it and truncates the
+# step there (as a rejected draft would). It keeps its own per-request state and never reads
+# vLLM's `ThinkingBudgetState`.
+#
+# Below: (1) the reported request on a vLLM made to ignore the budget (a fault from
+# `workbook.faults`, or a demo fault from `workbook.guard_demo`) — guard off: violated, guard
+# on: honoured; (2) checks A and B under the same fault; (3) on healthy vLLM, guard on and off
+# give identical tokens and identical step / acceptance counters. All logic lives in
+# `workbook.guard_demo`; the upstream version of the fix is in `upstream/`.
+
+# %% tags=["parameters"]
+model: str = "tiny-mimo-mtp"  # tiny model name (workbook.models.MODELS) or a checkpoint folder
+draft_model: str = None  # eagle / draft_model speculation: draft path or tiny name (None: default)
+spec_method: str = "mtp"  # mtp | eagle | eagle3 | ngram | draft_model | none
+num_spec_tokens: int = 4  # draft tokens per step (k)
+max_num_seqs: int = 16  # engine batch size (the identity batch is sent at once)
+kv_cache_bytes: int = 67108864  # KV cache size in bytes (None: gpu_memory_utilization decides)
+fault: str = "H-b"  # how vLLM is made to ignore the budget: H-a..H-g (workbook.faults) or a demo fault
+thinking_token_budget: int = 1  # budget of the reported request
+max_tokens: int = 32  # completion length of the reported request
+identity_budgets: list = [None, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # healthy on/off comparison (None: no budget)
+identity_max_tokens: int = 16  # completion length in the identity comparison
+outdir: str = ""  # folder for JSON evidence (empty: keep in memory only)
+
+# %% [markdown]
+# ## Engine
+# One in-process engine (MRV2) serves every section: faults and the guard are installed and
+# removed at run time.
+
+# %%
+import json
+import os
+
+import pandas as pd
+from IPython.display import Markdown, display
+
+from workbook import engine, faults, guard, guard_demo
+from workbook.config import ConfigError, RunConfig
+
+if fault in ("none", "H-h") or (fault not in faults.FAULT_NAMES
+                                and fault not in guard_demo.FAULT_NAMES):
+    raise ConfigError(f"fault={fault!r}: choose a runtime fault, one of "
+                      f"{[f for f in faults.FAULT_NAMES if f != 'H-h']} or "
+                      f"{list(guard_demo.FAULT_NAMES)}")
+cfg = RunConfig(model=model, draft_model=draft_model, spec_method=spec_method,
+                num_spec_tokens=num_spec_tokens, max_num_seqs=max_num_seqs,
+                kv_cache_bytes=kv_cache_bytes, thinking_token_budget=thinking_token_budget,
+                max_tokens=max_tokens)
+eng = engine.start(cfg)
+eff = {k: eng.effective.get(k) for k in ("vllm_version", "runner_class", "runner_is_v2",
+                                          "speculator_class", "spec_method", "num_spec_tokens",
+                                          "thinking_budget_enabled", "reasoning_start_token_ids",
+                                          "reasoning_end_token_ids",
+                                          "natural_reasoning_end_token_ids")}
+pd.DataFrame({"effective": {k: json.dumps(v) for k, v in eff.items()}})
+
+# %% [markdown]
+# ## 1. The reported request, vLLM broken on purpose
+# `fault` makes vLLM ignore the budget (its description below). Guard off: the budget is
+# violated as in the report (no `</think>` where it is due). Guard on: `</think>` exactly where
+# the budget puts it; `guard_fixed` counts the tokens the guard replaced.
+
+# %%
+desc = guard_demo.DESCRIPTIONS.get(fault) or faults.DESCRIPTIONS[fault]
+display(Markdown(f"**fault `{fault}`**: {desc}"))
+before_after = guard_demo.before_after(eng, fault, thinking_token_budget, max_tokens)
+pd.DataFrame(before_after).set_index("run").T
+
+# %% [markdown]
+# ## 2. Checks A and B under the same fault
+# A: budgets 1 and 0 → `</think>` first. B: `lm_head` zeroed so drafts are accepted; budgets
+# 2..9 → `</think>` exactly at the budget (every offset of the draft window). Each check is one
+# batch; guard off, then on.
+
+# %%
+checks = guard_demo.checks_under_fault(eng, fault)
+pd.DataFrame(checks)
+
+# %% [markdown]
+# ## 3. Healthy vLLM: the guard changes nothing
+# The same batch (one request per budget, `None` = no budget) without and with the guard:
+# identical tokens, identical engine steps, tokens kept, rejections and draft counts, and
+# `guard_fixed == 0` (vLLM's own forcing already did the job).
+
+# %%
+ident = guard_demo.identity(eng, identity_budgets, identity_max_tokens)
+display(Markdown(f"**identical: {ident['identical']}**"))
+pd.DataFrame({"guard off": ident["counters_off"], "guard on": ident["counters_on"]})
+
+# %%
+pd.DataFrame(ident["rows"])
+
+# %% [markdown]
+# ## Verdict
+
+# %%
+violated_off = before_after[0]["honored"] is not True
+honored_on = before_after[1]["honored"] is True
+checks_on = all(r["A_exact"] and r["B_exact"] for r in checks if r["guard"])
+summary = {"fault": fault, "violated_without_guard": violated_off,
+           "honored_with_guard": honored_on, "checks_exact_with_guard": checks_on,
+           "identical_on_healthy_vllm": ident["identical"],
+           "guard_patch_set": guard.patch_set().name, "guard_installed_now": guard.installed()}
+display(Markdown("**The guard restores the budget and is invisible on healthy vLLM.**"
+                 if violated_off and honored_on and checks_on and ident["identical"]
+                 else "**Not shown** — see the tables above."))
+if outdir:
+    os.makedirs(outdir, exist_ok=True)
+    with open(os.path.join(outdir, "fix.json"), "w") as f:
+        json.dump({"summary": summary, "before_after": before_after, "checks": checks,
+                   "identity": ident, "effective": eff}, f, indent=1, default=str)
+pd.DataFrame({"value": summary})

@@ -1,0 +1,314 @@
+"""The budget guard (``workbook.guard``) on the real vLLM engine (tiny CPU models, MRV2).
+
+Evidence, in file order (engines are started one at a time and reused: mtp first, then eagle,
+ngram, draft_model):
+
+1. kernel: the guard kernel against vLLM's own ``apply_thinking_budget`` kernel as the oracle,
+   over random histories / sampled rows / budgets and single- and multi-token markers;
+2. patching: ``remove()`` restores vLLM's methods identically, also when stacked with a fault;
+3. broken vLLM (mtp, k=4): four ways of making vLLM ignore the budget (``workbook.guard_demo``);
+   without the guard checks A/B fail, with it both are exact;
+   and three faults of the hypothesis catalogue (``workbook.faults``: H-a, H-d, H-g);
+4. healthy vLLM: guard on vs off token-identical with identical step / acceptance counters, and
+   ``request.check_b`` exact with the guard on, per spec method.
+
+Budgets covered in (4) (union = 0..9 and "no budget"): mtp None,0,1,2,6,9; eagle 0,3,5,7,9;
+ngram 1,2,4,6,8; draft_model 0,1,5,7,9. ``request.check_b`` budgets (union = 2..9): mtp 2,6
+(6: the boundary on the bonus row); eagle 3,7; ngram 4,8; draft_model 5,9. In (3) every fault
+runs check A (1, 0) and check B (2..9, 12 tokens) in one batch each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import random
+
+import pytest
+
+from workbook import engine as wb_engine
+from workbook import guard, guard_demo, patching, request
+from workbook.config import RunConfig
+
+# Before vLLM is imported anywhere in this process: its environment and, on a CPU, the Triton
+# interpreter shim (the kernel tests below run before the first engine starts).
+wb_engine.prepare_process(RunConfig())
+
+SPEC_METHODS = ("mtp", "eagle", "ngram", "draft_model")
+IDENTITY_BUDGETS = {"mtp": [None, 0, 1, 2, 6, 9], "eagle": [0, 3, 5, 7, 9],
+                    "ngram": [1, 2, 4, 6, 8], "draft_model": [0, 1, 5, 7, 9]}
+CHECK_B_BUDGETS = {"mtp": (2, 6), "eagle": (3, 7), "ngram": (4, 8), "draft_model": (5, 9)}
+# Batched check B in (3): 12 tokens cover the checked prefix ([0]*8 + </think> at budget 9).
+CHECK_B_MAX_TOKENS = 12
+IDENTITY_MAX_TOKENS = 12
+
+
+# ---- engines: one live engine at a time, reused across tests ---------------------------------
+
+class _Engines:
+    def __init__(self):
+        self.method = None
+        self.engine = None
+
+    def get(self, method: str):
+        if self.method != method:
+            self.close()
+            self.engine = wb_engine.start(RunConfig(spec_method=method, num_spec_tokens=4,
+                                                 max_num_seqs=16))
+            self.method = method
+        return self.engine
+
+    def close(self):
+        if self.engine is None:
+            return
+        self.engine.shutdown()
+        self.engine = None
+        self.method = None
+        gc.collect()
+        from vllm.distributed import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+
+
+@pytest.fixture(scope="module")
+def live_engine():
+    e = _Engines()
+    yield e
+    e.close()
+
+
+@pytest.fixture(autouse=True)
+def _guard_off_after():
+    yield
+    guard.remove()
+
+
+# ---- 1. the kernel against vLLM's own forcing kernel -----------------------------------------
+
+MARKERS = {  # (start, natural end, forced end)
+    "qwen": ([1], [3], [3]),
+    "transition-phrase": ([1], [3], [5, 6, 3]),
+    "multi-start-end": ([1, 2], [4, 3], [4, 3]),
+    "repeats": ([2, 1, 2], [3, 3], [5, 5, 3]),
+}
+
+
+def _vllm_forced(hist, row, budget, start, nat, end, vocab=16):
+    """Per position j of ``row``: the token vLLM's kernel forces given hist + row[:j] (or None)."""
+    import torch
+
+    from vllm.v1.worker.gpu.sample.thinking_budget import apply_thinking_budget
+
+    n, i32 = len(row), (lambda x: torch.tensor(x, dtype=torch.int32))
+    logits = torch.zeros(n, vocab)
+    all_tok = i32([hist + [0] * (n + 8)])
+    input_ids = i32([hist[-1]] + row[:n - 1])[:n]
+    apply_thinking_budget(logits, i32([0]), i32([0] * n), i32([budget]), all_tok,
+                          i32([len(hist)]), input_ids, i32(list(range(n))), i32([-1]),
+                          i32([-1]), i32([0]), i32(start), i32(nat), i32(end))
+    return [int(c[0]) if len(c) else None
+            for c in ((logits[j] > 1e8).nonzero().flatten().tolist() for j in range(n))]
+
+
+@pytest.mark.parametrize("markers", sorted(MARKERS))
+@pytest.mark.parametrize("seed", range(6))
+def test_kernel_matches_vllm_forcing(markers, seed):
+    import torch
+
+    start, nat, end = MARKERS[markers]
+    rng = random.Random(seed * 101 + len(markers))
+    num_reqs, max_slots = 4, 8
+    tail_len = max(len(start) - 1, len(nat) - 1, len(end) - 1, 1)
+    slots = rng.sample(range(max_slots), num_reqs)  # batch row -> slot, not the identity
+    hists, rows, budgets = [], [], []
+    for _ in range(num_reqs):
+        h = [rng.choice([0, 1, 2, 3, 4, 5, 6, 8]) for _ in range(rng.randint(1, 8))]
+        if rng.random() < 0.8:
+            h += start + [0] * rng.randint(0, 4)
+        hists.append(h)
+        rows.append([rng.choice([0, 0, 0, 1, 2, 3, 4, 5, 6]) for _ in range(rng.randint(0, 5))])
+        budgets.append(rng.randint(0, 5))
+    k1 = 5
+    sampled = torch.full((num_reqs, k1), 7, dtype=torch.int64)  # [num_reqs, k+1]
+    for i, r in enumerate(rows):
+        sampled[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
+    num_sampled = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    num_rejected = torch.tensor([k1 - len(r) for r in rows], dtype=torch.int32)
+    budget = torch.full((max_slots,), -1, dtype=torch.int32)
+    count = torch.full((max_slots,), -1, dtype=torch.int32)
+    tail = torch.full((max_slots, tail_len), -1, dtype=torch.int32)
+    for i, s in enumerate(slots):
+        budget[s] = budgets[i]
+        count[s] = guard.reasoning_count(hists[i], start, nat)
+        tail[s] = torch.tensor(([-1] * tail_len + hists[i])[-tail_len:], dtype=torch.int32)
+    fixed = torch.zeros(2, dtype=torch.int32)
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    # a padding row (slot -1) must be left alone
+    sampled = torch.cat([sampled, torch.full((1, k1), 9, dtype=torch.int64)])
+    num_sampled = torch.cat([num_sampled, i32([3])])
+    num_rejected = torch.cat([num_rejected, i32([2])])
+    guard.launch_guard_kernel(sampled, num_sampled, num_rejected, i32(slots + [-1]), budget,
+                              count, tail, fixed, i32(start), i32(nat), i32(end))
+    total_fixed = 0
+    for i, s in enumerate(slots):
+        forced = _vllm_forced(hists[i], rows[i], budgets[i], start, nat, end)
+        want, nfix = list(rows[i]), 0
+        for j, f in enumerate(forced):
+            if f is not None and rows[i][j] != f:
+                want, nfix = rows[i][:j] + [f], 1
+                break
+        total_fixed += nfix
+        assert sampled[i, :int(num_sampled[i])].tolist() == want, (hists[i], rows[i], budgets[i])
+        assert int(num_rejected[i]) == k1 - len(want)
+        assert int(count[s]) == guard.reasoning_count(hists[i] + want, start, nat)
+        assert tail[s].tolist() == ([-1] * tail_len + hists[i] + want)[-tail_len:]
+    assert sampled[-1].tolist() == [9] * k1 and int(num_sampled[-1]) == 3
+    assert int(num_rejected[-1]) == 2
+    assert fixed.tolist() == [total_fixed, total_fixed]
+
+
+@pytest.mark.parametrize("history,expected", [
+    ([5, 1, 0, 0], 2),  # two reasoning tokens after <think>
+    ([5, 1], 0),
+    ([5, 1, 0, 3, 0], -1),  # natural end after the start
+    ([5, 0, 0], -1),  # no start
+    ([1, 0, 3, 1, 0, 0, 0], 3),  # a second start re-opens reasoning
+])
+def test_reasoning_count_host(history, expected):
+    assert guard.reasoning_count(history, [1], [3]) == expected
+
+
+# ---- 2. removal restores vLLM exactly ---------------------------------------------------------
+
+def test_remove_restores_original_methods():
+    from workbook import hookpoints
+
+    runner_cls = hookpoints.resolve().runner
+    attrs = ("add_requests", "sample")
+    before = {a: runner_cls.__dict__[a] for a in attrs}
+    assert all(patching.original(runner_cls, a) is before[a] for a in attrs)
+    ps = guard.install()
+    assert ps.name == "guard" and guard.installed()
+    for a in attrs:
+        assert runner_cls.__dict__[a] is not before[a]
+        assert patching.original(runner_cls, a) is before[a]
+    assert patching.active()[f"{runner_cls.__qualname__}.sample"] == ["guard"]
+    guard.remove()
+    assert all(runner_cls.__dict__[a] is before[a] for a in attrs)
+    # stacked under a fault on the same method: removing the guard keeps the fault, then both go
+    fault = patching.PatchSet("test-fault", layer="fault")
+    fault.wrap(runner_cls, "sample", lambda orig: (lambda self, *a, **k: orig(self, *a, **k)))
+    with fault:
+        guard.install()
+        assert patching.active()[f"{runner_cls.__qualname__}.sample"] == ["test-fault", "guard"]
+        guard.remove()
+        assert patching.active()[f"{runner_cls.__qualname__}.sample"] == ["test-fault"]
+        assert runner_cls.__dict__["add_requests"] is before["add_requests"]
+    assert all(runner_cls.__dict__[a] is before[a] for a in attrs)
+    with guard.enabled():
+        assert runner_cls.__dict__["sample"] is not before["sample"]
+    assert runner_cls.__dict__["sample"] is before["sample"] and not guard.installed()
+
+
+# ---- 3. broken vLLM: the guard restores checks A and B -----------------------------------------
+
+@pytest.mark.parametrize("fault", guard_demo.FAULT_NAMES)
+def test_guard_fixes_broken_vllm(live_engine, fault):
+    eng = live_engine.get("mtp")
+    assert eng.effective["runner_is_v2"] and eng.effective["spec_method"] == "mtp"
+    with guard_demo.fault(fault, eng):
+        with guard_demo.StepCounter() as off:
+            a_off = guard_demo.check_a_batched(eng)
+            b_off = guard_demo.check_b_batched(eng, max_tokens=CHECK_B_MAX_TOKENS)
+        with guard.enabled(), guard_demo.StepCounter() as on:
+            a_on = guard_demo.check_a_batched(eng)
+            b_on = guard_demo.check_b_batched(eng, max_tokens=CHECK_B_MAX_TOKENS)
+    # the fault is real: vLLM alone violates the budget somewhere
+    assert not (guard_demo.a_ok(a_off) and guard_demo.b_ok(b_off)), fault
+    assert off.guard_fixed == 0
+    if fault != "drafts-unforced":  # first token comes from the prefill row, not a draft
+        assert not guard_demo.a_ok(a_off)
+    # with the guard: exact again
+    end = eng.effective["reasoning_end_token_ids"]
+    assert guard_demo.a_ok(a_on), [o.token_ids for o in a_on]
+    assert all(o.token_ids[:len(end)] == end for o in a_on)
+    assert guard_demo.b_ok(b_on), [o.token_ids for o in b_on]
+    assert [o.actual_end_index for o in b_on] == [o.expected_end_index for o in b_on]
+    assert on.guard_fixed > 0
+
+
+# the shared catalogue of hypothesis faults (workbook.faults), one batch per guard state:
+# checks A and B together under the zeroed lm_head (budgets 0, 1 → </think> first, as in A;
+# 2..9 as in B). H-b, H-c, H-d-draft are the demo faults above in another form, H-e and H-f
+# lose the forcing like "sampling-bypass" / "budget-disabled" (left out to keep the file near
+# six minutes); H-h is a V1 run, outside MRV2.
+CATALOGUE_FAULTS = ("H-a", "H-d", "H-g")
+
+
+@pytest.mark.parametrize("fault", CATALOGUE_FAULTS)
+def test_guard_fixes_hypothesis_faults(live_engine, fault):
+    from workbook import faults
+
+    eng = live_engine.get("mtp")
+    budgets = tuple(range(10))
+    with contextlib.closing(_Closer(faults.inject(fault, engine=eng))):
+        with guard_demo.StepCounter() as off:
+            ab_off = guard_demo.check_b_batched(eng, budgets, max_tokens=CHECK_B_MAX_TOKENS)
+        with guard.enabled(), guard_demo.StepCounter() as on:
+            ab_on = guard_demo.check_b_batched(eng, budgets, max_tokens=CHECK_B_MAX_TOKENS)
+    assert not guard_demo.b_ok(ab_off), fault  # the fault is real
+    assert off.guard_fixed == 0
+    assert guard_demo.b_ok(ab_on), [o.token_ids for o in ab_on]
+    end = eng.effective["reasoning_end_token_ids"]
+    assert [o.token_ids[:len(end)] for o in ab_on[:2]] == [end, end]  # A: </think> first
+    assert on.guard_fixed > 0
+
+
+class _Closer:
+    def __init__(self, hook):
+        self.hook = hook
+
+    def close(self):
+        self.hook.remove()
+
+
+def test_guard_state_reset_on_reinstall(live_engine):
+    eng = live_engine.get("mtp")
+    with guard.enabled():
+        request.run_reported(eng, budget=3, max_tokens=4)
+        st = guard.state(eng.runner)
+        assert st is not None and st.enabled and st is eng.runner._workbook_guard
+        assert st.start_ids == eng.effective["reasoning_start_token_ids"]
+        assert st.end_ids == eng.effective["reasoning_end_token_ids"]
+    guard.install()  # a new install: slots staged under the old one are forgotten
+    st = guard.state(eng.runner)
+    assert not st.has_budget.any() and int((st.budget >= 0).sum()) == 0
+    guard.remove()
+
+
+# ---- 4. healthy vLLM: identical with and without the guard -------------------------------------
+
+@pytest.mark.parametrize("method", SPEC_METHODS)
+def test_guard_is_identity_on_healthy_vllm(live_engine, method):
+    eng = live_engine.get(method)
+    assert eng.effective["runner_is_v2"] and eng.effective["spec_method"] == method
+    assert eng.effective["thinking_budget_enabled"]
+    budgets = IDENTITY_BUDGETS[method]
+    with guard_demo.StepCounter() as off:
+        outs_off = guard_demo.run_budgets(eng, budgets, max_tokens=IDENTITY_MAX_TOKENS)
+    with guard.enabled():
+        with guard_demo.StepCounter() as on:
+            outs_on = guard_demo.run_budgets(eng, budgets, max_tokens=IDENTITY_MAX_TOKENS)
+        b_on = request.check_b(eng, budgets=CHECK_B_BUDGETS[method], max_tokens=CHECK_B_MAX_TOKENS)
+    assert [o.token_ids for o in outs_on] == [o.token_ids for o in outs_off]
+    assert [o.finish_reason for o in outs_on] == [o.finish_reason for o in outs_off]
+    # same steps, same drafts, same acceptance: the guard changed nothing
+    tot_on, tot_off = on.totals(), off.totals()
+    for key in ("steps", "num_sampled", "num_rejected", "draft_tokens"):
+        assert tot_on[key] == tot_off[key], (key, tot_on, tot_off)
+    assert on.guard_fixed == 0 and off.guard_fixed == 0
+    assert all(o.honored in (True, None) for o in outs_on)
+    assert any(o.honored is True for o in outs_on)
+    assert off.draft_tokens > 0  # speculation really ran
+    assert all(o.extra["check_b_prefix_ok"] for o in b_on), [o.token_ids for o in b_on]
+    assert [o.actual_end_index for o in b_on] == [o.expected_end_index for o in b_on]

@@ -1,0 +1,54 @@
+"""End-to-end check of the upstream patch: the patched vLLM copy (on PYTHONPATH) in a real engine.
+
+Run by ``apply_and_test.sh`` when ``E2E=1``. Starts the tiny MTP model (k=4, MRV2), asserts the
+runner built ``ThinkingBudgetGuard``, then makes vLLM ignore the budget (``ThinkingBudgetState``
+disabled on the live engine; ``Sampler.apply_sampling_params`` returning its input logits) and
+checks A and B with the built-in guard only (the workbook's own guard is NOT installed).
+Prints one JSON line; exits non-zero when a check fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    t0 = time.perf_counter()
+    from workbook import engine, guard_demo
+    from workbook.config import RunConfig
+
+    eng = engine.start(RunConfig(spec_method="mtp", num_spec_tokens=4))
+    import vllm
+
+    runner = eng.runner
+    g = getattr(runner, "thinking_budget_guard", None)
+    result = {"vllm": vllm.__version__, "vllm_path": os.path.dirname(vllm.__file__),
+              "runner_is_v2": eng.effective["runner_is_v2"],
+              "guard_built": g is not None, "guard_enabled": bool(getattr(g, "enabled", False)),
+              "checks": {}}
+    ok = result["runner_is_v2"] and result["guard_enabled"]
+    for fault in (None, "budget-disabled", "sampling-bypass"):
+        before = int(g.num_fixed[1]) if g is not None else 0
+        if fault is None:
+            a, b = guard_demo.check_a_batched(eng), guard_demo.check_b_batched(eng, max_tokens=12)
+        else:
+            with guard_demo.fault(fault, eng):
+                a = guard_demo.check_a_batched(eng)
+                b = guard_demo.check_b_batched(eng, max_tokens=12)
+        fixed = (int(g.num_fixed[1]) if g is not None else 0) - before
+        rec = {"A": guard_demo.a_ok(a), "B": guard_demo.b_ok(b), "guard_fixed": fixed,
+               "B_end_index": [o.actual_end_index for o in b]}
+        result["checks"][fault or "healthy"] = rec
+        ok = ok and rec["A"] and rec["B"] and (fault is None) == (fixed == 0)
+    result["ok"] = bool(ok)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    print("E2E " + json.dumps(result), flush=True)
+    eng.shutdown()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,459 @@
+"""The budget guard: enforce ``thinking_token_budget`` on the tokens MRV2 is about to commit.
+
+vLLM enforces the thinking budget *before* sampling: ``ThinkingBudgetState.apply`` writes 1e9
+into the end-marker column of the logits rows where the budget binds. Anything between that
+write and the committed token (a fast path that skips logits processing, a disabled or
+unregistered ``ThinkingBudgetState``, a stale device view of its UVA-backed budget, a sampler
+that ignores the processed logits, synthetic acceptance, a frozen CUDA graph ...) can lose the
+forcing, and #54906 is exactly such a loss. The guard checks the *result* instead: after
+``GPUModelRunner.sample`` returned the step's tokens (Sampler or RejectionSampler, with or
+without drafts) and before ``sample_tokens`` creates the ``AsyncOutput``, commits them
+(``postprocess_sampled``) and lets the speculator propose from them, one Triton kernel walks
+each request's sampled tokens with vLLM's own budget semantics and, at the first position where
+the budget binds and the token is not the due end-marker token, writes that token, truncates
+``num_sampled`` there and counts the dropped tokens as rejected (exactly what a rejected draft
+looks like to the rest of MRV2). No sampling path can bypass it because it runs on what will
+be committed.
+
+Semantics (``vllm/v1/worker/gpu/sample/thinking_budget.py``): for a position whose history
+(tokens before it) has ``n`` tokens after the last reasoning start marker, and no natural end
+marker after that start, the budget binds when ``n >= budget``; the token there must be
+``end_ids[p]`` where ``p`` is the longest proper prefix of ``end_ids`` the history already ends
+with. A natural end before the boundary ends enforcement; multi-token end strings continue.
+
+Processing order, per engine step:
+
+1. ``add_requests`` (after vLLM's): for each new request read
+   ``sampling_params.thinking_token_budget`` itself (never vLLM's ``ThinkingBudgetState``), its
+   slot ``req_states.req_id_to_index[req_id]`` and ``prefill_token_ids``; compute on the host,
+   once, the reasoning count at the end of that history and its last ``TAIL`` tokens; stage
+   them and scatter all staged rows into the guard's own device tensors with one non-blocking
+   H2D copy (plain tensors, deliberately not vLLM's ``UvaBackedTensor``).
+2. ``sample`` (after vLLM's): if a request of the batch has a budget (host mirror, no sync),
+   launch ``_budget_guard_kernel`` once, one program per request of ``input_batch.idx_mapping``.
+   It fixes ``sampled_token_ids`` / ``num_sampled`` / ``num_rejected`` in place, advances the
+   per-slot count and tail over the tokens finally kept, and adds the number of replaced tokens
+   to ``last_fixed`` (device, zeroed each step) and ``total_fixed``.
+
+What it deliberately does not do: touch logits (so logprobs of a replaced token are those of
+the token vLLM had sampled), read or repair vLLM's budget state or its committed token history,
+guard requests that were added while it was not installed, sync the host on the hot path, or
+run anything per request in Python per step. It does not make vLLM's own forcing redundant on
+healthy vLLM: there the kernel finds nothing to fix and outputs are token-identical.
+
+Public API: ``install()`` / ``remove()`` / ``with enabled():``, ``patch_set()`` (the
+``PatchSet`` named "guard", layer "guard"), ``state(runner)`` (the ``GuardState`` on a runner,
+``runner._workbook_guard``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from workbook.patching import PatchSet
+
+ATTR = "_workbook_guard"  # GuardState lives on the runner instance under this name
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+_patch_set: PatchSet | None = None
+_generation = 0  # bumped on every install(): state staged under an older install is dropped
+
+
+# ----------------------------------------------------------------------------------------------
+# host side: the reasoning state at the end of a token history (once per request)
+
+def _last_index_of(arr: np.ndarray, sub: Sequence[int]) -> int:
+    """Start of the last occurrence of ``sub`` in ``arr`` (vectorized), or -1."""
+    n = len(sub)
+    if n == 0 or arr.shape[0] < n:
+        return -1
+    if n == 1:
+        hits = np.flatnonzero(arr == sub[0])
+    else:
+        win = np.lib.stride_tricks.sliding_window_view(arr, n)
+        hits = np.flatnonzero(np.all(win == np.asarray(sub, dtype=arr.dtype), axis=1))
+    return int(hits[-1]) if hits.size else -1
+
+
+def reasoning_count(history: Sequence[int], start_ids: Sequence[int],
+                    natural_end_ids: Sequence[int]) -> int:
+    """Reasoning tokens at the end of ``history`` (after its last start marker), -1 if none.
+
+    -1 when there is no start marker or a natural end marker starts at or after the last start
+    (vLLM: ``last_start < 0 or last_start <= last_end``).
+    """
+    arr = np.asarray(history, dtype=np.int64)
+    last_start = _last_index_of(arr, start_ids)
+    if last_start < 0:
+        return -1
+    last_end = _last_index_of(arr, natural_end_ids)
+    if last_start <= last_end:
+        return -1
+    return int(arr.shape[0] - (last_start + len(start_ids)))
+
+
+class GuardState:
+    """Per-runner guard state: the guard's own device tensors and the host staging area.
+
+    Device tensors (``max_num_reqs`` slots, int32):
+      budget [max_num_reqs]        thinking_token_budget, -1 = none
+      count  [max_num_reqs]        reasoning tokens since the last start marker, -1 = not in
+                                   reasoning (no start, or a natural end followed it)
+      tail   [max_num_reqs, TAIL]  the last TAIL committed tokens, oldest first, -1 padded;
+                                   the end-sequence progress (longest emitted prefix of the
+                                   end ids) is derived from it, exactly as vLLM derives it
+      fixed  [2]                   tokens replaced: [this step, since the state was created]
+    """
+
+    def __init__(self, runner):
+        rc = getattr(runner.vllm_config, "reasoning_config", None)
+        self.start_ids = [int(t) for t in (getattr(rc, "reasoning_start_token_ids", None) or [])]
+        self.end_ids = [int(t) for t in (getattr(rc, "reasoning_end_token_ids", None) or [])]
+        nat = getattr(rc, "natural_reasoning_end_token_ids", None) or []
+        self.natural_end_ids = [int(t) for t in nat] or list(self.end_ids)
+        self.enabled = bool(self.start_ids and self.end_ids)
+        self.device = runner.device
+        self.max_num_reqs = int(runner.req_states.max_num_reqs)
+        self.TAIL = max(len(self.start_ids) - 1, len(self.natural_end_ids) - 1,
+                        len(self.end_ids) - 1, 1)
+        self.generation = _generation
+        n, d, i32 = self.max_num_reqs, self.device, torch.int32
+        self.budget = torch.full((n,), -1, dtype=i32, device=d)  # [max_num_reqs]
+        self.count = torch.full((n,), -1, dtype=i32, device=d)  # [max_num_reqs]
+        self.tail = torch.full((n, self.TAIL), -1, dtype=i32, device=d)  # [max_num_reqs, TAIL]
+        self.fixed = torch.zeros(2, dtype=i32, device=d)  # [2]
+        self.start_ids_t = torch.tensor(self.start_ids or [-1], dtype=i32, device=d)
+        self.natural_end_ids_t = torch.tensor(self.natural_end_ids or [-1], dtype=i32, device=d)
+        self.end_ids_t = torch.tensor(self.end_ids or [-1], dtype=i32, device=d)
+        self.has_budget = np.zeros(n, dtype=bool)  # host mirror, only gates the launch
+        self._staged: list[list[int]] = []  # rows [slot, budget, count, *tail]
+        self.profile: list | None = None  # benchmark: set to [] to time each guarded step
+
+    # device views read by the tracer (no sync)
+    @property
+    def last_fixed(self) -> torch.Tensor:
+        return self.fixed[0:1]
+
+    @property
+    def total_fixed(self) -> torch.Tensor:
+        return self.fixed[1:2]
+
+    def reset(self) -> None:
+        """Forget every slot (device fills, no sync)."""
+        with torch.inference_mode():  # the tensors were made in vLLM's inference mode
+            self.budget.fill_(-1)
+            self.count.fill_(-1)
+            self.tail.fill_(-1)
+        self.has_budget[:] = False
+        self._staged.clear()
+        self.generation = _generation
+
+    # -- step 1: staging ------------------------------------------------------------------
+    def stage(self, slot: int, budget: int | None, history: Sequence[int]) -> None:
+        b = -1 if budget is None else min(int(budget), _INT32_MAX)
+        cnt = reasoning_count(history, self.start_ids, self.natural_end_ids) if b >= 0 else -1
+        tail = [int(t) for t in list(history)[-self.TAIL:]]
+        tail = [-1] * (self.TAIL - len(tail)) + tail
+        self._staged.append([int(slot), b, cnt, *tail])
+        self.has_budget[slot] = b >= 0
+
+    def flush(self) -> None:
+        """Scatter the staged rows into the device tensors: one non-blocking H2D copy."""
+        if not self._staged:
+            return
+        rows = torch.tensor(self._staged, dtype=torch.int32,
+                            pin_memory=self.device.type == "cuda")  # [n_new, 3 + TAIL]
+        self._staged = []
+        rows = rows.to(self.device, non_blocking=True)
+        slots = rows[:, 0].long()
+        self.budget.index_copy_(0, slots, rows[:, 1])
+        self.count.index_copy_(0, slots, rows[:, 2])
+        self.tail.index_copy_(0, slots, rows[:, 3:])
+
+    # -- step 2: enforcement --------------------------------------------------------------
+    def enforce(self, sampler_output, num_sampled: torch.Tensor, num_rejected: torch.Tensor,
+                input_batch) -> None:
+        """Fix this step's sampled tokens in place (no host sync)."""
+        self.fixed[0:1].zero_()
+        idx_np = np.asarray(input_batch.idx_mapping_np)
+        if not self.has_budget[idx_np[idx_np >= 0]].any():
+            return
+        sampled = sampler_output.sampled_token_ids  # [num_reqs, k+1]
+        idx_mapping = input_batch.idx_mapping  # [num_reqs]
+        num_reqs = idx_mapping.shape[0]
+        if num_reqs == 0:
+            return
+        launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, self.budget,
+                            self.count, self.tail, self.fixed, self.start_ids_t,
+                            self.natural_end_ids_t, self.end_ids_t)
+
+
+def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget, count, tail,
+                        fixed, start_ids, natural_end_ids, end_ids) -> None:
+    """One program per request row of ``sampled`` ([num_reqs, k+1]); see the module doc."""
+    _jit()
+    from vllm.triton_utils import triton
+
+    tail_len = tail.shape[1]
+    _budget_guard_kernel[(idx_mapping.shape[0],)](
+        sampled, sampled.stride(0), num_sampled, num_rejected, idx_mapping,
+        budget, count, tail, fixed, start_ids, natural_end_ids, end_ids,
+        START_LEN=start_ids.shape[0], NAT_END_LEN=natural_end_ids.shape[0],
+        END_LEN=end_ids.shape[0], TAIL=tail_len,
+        TAIL_P2=max(2, triton.next_power_of_2(tail_len)), num_warps=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# the kernel
+#
+# ``_hist`` and ``_budget_guard_kernel`` stay plain Python until the first launch: ``_jit()``
+# imports Triton through vLLM (after the CPU shim had its chance to set TRITON_INTERPRET) and
+# rebinds both names, in this module's globals, to their ``triton.jit`` versions, so that the
+# kernel's call to ``_hist`` resolves to the jitted helper, compiled or interpreted.
+
+tl: Any = None
+_jitted = False
+
+
+def _jit() -> None:
+    global tl, _hist, _budget_guard_kernel, _jitted
+    if _jitted:
+        return
+    from vllm.triton_utils import HAS_TRITON, tl as _tl, triton
+
+    if not HAS_TRITON:
+        raise RuntimeError("the budget guard needs Triton; vLLM disabled it in this process (on a"
+                           " CPU: WORKBOOK_TRITON_CPU=1 / workbook.engine.prepare_process before"
+                           " vLLM is imported)")
+    tl = _tl
+    _hist = triton.jit(_hist)
+    _budget_guard_kernel = triton.jit(_budget_guard_kernel)
+    _jitted = True
+
+
+def _hist(row_ptr, tail_ptr, TAIL: tl.constexpr, pos, cur_pos, cur_tok):
+    # Token at relative position ``pos`` of the running history: pos >= 0 is this step's
+    # row, pos < 0 the committed tail (TAIL + pos), pos == cur_pos the token being decided.
+    in_row = pos >= 0
+    a = tl.load(row_ptr + tl.maximum(pos, 0)).to(tl.int32)
+    b = tl.load(tail_ptr + TAIL + tl.minimum(tl.maximum(pos, -TAIL), -1))
+    tok = tl.where(in_row, a, b)
+    tok = tl.where(pos < -TAIL, -1, tok)
+    return tl.where(pos == cur_pos, cur_tok, tok)
+
+def _budget_guard_kernel(
+    sampled_ptr,  # [num_reqs, k+1] tokens of this step, fixed in place
+    sampled_stride,
+    num_sampled_ptr,  # [num_reqs] int32, in place
+    num_rejected_ptr,  # [num_reqs] int32, in place
+    idx_mapping_ptr,  # [num_reqs] batch row -> slot (-1: padding)
+    budget_ptr,  # [max_num_reqs] int32, -1 none
+    count_ptr,  # [max_num_reqs] int32, -1 not in reasoning
+    tail_ptr,  # [max_num_reqs, TAIL] int32
+    fixed_ptr,  # [2] int32
+    start_ids_ptr,  # [START_LEN]
+    natural_end_ids_ptr,  # [NAT_END_LEN]
+    end_ids_ptr,  # [END_LEN]
+    START_LEN: tl.constexpr,
+    NAT_END_LEN: tl.constexpr,
+    END_LEN: tl.constexpr,
+    TAIL: tl.constexpr,
+    TAIL_P2: tl.constexpr,
+):
+    req = tl.program_id(0)
+    slot = tl.load(idx_mapping_ptr + req)
+    if slot < 0:
+        return
+    budget = tl.load(budget_ptr + slot)
+    if budget < 0:
+        return
+    n = tl.load(num_sampled_ptr + req)
+    count = tl.load(count_ptr + slot)
+    row_ptr = sampled_ptr + req * sampled_stride
+    slot_tail_ptr = tail_ptr + slot * TAIL
+    kept = n
+    nfixed = n * 0
+    last = n * 0 - 1
+    for j in range(0, n):
+        if j < kept:
+            tok = tl.load(row_ptr + j).to(tl.int32)
+            if count >= budget:  # budget >= 0, so count >= 0 here: in reasoning
+                # end-sequence progress: longest proper prefix of end_ids ending the history
+                p = 0
+                for pl in tl.static_range(1, END_LEN):
+                    match = True
+                    for q in tl.static_range(0, pl):
+                        h = _hist(row_ptr, slot_tail_ptr, TAIL, j - pl + q, j, tok)
+                        match = match & (h == tl.load(end_ids_ptr + q))
+                    p = tl.where(match, pl, p)
+                forced = tl.load(end_ids_ptr + p)
+                if tok != forced:
+                    tl.store(row_ptr + j, forced.to(sampled_ptr.dtype.element_ty))
+                    tok = forced
+                    kept = j + 1
+                    nfixed = nfixed + 1
+            # advance the reasoning state over the kept token at position j
+            count = tl.where(count >= 0, count + 1, count)
+            s_match = True
+            for q in tl.static_range(0, START_LEN):
+                h = _hist(row_ptr, slot_tail_ptr, TAIL, j - START_LEN + 1 + q, j, tok)
+                s_match = s_match & (h == tl.load(start_ids_ptr + q))
+            count = tl.where(s_match, 0, count)
+            e_match = True
+            for q in tl.static_range(0, NAT_END_LEN):
+                h = _hist(row_ptr, slot_tail_ptr, TAIL, j - NAT_END_LEN + 1 + q, j, tok)
+                e_match = e_match & (h == tl.load(natural_end_ids_ptr + q))
+            # the natural end ends reasoning unless the last start lies inside it
+            count = tl.where(e_match & (count >= 0) & (count + START_LEN >= NAT_END_LEN),
+                             -1, count)
+            last = tok
+    tl.store(count_ptr + slot, count)
+    if nfixed > 0:
+        tl.store(num_sampled_ptr + req, kept)
+        rej = tl.load(num_rejected_ptr + req)
+        tl.store(num_rejected_ptr + req, rej + (n - kept))
+        tl.atomic_add(fixed_ptr, nfixed)
+        tl.atomic_add(fixed_ptr + 1, nfixed)
+    if kept > 0:
+        # new tail = last TAIL tokens of (old tail ++ row[:kept])
+        offs = tl.arange(0, TAIL_P2)
+        pos = kept - TAIL + offs
+        valid = offs < TAIL
+        a = tl.load(row_ptr + tl.maximum(pos, 0), mask=valid & (pos >= 0), other=-1)
+        b = tl.load(slot_tail_ptr + TAIL + tl.minimum(pos, -1), mask=valid & (pos < 0),
+                    other=-1)
+        vals = tl.where(pos >= 0, a.to(tl.int32), b)
+        vals = tl.where(pos == kept - 1, last, vals)
+        tl.debug_barrier()
+        tl.store(slot_tail_ptr + offs, vals, mask=valid)
+
+
+# ----------------------------------------------------------------------------------------------
+# the wrappers and the patch set
+
+def state(runner, *, create: bool = False) -> GuardState | None:
+    """The runner's ``GuardState`` (created on demand); stale state from an earlier install is
+    reset."""
+    st = runner.__dict__.get(ATTR)
+    if st is None:
+        if not create:
+            return None
+        st = GuardState(runner)
+        setattr(runner, ATTR, st)
+    if st.generation != _generation:
+        st.reset()
+    return st
+
+
+def _w_add_requests(orig):
+    @functools.wraps(orig)
+    def add_requests(self, scheduler_output, *args, **kwargs):
+        out = orig(self, scheduler_output, *args, **kwargs)
+        new_reqs = scheduler_output.scheduled_new_reqs
+        st = state(self, create=bool(new_reqs))
+        if st is None or not st.enabled:
+            return out
+        for new_req_data in new_reqs:
+            sp = new_req_data.sampling_params
+            budget = getattr(sp, "thinking_token_budget", None) if sp is not None else None
+            slot = self.req_states.req_id_to_index[new_req_data.req_id]
+            st.stage(slot, budget, new_req_data.prefill_token_ids or [])
+        st.flush()
+        return out
+
+    return add_requests
+
+
+def _w_sample(orig):
+    @functools.wraps(orig)
+    def sample(self, hidden_states, input_batch, grammar_output, *args, **kwargs):
+        out = orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
+        st = state(self)
+        if st is None or not st.enabled:
+            return out
+        sampler_output, num_sampled, num_rejected = out
+        if st.profile is None:
+            st.enforce(sampler_output, num_sampled, num_rejected, input_batch)
+        else:
+            _profiled_enforce(st, sampler_output, num_sampled, num_rejected, input_batch)
+        return out
+
+    return sample
+
+
+def _profiled_enforce(st: GuardState, *args) -> None:
+    """Benchmark path: record the guard's own time (CUDA events on a GPU, wall clock on CPU)."""
+    if st.device.type == "cuda":
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        host0 = time.perf_counter()
+        t0.record()
+        st.enforce(*args)
+        t1.record()
+        st.profile.append(("cuda", t0, t1, time.perf_counter() - host0))
+    else:
+        host0 = time.perf_counter()
+        st.enforce(*args)
+        st.profile.append(("cpu", None, None, time.perf_counter() - host0))
+
+
+def patch_set() -> PatchSet:
+    """The guard's ``PatchSet`` (built on first use; importing vLLM's runner module)."""
+    global _patch_set
+    if _patch_set is None:
+        from workbook import hookpoints
+
+        runner_cls = hookpoints.resolve().runner
+        ps = PatchSet("guard", layer="guard")
+        ps.wrap(runner_cls, "add_requests", _w_add_requests)
+        ps.wrap(runner_cls, "sample", _w_sample)
+        _patch_set = ps
+    return _patch_set
+
+
+def install() -> PatchSet:
+    """Install the guard (idempotent). Requests added from now on are guarded."""
+    global _generation
+    ps = patch_set()
+    if not ps.installed:
+        _generation += 1
+        ps.install()
+    return ps
+
+
+def remove() -> None:
+    """Remove the guard; vLLM's methods are restored identically."""
+    if _patch_set is not None:
+        _patch_set.remove()
+
+
+def installed() -> bool:
+    return _patch_set is not None and _patch_set.installed
+
+
+@contextlib.contextmanager
+def enabled():
+    """``with guard.enabled(): ...`` — installed inside, restored to the previous state after."""
+    was = installed()
+    install()
+    try:
+        yield patch_set()
+    finally:
+        if not was:
+            remove()
+
+
+def describe(runner) -> dict[str, Any]:
+    """Small host-side summary for notebooks (syncs: not for the hot path)."""
+    st = state(runner)
+    if st is None:
+        return {"installed": installed(), "state": None}
+    return {"installed": installed(), "enabled": st.enabled, "start_ids": st.start_ids,
+            "end_ids": st.end_ids, "natural_end_ids": st.natural_end_ids, "tail_len": st.TAIL,
+            "slots_with_budget": int(st.has_budget.sum()),
+            "total_fixed": int(st.total_fixed.item())}
