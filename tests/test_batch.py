@@ -198,3 +198,24 @@ def test_new_run_dir_is_always_fresh(tmp_path):
 
     made = {new_run_dir(str(tmp_path), "hw")[0] for _ in range(200)}
     assert len(made) == 200 and len(os.listdir(tmp_path / "hw")) == 200
+
+
+def test_notebook_declares_every_runconfig_field_and_has_a_kernelspec():
+    import dataclasses
+
+    import jupytext
+
+    from workbook import batch
+    from workbook.config import RunConfig
+
+    path = REPO / "notebooks" / "01_reproduce.py"
+    _, declared = batch.read_notebook(str(path))
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    assert fields | {"outdir", "checks"} <= set(declared)
+    assert all(declared[k]["help"] for k in declared)  # `name: type = default  # help`
+    nb = jupytext.read(path)
+    assert nb.metadata["kernelspec"]["name"]
+    assert not any(c.get("outputs") for c in nb.cells)
+    assert "parameters" in nb.cells[1].metadata.get("tags", [])
+    res = workbook("params", path)
+    assert res.returncode == 0 and "thinking_token_budget: int (default 1)" in res.stdout
