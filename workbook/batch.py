@@ -330,6 +330,7 @@ def run_one(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str], kernel: s
 
 
 def _wait_or_kill(proc: subprocess.Popen, limit: float) -> bool:
+    """Wait up to ``limit`` s; then (or on Ctrl-C) kill the run's process tree. True: killed."""
     try:
         proc.wait(timeout=limit)
         return False
@@ -337,6 +338,10 @@ def _wait_or_kill(proc: subprocess.Popen, limit: float) -> bool:
         kill_tree(proc.pid)
         proc.wait()
         return True
+    except BaseException:  # KeyboardInterrupt: the run is in its own session, end it too
+        kill_tree(proc.pid)
+        proc.wait()
+        raise
 
 
 def kill_tree(pid: int) -> None:

@@ -4,7 +4,8 @@
 ``environment.json`` and each run's evidence via ``workbook.investigate.load``):
 
 - the runs: hardware, run-id, software (vLLM, torch, GPU), status;
-- a verdict table over every run (status, configuration, outcome, verdict, hypothesis);
+- the verdicts: a run × hardware matrix, and a table over every run (status, configuration,
+  outcome as the server reports it, verdict, hypothesis, checks);
 - the failures (exception, failing cell) of runs that did not finish;
 - plots (embedded PNG): where ``</think>`` was expected vs where it came, and time per run;
 - for pairs of runs that differ only in speculative decoding (or the first two runs), the first
@@ -124,6 +125,18 @@ def verdict_table(runs: list[Run]) -> pd.DataFrame:
                      "runner_v2": (r.data.get("effective") or {}).get("runner_is_v2"),
                      "wall_s": r.row.get("wall_s"), "engine_start_s": t.get("engine_start_s")})
     return pd.DataFrame(rows)
+
+
+def verdict_matrix(vt: pd.DataFrame) -> pd.DataFrame:
+    """Run name × hardware (latest batch per hardware first): the verdict, or the status."""
+    if vt.empty:
+        return vt
+    cell = vt["verdict"].where(vt["verdict"].notna(), vt["status"])
+    df = vt.assign(cell=cell, column=vt["hardware"] + " " + vt["run_id"].str[:15])
+    m = df.pivot_table(index="run", columns="column", values="cell", aggfunc="first",
+                       sort=False)
+    m.columns.name = None
+    return m.fillna("").reset_index()
 
 
 def _checks_summary(checks: dict[str, list]) -> str:
@@ -403,7 +416,8 @@ def build(batches: list[Batch]) -> str:
     page.table(batches_table(batches))
     page.h(2, "Verdicts")
     vt = verdict_table(runs)
-    page.table(vt, "verdict per run and hardware")
+    page.table(verdict_matrix(vt), "verdict per run name and hardware")
+    page.table(vt, "every run: configuration, outcome, verdict")
     page.h(2, "Failures")
     page.table(failures_table(runs), "runs that did not finish")
     page.h(2, "Where </think> came")
