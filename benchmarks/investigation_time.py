@@ -54,7 +54,7 @@ def table(manifest: dict) -> list[list]:
 
 
 def fmt(v) -> str:
-    return f"{v:8.1f}" if isinstance(v, (int, float)) else f"{'-':>8}"
+    return f"{v:9.1f}" if isinstance(v, (int, float)) else f"{'-':>9}"
 
 
 def report(run_dir: str, measured_wall: float | None) -> None:
@@ -63,7 +63,7 @@ def report(run_dir: str, measured_wall: float | None) -> None:
     rows = table(manifest)
     head = ["run", "status", "import", "engine", "generate", "total", "papermill"]
     print(f"run folder: {run_dir}")
-    print(f"{head[0]:<22}{head[1]:<9}" + "".join(f"{h:>9}" for h in head[2:]))
+    print(f"{head[0]:<22}{head[1]:<9}" + "".join(f"{h:>10}" for h in head[2:]))
     for r in rows:
         print(f"{r[0]:<22}{r[1]:<9}" + "".join(" " + fmt(v) for v in r[2:]))
     sums = [sum(r[i] or 0.0 for r in rows) for i in range(2, 7)]

@@ -132,7 +132,13 @@ pd.DataFrame(rows, columns=["check", "budget", "expected", "actual", "honored", 
 v = res.verdict
 display(Markdown(f"**{v.get('verdict', '?')}** — hypothesis `{v.get('hypothesis')}` — "
                  f"{v.get('summary', '')}"))
-pd.DataFrame([v.get("first_violation") or {}])
+if v.get("first_violation"):
+    display(pd.DataFrame([v["first_violation"]]))
+else:
+    print("first violation: none")
+
+# %% [markdown]
+# The evidence rows behind the hypothesis (empty when nothing was violated).
 
 # %%
-pd.DataFrame(v.get("evidence") or [])
+pd.DataFrame(v.get("evidence") or [], columns=None if v.get("evidence") else ["evidence"])
