@@ -5,8 +5,10 @@ Oracle for "the exact row": the same request on healthy vLLM emits ``</think>`` 
 weights), so the first violation must be exactly there. With the target ``lm_head`` zeroed,
 drafts are accepted and budgets 1, 3, 6 put the boundary on the Sampler's prefill row, on a
 draft row and on the bonus row of a 4-draft window. A fault that acts only on draft rows
-(``H-d-draft``, ``H-g``) cannot change the prefill or bonus row: there the expected verdict is
-``honored`` (no false alarm), elsewhere ``violated`` with the fault's hypothesis.
+cannot change the prefill row (``H-d-draft``: rows whose input is a draft, bonus row included)
+or, for synthetic acceptance (``H-g``), the bonus row either (no draft left to accept): there
+the expected verdict is ``honored`` (no false alarm), elsewhere ``violated`` with the fault's
+hypothesis.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from workbook.trace import Tracer
 
 METHODS = ["mtp", "eagle", "ngram"]
 BUDGETS = (1, 3, 6)
-DRAFT_ONLY = {"H-d-draft", "H-g"}
+# where a fault can act: (step-local position of the boundary, k) -> bool
+ACTS_ON = {"H-d-draft": lambda pos, k: pos > 0, "H-g": lambda pos, k: 0 < pos < k}
 IN_PROCESS_FAULTS = [f for f in faults.FAULT_NAMES if f != "H-h"]
 
 
@@ -66,7 +69,7 @@ def test_fault_is_caught_at_the_exact_row_and_named(engines, oracle, method, fau
     for b in BUDGETS:
         o, v = traced(eng, b, fault)
         step, pos = oracle[(method, b)]
-        manifests = fault not in DRAFT_ONLY or 0 < pos < eng.cfg.num_spec_tokens
+        manifests = ACTS_ON.get(fault, lambda p, k: True)(pos, eng.cfg.num_spec_tokens)
         if not manifests:
             assert v["verdict"] == "honored" and o.honored is True, (b, v["summary"])
             continue

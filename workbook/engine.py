@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,9 @@ def prepare_process(cfg: RunConfig) -> None:
         from workbook import cpu_shim
 
         cpu_shim.install()
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None and hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()  # an earlier engine cached its env reads; ours may differ
 
 
 def resolve_model(name_or_path: str) -> str:
