@@ -213,18 +213,22 @@ def read_notebook(path: str):
 
 
 def _scratch() -> str:
+    """This process's folder for converted notebooks; removed at exit."""
+    import atexit
     import tempfile
 
     d = os.path.join(tempfile.gettempdir(), f"workbook-batch-{os.getpid()}")
-    os.makedirs(d, exist_ok=True)
+    if not os.path.isdir(d):
+        os.makedirs(d)
+        atexit.register(_drop_scratch, d)
     return d
 
 
-def _drop_scratch() -> None:
+def _drop_scratch(d: str) -> None:
     import shutil
 
     _NB_CACHE.clear()
-    shutil.rmtree(os.path.join(_scratch()), ignore_errors=True)
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def _fields() -> list[str]:
@@ -241,7 +245,7 @@ def notebook_parameters(spec: RunSpec) -> dict[str, Any]:
     missing = [k for k in spec.required if k not in declared]
     if spec.checks and "checks" not in declared:
         missing.append("checks")
-    unknown = [k for k in missing if k not in _fields()]
+    unknown = [k for k in spec.required if k not in declared and k not in _fields()]
     if unknown:
         raise ConfigError(f"unknown parameter(s) {unknown}: neither RunConfig fields "
                           f"({_fields()}) nor parameters of notebook {_show(spec.notebook)}")
@@ -402,7 +406,8 @@ def failure_info(nb_path: str, folder: str) -> dict[str, Any]:
     """Why a run failed: the failing cell of the partial notebook + papermill's exception.
 
     The kernel-side exception (an error output) wins; otherwise (cell timeout, dead kernel,
-    kill) the exception papermill itself died with, read from ``papermill.log``.
+    kill) the exception papermill itself died with, read from ``papermill.log``. ``cell_index``
+    counts the cells of the executed notebook (papermill's injected cells included).
     """
     cell = failing_cell(nb_path) or {}
     log = exception_from_log(os.path.join(folder, "papermill.log"))
@@ -501,7 +506,6 @@ def execute(env: Environment, *, out: str = "outputs", only: list[str] | None = 
                 on_run(row)
     finally:
         bar.close()
-        _drop_scratch()
         environment = envcapture.capture(REPO, probes)
         environment["install"] = env.raw.get("install")
         write_json(os.path.join(run_dir, "environment.json"), environment)
