@@ -12,15 +12,19 @@ driven by environment variables:
 - ``WORKBOOK_EFFECTIVE_DIR=path`` on the first ``add_requests`` of a model runner, write
   ``path/<pid>/effective.json``: the runner-side effective configuration (``worker_effective``)
 
-A traced process that forks (vLLM's engine core on a fork start method) re-points the inherited
-tracer at the child's own ``<pid>/`` folder.
+The hooks go in when the process first imports a model-runner module (``RUNNER_MODULES``), so
+processes that never run a model (the OpenAI front-end, the engine core) stay untouched. A
+traced process that forks re-points the inherited tracer at the child's own ``<pid>/`` folder.
 
 Returns the installed patch sets (remove them in reverse order) and the tracer, if any.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 
 
 def install(cfg, engine=None):
@@ -57,12 +61,26 @@ def env_for(cfg, trace_dir: str | None) -> dict[str, str]:
 _installed_from_env = False
 
 
+# The hooks patch model-runner classes only. A process installs them when it first imports one
+# of these modules (at once if it already has): the server's front-end and the engine-core
+# process never do, and skip ~14 s of imports each (see ``_after_import``).
+RUNNER_MODULES = ("vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.gpu_model_runner")
+
+
 def install_from_env() -> None:
-    """Called by the plugin in every vLLM process; idempotent."""
+    """Called by the plugin in every vLLM process; idempotent. Installs the hooks now if this
+    process already imported a model-runner module, else right after it imports one."""
     global _installed_from_env
     if _installed_from_env:
         return
     _installed_from_env = True
+    if any(m in sys.modules for m in RUNNER_MODULES):
+        _install_hooks_from_env()
+    else:
+        _after_import(RUNNER_MODULES, _install_hooks_from_env)
+
+
+def _install_hooks_from_env() -> None:
     fault = os.environ.get("WORKBOOK_FAULT")
     if fault and fault != "none":
         from workbook import faults
@@ -86,6 +104,44 @@ def install_from_env() -> None:
     effective_dir = os.environ.get("WORKBOOK_EFFECTIVE_DIR")
     if effective_dir:
         effective_writer(effective_dir)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """One-shot import hook: run ``fn()`` once, right after the first of ``names`` is loaded."""
+
+    def __init__(self, names, fn):
+        self.names = set(names)
+        self.fn = fn
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.names or self not in sys.meta_path:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            self.fn()  # cannot wrap this loader: install before the module loads
+            return spec
+        loader, fn = spec.loader, self.fn
+        load = loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            fn()
+        loader.exec_module = exec_module
+        return spec
+
+
+def _after_import(names, fn) -> None:
+    def guarded():
+        try:
+            fn()
+        except Exception as e:  # a broken hook must be loud, but not break vLLM's import
+            import traceback
+
+            print(f"workbook: installing hooks failed in pid {os.getpid()}: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr)
+            traceback.print_exc()
+    sys.meta_path.insert(0, _AfterImport(names, guarded))
 
 
 def _repoint(tracer, trace_dir: str) -> None:
@@ -127,23 +183,36 @@ def worker_effective(runner) -> dict:
 
 
 def effective_writer(out_dir: str):
-    """Patch set writing ``out_dir/<pid>/effective.json`` on a runner's first ``add_requests``."""
+    """Patch set writing ``out_dir/<pid>/effective.json`` once, when a model runner first gets
+    requests: MRV2's ``add_requests``, and V1's ``_update_states`` (so a run that silently
+    fell back to V1, hypothesis H-h, still says which runner served it)."""
     from workbook import hookpoints, patching
 
     written: set[int] = set()
 
     def make(orig):
-        def add_requests(runner, *a, **k):
+        def first_requests(runner, *a, **k):
             out = orig(runner, *a, **k)
             if os.getpid() not in written:
                 written.add(os.getpid())
                 _write_effective(runner, os.path.join(out_dir, str(os.getpid())))
             return out
-        return add_requests
+        return first_requests
 
     ps = patching.PatchSet("effective", "trace")
     ps.wrap(hookpoints.resolve().runner, "add_requests", make)
+    v1 = _v1_runner_class()
+    if v1 is not None:
+        ps.wrap(v1, "_update_states", make)
     return ps.install()
+
+
+def _v1_runner_class():
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except Exception:  # 0.34+: V1 is gone
+        return None
+    return GPUModelRunner if hasattr(GPUModelRunner, "_update_states") else None
 
 
 def _write_effective(runner, folder: str) -> None:

@@ -508,8 +508,9 @@ def run(cfg: RunConfig, outdir: str | None, res, *, checks: tuple[str, ...] = ()
         res.outcomes = [outcome_from_response(resp, cfg, res.effective, server.detokenize)]
         _save(res, "outcome.json", [o.to_dict() for o in res.outcomes])
         if cfg.trace:
-            frames = server.frames()
-            res.frames = _only(frames, traced_req_ids(frames) - before)
+            mrv2 = res.effective.get("runner_is_v2") is not False  # else nothing to wait for
+            res.frames = await_trace(server, before, res.outcomes[0].completion_tokens,
+                                     timeout=15.0 if mrv2 else 0.0)
             _save_frames(res)
         for name in checks:
             res.checks[name] = [o.to_dict() for o in check_a(server, cfg)]
@@ -536,13 +537,36 @@ def check_a(server: Server, cfg: RunConfig, budgets=(1, 0)) -> list[request.Outc
     return out
 
 
+def await_trace(server: Server, before: set, n_tokens: int, timeout: float = 15.0) -> dict:
+    """The trace of the requests sent since ``before``, once it holds ``n_tokens`` tokens.
+
+    The plugin flushes after every step, before the step's tokens leave the engine, so this
+    normally returns at once; the wait only covers a file system that lags.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        frames = server.frames()
+        mine = traced_req_ids(frames) - before
+        reqs = frames["requests"]
+        done = sum(len(e) for e in reqs.loc[reqs["req_id"].isin(mine), "emitted"]
+                   if e is not None)
+        if (mine and done >= n_tokens) or time.monotonic() > deadline:
+            return _only(frames, mine)
+        time.sleep(0.25)
+
+
 def _only(frames: dict, req_ids: set) -> dict:
-    """Keep the requests of ``req_ids`` (tables without ``req_id`` stay as they are; so do steps:
-    the diagnosis reads requests, rows and registrations)."""
+    """Keep the rows of the requests in ``req_ids``, the steps they ran in, tracer errors."""
     out = {}
     for name, df in frames.items():
         out[name] = df[df["req_id"].isin(req_ids)].reset_index(drop=True) \
             if "req_id" in getattr(df, "columns", ()) else df
+    steps, reqs = out.get("steps"), out.get("requests")
+    if steps is not None and reqs is not None and "pid" in steps.columns \
+            and "pid" in reqs.columns:
+        ran = set(zip(reqs["pid"], reqs["step"]))
+        keep = [(p, st) in ran or st < 0 for p, st in zip(steps["pid"], steps["step"])]
+        out["steps"] = steps[keep].reset_index(drop=True)
     return out
 
 
