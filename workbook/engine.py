@@ -188,28 +188,7 @@ def start(cfg: RunConfig) -> Engine:
 
 def effective_config(llm, log_lines: list[str] | None = None) -> dict[str, Any]:
     """What the live engine runs, read from its objects (not from the parameters)."""
-    import vllm
-
-    vcfg = llm.llm_engine.vllm_config
-    eff: dict[str, Any] = {"vllm_version": vllm.__version__,
-                           "vllm_commit": _vllm_commit(),
-                           "async_scheduling": bool(vcfg.scheduler_config.async_scheduling),
-                           "enforce_eager": bool(vcfg.model_config.enforce_eager),
-                           "dtype": str(vcfg.model_config.dtype),
-                           "model": vcfg.model_config.model,
-                           "architecture": (vcfg.model_config.architectures or [None])[0],
-                           "use_v2_model_runner": bool(getattr(vcfg, "use_v2_model_runner",
-                                                               False)),
-                           "env_VLLM_USE_V2_MODEL_RUNNER":
-                               os.environ.get("VLLM_USE_V2_MODEL_RUNNER")}
-    spec = vcfg.speculative_config
-    eff["spec_method"] = getattr(spec, "method", None) if spec else None
-    eff["num_spec_tokens"] = getattr(spec, "num_speculative_tokens", 0) if spec else 0
-    rc = getattr(vcfg, "reasoning_config", None)
-    for key in ("reasoning_start_token_ids", "reasoning_end_token_ids",
-                "natural_reasoning_end_token_ids"):
-        val = getattr(rc, key, None) if rc is not None else None
-        eff[key] = list(val) if val is not None else None
+    eff = config_facts(llm.llm_engine.vllm_config)
     try:
         runner = get_runner(llm)
     except RuntimeError:
@@ -220,6 +199,30 @@ def effective_config(llm, log_lines: list[str] | None = None) -> dict[str, Any]:
     eff["v1_fallback_logged"] = any("V1" in line and ("fall" in line.lower()
                                                        or "not support" in line.lower())
                                     for line in eff["log_lines"])
+    return eff
+
+
+def config_facts(vcfg) -> dict[str, Any]:
+    """Facts of a live ``VllmConfig`` (front-end or worker side): version, scheduler, spec,
+    runner choice, reasoning marker ids."""
+    import vllm
+
+    spec = vcfg.speculative_config
+    rc = getattr(vcfg, "reasoning_config", None)
+    eff: dict[str, Any] = {
+        "vllm_version": vllm.__version__, "vllm_commit": _vllm_commit(),
+        "async_scheduling": bool(vcfg.scheduler_config.async_scheduling),
+        "enforce_eager": bool(vcfg.model_config.enforce_eager),
+        "dtype": str(vcfg.model_config.dtype), "model": vcfg.model_config.model,
+        "architecture": (vcfg.model_config.architectures or [None])[0],
+        "use_v2_model_runner": bool(getattr(vcfg, "use_v2_model_runner", False)),
+        "env_VLLM_USE_V2_MODEL_RUNNER": os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
+        "spec_method": getattr(spec, "method", None) if spec else None,
+        "num_spec_tokens": getattr(spec, "num_speculative_tokens", 0) if spec else 0}
+    for key in ("reasoning_start_token_ids", "reasoning_end_token_ids",
+                "natural_reasoning_end_token_ids"):
+        val = getattr(rc, key, None) if rc is not None else None
+        eff[key] = list(val) if val is not None else None
     return eff
 
 

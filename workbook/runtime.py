@@ -157,27 +157,10 @@ def worker_effective(runner) -> dict:
     runner's ``vllm_config``. Log lines are not visible here: ``workbook.server`` adds them
     from the server log.)
     """
-    import vllm
-
     from workbook import engine
 
-    vcfg = runner.vllm_config
-    spec = vcfg.speculative_config
-    rc = getattr(vcfg, "reasoning_config", None)
-    eff = {"vllm_version": vllm.__version__, "vllm_commit": engine._vllm_commit(),
-           "async_scheduling": bool(vcfg.scheduler_config.async_scheduling),
-           "enforce_eager": bool(vcfg.model_config.enforce_eager),
-           "dtype": str(vcfg.model_config.dtype), "model": vcfg.model_config.model,
-           "architecture": (vcfg.model_config.architectures or [None])[0],
-           "use_v2_model_runner": bool(getattr(vcfg, "use_v2_model_runner", False)),
-           "env_VLLM_USE_V2_MODEL_RUNNER": os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
-           "spec_method": getattr(spec, "method", None) if spec else None,
-           "num_spec_tokens": getattr(spec, "num_speculative_tokens", 0) if spec else 0,
-           "pid": os.getpid()}
-    for key in ("reasoning_start_token_ids", "reasoning_end_token_ids",
-                "natural_reasoning_end_token_ids"):
-        val = getattr(rc, key, None) if rc is not None else None
-        eff[key] = list(val) if val is not None else None
+    eff = engine.config_facts(runner.vllm_config)
+    eff["pid"] = os.getpid()
     eff.update(engine.runner_facts(runner))
     return eff
 
