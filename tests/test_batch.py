@@ -99,6 +99,9 @@ def test_run_writes_layout_manifest_sums_and_verify_detects_tampering(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     (run_dir,) = run_dirs(out)
     assert res.stdout.strip().endswith(run_dir.name)
+    assert f"report: {run_dir / 'report.html'}" in res.stdout
+    assert {"environment.json", "manifest.json", "report.html", "SHA256SUMS"} <= set(
+        os.listdir(run_dir))
     folder = run_dir / "mtp"
     names = {p.name for p in folder.iterdir()}
     assert RUN_FILES <= names, names

@@ -23,7 +23,7 @@ then runs each selected run with ``python -m papermill`` in its own process grou
 ``<out>/<hardware>/<run-id>/<name>/`` (executed notebook, ``parameters.yaml``,
 ``papermill.log`` and the evidence files ``investigate.run`` writes there). The run-level folder
 gets ``environment.json``, ``manifest.json`` (rewritten after every run, so a killed batch still
-has one) and ``SHA256SUMS``. A run-id is a fresh timestamp plus a random suffix, created with
+has one), ``report.html`` and ``SHA256SUMS`` (last, over every file). A run-id is a fresh timestamp plus a random suffix, created with
 ``mkdir`` that refuses an existing folder: nothing is ever overwritten.
 
 Not here: the notebook itself, the engine, reports (``workbook.report``), argument parsing
@@ -58,6 +58,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 PLACEHOLDER_RE = re.compile(r"^<.*>$", re.S)
 KILL_GRACE_S = 60.0
 SUMS = "SHA256SUMS"
+REPORT = "report.html"
 
 
 @dataclass
@@ -405,15 +406,18 @@ def _outcome_summary(outcomes) -> dict[str, Any] | None:
 def failure_info(nb_path: str, folder: str) -> dict[str, Any]:
     """Why a run failed: the failing cell of the partial notebook + papermill's exception.
 
-    The kernel-side exception (an error output) wins; otherwise (cell timeout, dead kernel,
-    kill) the exception papermill itself died with, read from ``papermill.log``. ``cell_index``
+    The kernel-side exception (an error output) wins, except after a cell timeout (the kernel
+    then may show the ``KeyboardInterrupt`` it was stopped with); otherwise (dead kernel, kill)
+    the exception papermill itself died with, read from ``papermill.log``. ``cell_index``
     counts the cells of the executed notebook (papermill's injected cells included).
     """
     cell = failing_cell(nb_path) or {}
     log = exception_from_log(os.path.join(folder, "papermill.log"))
-    info = {"ename": cell.get("ename") or log.get("ename"),
-            "evalue": cell.get("evalue") or log.get("evalue"),
-            "runner_exception": log.get("ename"), "cell_index": cell.get("cell_index"),
+    first = log if (log.get("ename") or "").endswith("TimeoutError") else cell  # the cause
+    info = {"ename": first.get("ename") or cell.get("ename") or log.get("ename"),
+            "evalue": first.get("evalue") or cell.get("evalue") or log.get("evalue"),
+            "runner_exception": log.get("ename"), "kernel_exception": cell.get("ename"),
+            "cell_index": cell.get("cell_index"),
             "cell_id": cell.get("cell_id"), "cell_source_head": cell.get("cell_source_head"),
             "traceback_tail": cell.get("traceback_tail"), "log_tail": log.get("log_tail")}
     return info
@@ -483,9 +487,14 @@ def _strip_ansi(s: str) -> str:
 # ---------------------------------------------------------------- the batch
 
 def execute(env: Environment, *, out: str = "outputs", only: list[str] | None = None,
-            timeout: float | None = None, progress: bool = True,
-            on_run: Callable[[dict], None] | None = None) -> str:
-    """Run the (selected) runs of an already validated environment; return the run folder."""
+            timeout: float | None = None, progress: bool = True, report: bool = True,
+            on_run: Callable[[dict], None] | None = None, run_fn: Callable | None = None) -> str:
+    """Run the (selected) runs of an already validated environment; return the run folder.
+
+    With ``report``, the folder also gets ``report.html`` (``workbook.report``) over this batch
+    before ``SHA256SUMS`` is written (a failing report never costs the checksums).
+    ``run_fn`` replaces the papermill runner (``workbook.inprocess.run_one``: one process).
+    """
     runs = select(env, only)
     from workbook import envcapture
 
@@ -497,7 +506,8 @@ def execute(env: Environment, *, out: str = "outputs", only: list[str] | None = 
     try:
         for spec in runs:
             bar.set_postfix_str(spec.name)
-            row = run_one(spec, run_dir, extra_env=env.env, kernel=env.kernel, timeout=timeout)
+            row = (run_fn or run_one)(spec, run_dir, extra_env=env.env, kernel=env.kernel,
+                                      timeout=timeout)
             manifest["runs"].append(row)
             write_json(os.path.join(run_dir, "manifest.json"), manifest)
             bar.write(_line(row))
@@ -509,7 +519,14 @@ def execute(env: Environment, *, out: str = "outputs", only: list[str] | None = 
         environment = envcapture.capture(REPO, probes)
         environment["install"] = env.raw.get("install")
         write_json(os.path.join(run_dir, "environment.json"), environment)
-        _finish(manifest, run_dir)
+        _close_manifest(manifest, run_dir)
+        try:
+            if report:
+                from workbook import report as rep
+
+                rep.write([run_dir], os.path.join(run_dir, REPORT))
+        finally:
+            write_sums(run_dir)
     return run_dir
 
 
@@ -527,14 +544,16 @@ def select(env: Environment, only: list[str] | None) -> list[RunSpec]:
 def _manifest_head(env, run_id, runs, timeout) -> dict[str, Any]:
     from workbook import envcapture
 
-    return {"environment": env.name, "environment_file": os.path.relpath(env.path, REPO),
+    rel = os.path.relpath(env.path, REPO)
+    return {"environment": env.name,
+            "environment_file": env.path if rel.startswith("..") else rel,
             "environment_sha256": file_sha256(env.path), "hardware": env.hardware,
             "run_id": run_id, "started": _now(), "finished": None, "status": "running",
             "planned": [r.name for r in runs], "timeout_override_s": timeout,
             "workbook_git": envcapture.git_commit(REPO), "argv": sys.argv, "runs": []}
 
 
-def _finish(manifest, run_dir) -> None:
+def _close_manifest(manifest, run_dir) -> None:
     rows = manifest["runs"]
     manifest["finished"] = _now()
     done = len(rows) == len(manifest["planned"])
@@ -544,7 +563,6 @@ def _finish(manifest, run_dir) -> None:
                           for s in ("ok", "failed", "timeout")}
     manifest["verdicts"] = {r["name"]: (r.get("verdict") or {}).get("verdict") for r in rows}
     write_json(os.path.join(run_dir, "manifest.json"), manifest)
-    write_sums(run_dir)
 
 
 def _progress(total: int, desc: str, enabled: bool):

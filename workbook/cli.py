@@ -1,6 +1,7 @@
 """The ``workbook`` command: run an environment's matrix, verify a run folder, write a report.
 
     workbook run ENV [--only NAME ...] [--timeout S] [--out outputs] [--set KEY=VALUE ...]
+                     [--no-report] [--in-process]   # prints the report's path, then the folder
     workbook validate ENV [--set KEY=VALUE ...]     # check every run, start nothing
     workbook verify RUN_DIR                          # SHA256SUMS; exit 1 on any mismatch
     workbook report [RUN_DIR ...] [-o FILE] [--out outputs]
@@ -40,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
                    metavar="KEY=VALUE", help="override a RunConfig field for every run (YAML)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--no-report", action="store_true", help="no report.html in the run folder")
+    r.add_argument("--in-process", action="store_true",
+                   help="all runs in this process, engines shared, no papermill "
+                        "(workbook.inprocess; e.g. a GPU host without the notebook stack)")
     v = sub.add_parser("validate", help="validate every run of an environment; start nothing")
     v.add_argument("env")
     v.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
@@ -61,10 +66,18 @@ def cmd_run(args) -> int:
 
     env = batch.load_environment(args.env, dict(args.overrides))
     batch.select(env, args.only)
+    run_fn = None
+    if args.in_process:
+        from workbook import inprocess
+
+        run_fn = inprocess.run_one
     run_dir = batch.execute(env, out=args.out, only=args.only, timeout=args.timeout,
-                            progress=not args.no_progress)
+                            progress=not args.no_progress, report=not args.no_report,
+                            run_fn=run_fn)
     manifest = batch.read_json(os.path.join(run_dir, "manifest.json"))
-    print(run_dir)
+    if os.path.exists(os.path.join(run_dir, batch.REPORT)):
+        print(f"report: {os.path.join(run_dir, batch.REPORT)}")
+    print(run_dir)  # last line: the run folder
     return 0 if manifest["status"] == "ok" else 1
 
 
