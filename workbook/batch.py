@@ -23,8 +23,9 @@ then runs each selected run with ``python -m papermill`` in its own process grou
 ``<out>/<hardware>/<run-id>/<name>/`` (executed notebook, ``parameters.yaml``,
 ``papermill.log`` and the evidence files ``investigate.run`` writes there). The run-level folder
 gets ``environment.json``, ``manifest.json`` (rewritten after every run, so a killed batch still
-has one), ``report.html`` and ``SHA256SUMS`` (last, over every file). A run-id is a fresh timestamp plus a random suffix, created with
-``mkdir`` that refuses an existing folder: nothing is ever overwritten.
+has one), ``report.html`` and ``SHA256SUMS`` (last, over every file). A run-id is a fresh
+timestamp plus a random suffix, created with ``mkdir`` that refuses an existing folder: nothing
+is ever overwritten. ``--in-process`` swaps the papermill runner for ``workbook.inprocess``.
 
 Not here: the notebook itself, the engine, reports (``workbook.report``), argument parsing
 (``workbook.cli``).
