@@ -61,13 +61,12 @@ class _Engines:
     def close(self):
         if self.engine is None:
             return
+        # shutdown only: the distributed environment stays (engines that tests/conftest.py keeps
+        # for the session share it)
         self.engine.shutdown()
         self.engine = None
         self.method = None
         gc.collect()
-        from vllm.distributed import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +92,20 @@ MARKERS = {  # (start, natural end, forced end)
 }
 
 
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"  # CPU: Triton's interpreter
+
+
 def _vllm_forced(hist, row, budget, start, nat, end, vocab=16):
     """Per position j of ``row``: the token vLLM's kernel forces given hist + row[:j] (or None)."""
     import torch
 
     from vllm.v1.worker.gpu.sample.thinking_budget import apply_thinking_budget
 
-    n, i32 = len(row), (lambda x: torch.tensor(x, dtype=torch.int32))
-    logits = torch.zeros(n, vocab)
+    n, i32 = len(row), (lambda x: torch.tensor(x, dtype=torch.int32, device=_device()))
+    logits = torch.zeros(n, vocab, device=_device())
     all_tok = i32([hist + [0] * (n + 8)])
     input_ids = i32([hist[-1]] + row[:n - 1])[:n]
     apply_thinking_budget(logits, i32([0]), i32([0] * n), i32([budget]), all_tok,
@@ -129,6 +134,7 @@ def test_kernel_matches_vllm_forcing(markers, seed):
         rows.append([rng.choice([0, 0, 0, 1, 2, 3, 4, 5, 6]) for _ in range(rng.randint(0, 5))])
         budgets.append(rng.randint(0, 5))
     k1 = 5
+    dev = _device()
     sampled = torch.full((num_reqs, k1), 7, dtype=torch.int64)  # [num_reqs, k+1]
     for i, r in enumerate(rows):
         sampled[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
@@ -141,14 +147,23 @@ def test_kernel_matches_vllm_forcing(markers, seed):
         budget[s] = budgets[i]
         count[s] = guard.reasoning_count(hists[i], start, nat)
         tail[s] = torch.tensor(([-1] * tail_len + hists[i])[-tail_len:], dtype=torch.int32)
-    fixed = torch.zeros(2, dtype=torch.int32)
-    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    fixed_rows = torch.full((num_reqs + 1,), 5, dtype=torch.int32)  # overwritten by the kernel
+    fixed_total = torch.tensor([3], dtype=torch.int32)  # accumulates
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
     # a padding row (slot -1) must be left alone
     sampled = torch.cat([sampled, torch.full((1, k1), 9, dtype=torch.int64)])
-    num_sampled = torch.cat([num_sampled, i32([3])])
-    num_rejected = torch.cat([num_rejected, i32([2])])
+    num_sampled = torch.cat([num_sampled, torch.tensor([3], dtype=torch.int32)])
+    num_rejected = torch.cat([num_rejected, torch.tensor([2], dtype=torch.int32)])
+    tensors = (sampled, num_sampled, num_rejected, budget, count, tail, fixed_rows, fixed_total)
+    sampled, num_sampled, num_rejected, budget, count, tail, fixed_rows, fixed_total = (
+        t.to(dev) for t in tensors)
     guard.launch_guard_kernel(sampled, num_sampled, num_rejected, i32(slots + [-1]), budget,
-                              count, tail, fixed, i32(start), i32(nat), i32(end))
+                              count, tail, fixed_rows, fixed_total, i32(start), i32(nat),
+                              i32(end))
+    sampled, num_sampled, num_rejected, count, tail, fixed_rows, fixed_total = (
+        t.cpu() for t in (sampled, num_sampled, num_rejected, count, tail, fixed_rows,
+                          fixed_total))
+    fixed_want = []
     total_fixed = 0
     for i, s in enumerate(slots):
         forced = _vllm_forced(hists[i], rows[i], budgets[i], start, nat, end)
@@ -158,13 +173,15 @@ def test_kernel_matches_vllm_forcing(markers, seed):
                 want, nfix = rows[i][:j] + [f], 1
                 break
         total_fixed += nfix
+        fixed_want.append(nfix)
         assert sampled[i, :int(num_sampled[i])].tolist() == want, (hists[i], rows[i], budgets[i])
         assert int(num_rejected[i]) == k1 - len(want)
         assert int(count[s]) == guard.reasoning_count(hists[i] + want, start, nat)
         assert tail[s].tolist() == ([-1] * tail_len + hists[i] + want)[-tail_len:]
     assert sampled[-1].tolist() == [9] * k1 and int(num_sampled[-1]) == 3
     assert int(num_rejected[-1]) == 2
-    assert fixed.tolist() == [total_fixed, total_fixed]
+    assert fixed_rows.tolist() == fixed_want + [0]  # the padding row reports 0 too
+    assert fixed_total.tolist() == [3 + total_fixed]
 
 
 @pytest.mark.parametrize("history,expected", [

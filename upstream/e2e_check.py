@@ -31,14 +31,14 @@ def main() -> int:
               "checks": {}}
     ok = result["runner_is_v2"] and result["guard_enabled"]
     for fault in (None, "budget-disabled", "sampling-bypass"):
-        before = int(g.num_fixed[1]) if g is not None else 0
+        before = int(g.num_fixed[0]) if g is not None else 0
         if fault is None:
             a, b = guard_demo.check_a_batched(eng), guard_demo.check_b_batched(eng, max_tokens=12)
         else:
             with guard_demo.fault(fault, eng):
                 a = guard_demo.check_a_batched(eng)
                 b = guard_demo.check_b_batched(eng, max_tokens=12)
-        fixed = (int(g.num_fixed[1]) if g is not None else 0) - before
+        fixed = (int(g.num_fixed[0]) if g is not None else 0) - before
         rec = {"A": guard_demo.a_ok(a), "B": guard_demo.b_ok(b), "guard_fixed": fixed,
                "B_end_index": [o.actual_end_index for o in b]}
         result["checks"][fault or "healthy"] = rec

@@ -33,7 +33,7 @@ Processing order, per engine step:
    launch ``_budget_guard_kernel`` once, one program per request of ``input_batch.idx_mapping``.
    It fixes ``sampled_token_ids`` / ``num_sampled`` / ``num_rejected`` in place, advances the
    per-slot count and tail over the tokens finally kept, and adds the number of replaced tokens
-   to ``last_fixed`` (device, zeroed each step) and ``total_fixed``.
+   in ``last_fixed`` (device, per batch row of this step) and ``total_fixed``.
 
 What it deliberately does not do: touch logits (so logprobs of a replaced token are those of
 the token vLLM had sampled), read or repair vLLM's budget state or its committed token history,
@@ -108,7 +108,8 @@ class GuardState:
       tail   [max_num_reqs, TAIL]  the last TAIL committed tokens, oldest first, -1 padded;
                                    the end-sequence progress (longest emitted prefix of the
                                    end ids) is derived from it, exactly as vLLM derives it
-      fixed  [2]                   tokens replaced: [this step, since the state was created]
+      fixed_rows [max_num_reqs]    tokens replaced per batch row, this step (first num_reqs)
+      fixed_total [1]              tokens replaced since the state was created
     """
 
     def __init__(self, runner):
@@ -127,7 +128,10 @@ class GuardState:
         self.budget = torch.full((n,), -1, dtype=i32, device=d)  # [max_num_reqs]
         self.count = torch.full((n,), -1, dtype=i32, device=d)  # [max_num_reqs]
         self.tail = torch.full((n, self.TAIL), -1, dtype=i32, device=d)  # [max_num_reqs, TAIL]
-        self.fixed = torch.zeros(2, dtype=i32, device=d)  # [2]
+        self.fixed_rows = torch.zeros(n, dtype=i32, device=d)  # [max_num_reqs]
+        self.fixed_total = torch.zeros(1, dtype=i32, device=d)  # [1]
+        self._no_fix = torch.zeros(1, dtype=i32, device=d)  # last_fixed of a skipped step
+        self._last_fixed = self._no_fix
         self.start_ids_t = torch.tensor(self.start_ids or [-1], dtype=i32, device=d)
         self.natural_end_ids_t = torch.tensor(self.natural_end_ids or [-1], dtype=i32, device=d)
         self.end_ids_t = torch.tensor(self.end_ids or [-1], dtype=i32, device=d)
@@ -138,11 +142,13 @@ class GuardState:
     # device views read by the tracer (no sync)
     @property
     def last_fixed(self) -> torch.Tensor:
-        return self.fixed[0:1]
+        """Tokens replaced in the last step, per batch row ([num_reqs], or [1] zeros when the
+        step had no request with a budget); sum it for the step's count."""
+        return self._last_fixed
 
     @property
     def total_fixed(self) -> torch.Tensor:
-        return self.fixed[1:2]
+        return self.fixed_total
 
     def reset(self) -> None:
         """Forget every slot (device fills, no sync)."""
@@ -180,7 +186,7 @@ class GuardState:
     def enforce(self, sampler_output, num_sampled: torch.Tensor, num_rejected: torch.Tensor,
                 input_batch) -> None:
         """Fix this step's sampled tokens in place (no host sync)."""
-        self.fixed[0:1].zero_()
+        self._last_fixed = self._no_fix
         idx_np = np.asarray(input_batch.idx_mapping_np)
         if not self.has_budget[idx_np[idx_np >= 0]].any():
             return
@@ -189,13 +195,16 @@ class GuardState:
         num_reqs = idx_mapping.shape[0]
         if num_reqs == 0:
             return
+        fixed_rows = self.fixed_rows[:num_reqs]
         launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, self.budget,
-                            self.count, self.tail, self.fixed, self.start_ids_t,
-                            self.natural_end_ids_t, self.end_ids_t)
+                            self.count, self.tail, fixed_rows, self.fixed_total,
+                            self.start_ids_t, self.natural_end_ids_t, self.end_ids_t)
+        self._last_fixed = fixed_rows
 
 
 def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget, count, tail,
-                        fixed, start_ids, natural_end_ids, end_ids) -> None:
+                        fixed_rows, fixed_total, start_ids, natural_end_ids,
+                        end_ids) -> None:
     """One program per request row of ``sampled`` ([num_reqs, k+1]); see the module doc."""
     _jit()
     from vllm.triton_utils import triton
@@ -203,7 +212,7 @@ def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget,
     tail_len = tail.shape[1]
     _budget_guard_kernel[(idx_mapping.shape[0],)](
         sampled, sampled.stride(0), num_sampled, num_rejected, idx_mapping,
-        budget, count, tail, fixed, start_ids, natural_end_ids, end_ids,
+        budget, count, tail, fixed_rows, fixed_total, start_ids, natural_end_ids, end_ids,
         START_LEN=start_ids.shape[0], NAT_END_LEN=natural_end_ids.shape[0],
         END_LEN=end_ids.shape[0], TAIL=tail_len,
         TAIL_P2=max(2, triton.next_power_of_2(tail_len)), num_warps=1)
@@ -256,7 +265,8 @@ def _budget_guard_kernel(
     budget_ptr,  # [max_num_reqs] int32, -1 none
     count_ptr,  # [max_num_reqs] int32, -1 not in reasoning
     tail_ptr,  # [max_num_reqs, TAIL] int32
-    fixed_ptr,  # [2] int32
+    fixed_rows_ptr,  # [num_reqs] int32, tokens replaced per row (written by every program)
+    fixed_total_ptr,  # [1] int32
     start_ids_ptr,  # [START_LEN]
     natural_end_ids_ptr,  # [NAT_END_LEN]
     end_ids_ptr,  # [END_LEN]
@@ -267,6 +277,7 @@ def _budget_guard_kernel(
     TAIL_P2: tl.constexpr,
 ):
     req = tl.program_id(0)
+    tl.store(fixed_rows_ptr + req, 0)
     slot = tl.load(idx_mapping_ptr + req)
     if slot < 0:
         return
@@ -318,8 +329,8 @@ def _budget_guard_kernel(
         tl.store(num_sampled_ptr + req, kept)
         rej = tl.load(num_rejected_ptr + req)
         tl.store(num_rejected_ptr + req, rej + (n - kept))
-        tl.atomic_add(fixed_ptr, nfixed)
-        tl.atomic_add(fixed_ptr + 1, nfixed)
+        tl.store(fixed_rows_ptr + req, nfixed)
+        tl.atomic_add(fixed_total_ptr, nfixed)
     if kept > 0:
         # new tail = last TAIL tokens of (old tail ++ row[:kept])
         offs = tl.arange(0, TAIL_P2)

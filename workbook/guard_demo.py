@@ -25,6 +25,7 @@ Batched checks (one ``llm.generate`` per call, so a test or notebook needs few e
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -70,8 +71,8 @@ def inject(name: str, engine) -> _Fault:
     elif name == "unregistered":
         def make(orig):
             def add_request(self, req_idx, sampling_params, *a, **k):
-                sp = sampling_params.clone() if hasattr(sampling_params, "clone") else \
-                    __import__("copy").copy(sampling_params)
+                sp = (sampling_params.clone() if hasattr(sampling_params, "clone")
+                      else copy.copy(sampling_params))
                 sp.thinking_token_budget = None
                 return orig(self, req_idx, sp, *a, **k)
 

@@ -114,8 +114,8 @@ class ThinkingBudgetGuard:
         self.tail = torch.full(
             (max_num_reqs, self.tail_len), -1, dtype=torch.int32, device=device
         )
-        # [2] tokens replaced: [last step, total].
-        self.num_fixed = torch.zeros(2, dtype=torch.int32, device=device)
+        # [1] tokens replaced so far (for metrics and tests; never synced here).
+        self.num_fixed = torch.zeros(1, dtype=torch.int32, device=device)
         self.start_token_ids = torch.tensor(
             start_ids, dtype=torch.int32, device=device
         )
@@ -170,7 +170,6 @@ class ThinkingBudgetGuard:
         """Fix `sampled_token_ids`, `num_sampled` and `num_rejected` in place."""
         if not self.enabled:
             return
-        self.num_fixed[0].zero_()
         valid = idx_mapping_np[idx_mapping_np >= 0]
         if not np.any(self.has_budget[valid]):
             return
@@ -219,7 +218,7 @@ def _thinking_budget_guard_kernel(
     count_ptr,
     # [max_num_reqs, TAIL_LEN]
     tail_ptr,
-    # [2]
+    # [1]
     num_fixed_ptr,
     start_token_ids_ptr,
     natural_end_token_ids_ptr,
@@ -297,7 +296,6 @@ def _thinking_budget_guard_kernel(
         num_rej = tl.load(num_rejected_ptr + batch_idx)
         tl.store(num_rejected_ptr + batch_idx, num_rej + num_sampled - num_kept)
         tl.atomic_add(num_fixed_ptr, num_fixed)
-        tl.atomic_add(num_fixed_ptr + 1, num_fixed)
     if num_kept > 0:
         # New tail: the last TAIL_LEN tokens of (old tail ++ kept tokens).
         offs = tl.arange(0, TAIL_BLOCK)
