@@ -112,8 +112,10 @@ def _resolve_notebook(nb: str, env_path: str) -> str:
     raise ConfigError(f"notebook {nb!r} not found")
 
 
-def load_environment(name: str, overrides: dict[str, Any] | None = None) -> Environment:
-    """Read and fully validate an environment file; ``overrides`` (``--set``) win over all."""
+def load_environment(name: str, overrides: dict[str, Any] | None = None, *,
+                     notebooks: bool = True) -> Environment:
+    """Read and fully validate an environment file; ``overrides`` (``--set``) win over all.
+    ``notebooks=False``: runs will not execute notebooks (``--in-process``); skip reading them."""
     path = find_environment(name)
     with open(path) as f:
         raw = yaml.safe_load(f) or {}
@@ -126,7 +128,7 @@ def load_environment(name: str, overrides: dict[str, Any] | None = None) -> Envi
     stem = os.path.splitext(os.path.basename(path))[0]
     env = Environment(path=path, name=stem, hardware=str(raw.get("hardware") or stem), raw=raw)
     _check_name(env.hardware, f"{where}: hardware")
-    env.runs = plan(raw, path, overrides or {})
+    env.runs = plan(raw, path, overrides or {}, notebooks=notebooks)
     return env
 
 
@@ -140,7 +142,9 @@ def _check_name(name: Any, what: str) -> None:
         raise ConfigError(f"{what}={name!r} must match {NAME_RE.pattern}")
 
 
-def plan(raw: dict[str, Any], path: str, overrides: dict[str, Any]) -> list[RunSpec]:
+def plan(raw: dict[str, Any], path: str, overrides: dict[str, Any], *,
+         notebooks: bool = True) -> list[RunSpec]:
+    """Validated run specs; ``notebooks=False`` (in-process runs) skips the notebook check."""
     where = _show(path)
     runs = raw.get("runs")
     if not isinstance(runs, list) or not runs:
@@ -159,7 +163,7 @@ def plan(raw: dict[str, Any], path: str, overrides: dict[str, Any]) -> list[RunS
             specs.append(_spec(raw, path, defaults, entry, overrides))
         except ConfigError as e:
             raise ConfigError(f"{where}, run {name!r}: {e}") from None
-    for spec in specs:  # second pass (slower: reads notebooks) once every config is valid
+    for spec in specs if notebooks else ():  # second pass (reads notebooks), configs valid
         try:
             notebook_parameters(spec)
         except ConfigError as e:

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_run(args) -> int:
     from workbook import batch
 
-    env = batch.load_environment(args.env, dict(args.overrides))
+    env = batch.load_environment(args.env, dict(args.overrides), notebooks=not args.in_process)
     batch.select(env, args.only)
     run_fn = None
     if args.in_process:

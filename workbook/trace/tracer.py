@@ -23,7 +23,8 @@ Processing order inside one step (MRV2): ``sample_tokens`` → ``sample`` → ``
 or ``RejectionSampler.__call__`` → ``apply_sampling_params`` (per chunk) →
 ``ThinkingBudgetState.apply`` → ``apply_thinking_budget`` → [guard] → ``postprocess_sampled``
 → ``speculator.propose``. Device tensors are cloned (small: the end column, top-k, per-slot
-values) during the step and copied to the host once at its end (one synchronization per step).
+values) during the step; they are copied to the host, and the table rows built, only when
+the trace is read (or every ``max_pending`` steps): one synchronization for many steps.
 
 It never writes into vLLM tensors and never changes a return value, so what vLLM samples is the
 same with or without it; removing it restores the original methods (``workbook.patching``).
@@ -83,7 +84,7 @@ class Tracer:
     """Install with ``install()`` / ``with Tracer() as t:``; read with ``frames()``."""
 
     def __init__(self, topk: int = 5, max_steps: int = 20000, flush_dir: str | None = None,
-                 flush_every: int = 64):
+                 flush_every: int = 64, max_pending: int = 256):
         self.topk = topk
         self.max_steps = max_steps
         self.flush_dir = flush_dir
@@ -96,9 +97,11 @@ class Tracer:
         self._history: dict[str, list[int]] = {}  # req_id -> prompt + emitted (host view)
         self._prompt_len: dict[str, int] = {}
         self.registrations: list[dict] = []
-        self.steps: list[dict] = []
-        self.requests: list[dict] = []
-        self.rows: list[dict] = []
+        self._steps: list[dict] = []
+        self._requests: list[dict] = []
+        self._rows: list[dict] = []
+        self._pending: list[_Step] = []  # device-side records not yet copied to the host
+        self.max_pending = max_pending
         self.markers: dict[str, list[int]] | None = None
         self.dropped_steps = 0
 
@@ -296,6 +299,8 @@ class Tracer:
         self._markers(runner)
         sampler = getattr(runner, "sampler", None)
         state = getattr(sampler, "thinking_budget_state", None)
+        if any(n.req_id in self._history for n in scheduler_output.scheduled_new_reqs):
+            self.materialize()  # a re-added request restarts its history: settle the old one
         for new in scheduler_output.scheduled_new_reqs:
             req_id = new.req_id
             slot = runner.req_states.req_id_to_index.get(req_id)
@@ -340,10 +345,39 @@ class Tracer:
         if spec_states is not None and getattr(runner, "speculator", None) is not None:
             idx = torch_long(step.idx_mapping, spec_states.device)
             step.proposed = spec_states[idx].detach().clone()
-        _sync()
-        self._materialize(step)
+        self._pending.append(step)
+        if len(self._pending) >= self.max_pending:
+            self.materialize()
         if self.flush_dir and self._nsteps % self.flush_every == 0:
             self.flush()
+
+    def materialize(self) -> None:
+        """Copy pending steps to the host and build their table rows (one sync for all).
+
+        Deferred from the step itself, so tracing costs a step only its small device clones;
+        reading ``steps`` / ``requests`` / ``rows`` / ``frames()`` materializes first.
+        """
+        if not self._pending:
+            return
+        _sync()
+        pending, self._pending = self._pending, []
+        for step in pending:
+            self._materialize(step)
+
+    @property
+    def steps(self) -> list[dict]:
+        self.materialize()
+        return self._steps
+
+    @property
+    def requests(self) -> list[dict]:
+        self.materialize()
+        return self._requests
+
+    @property
+    def rows(self) -> list[dict]:
+        self.materialize()
+        return self._rows
 
     def _materialize(self, step: _Step) -> None:
         h = _host
@@ -360,7 +394,7 @@ class Tracer:
         for call in step.calls:
             for j, s in enumerate(call.gate_slots):
                 req_calls[int(s)] = (call, j)
-        self.steps.append({"step": step.index, "path": step.path, "num_reqs": len(step.req_ids),
+        self._steps.append({"step": step.index, "path": step.path, "num_reqs": len(step.req_ids),
                            "num_logits": int(step.cu_num_logits[-1]),
                            "num_draft_tokens": step.num_draft_tokens,
                            "guard_fixed": None if fixed is None else int(np.sum(fixed))})
@@ -405,9 +439,9 @@ class Tracer:
                 rows = self._rows_of(step, call, slot, req_id, i, sampled, num_sampled,
                                      sampled_vllm, ns_v)
                 drafts = [r["input_token"] for r in rows if r["local_pos"] > 0]
-                self.rows.extend(rows)
+                self._rows.extend(rows)
             rec["draft_tokens"] = drafts
-            self.requests.append(rec)
+            self._requests.append(rec)
             hist.extend(emitted)
         return None
 
@@ -477,7 +511,7 @@ class Tracer:
         return reasoning_count_at_start(hist, m.get("start") or [], natural)
 
     def _error(self, where: str, e: Exception) -> None:
-        self.steps.append({"step": -1, "path": f"tracer-error:{where}:{type(e).__name__}:{e}"[:300],
+        self._steps.append({"step": -1, "path": f"tracer-error:{where}:{type(e).__name__}:{e}"[:300],
                            "num_reqs": 0, "num_logits": 0, "num_draft_tokens": 0,
                            "guard_fixed": None})
 
