@@ -501,6 +501,7 @@ def execute(env: Environment, *, out: str = "outputs", only: list[str] | None = 
     ``run_fn`` replaces the papermill runner (``workbook.inprocess.run_one``: one process).
     """
     runs = select(env, only)
+    out = os.path.abspath(out)  # papermill runs with --cwd <run folder>: no relative outdir
     from workbook import envcapture
 
     probes = envcapture.start()
