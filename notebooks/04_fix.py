@@ -37,7 +37,7 @@ spec_method: str = "mtp"  # mtp | eagle | eagle3 | ngram | draft_model | none
 num_spec_tokens: int = 4  # draft tokens per step (k)
 max_num_seqs: int = 16  # engine batch size (the identity batch is sent at once)
 kv_cache_bytes: int = 67108864  # KV cache size in bytes (None: gpu_memory_utilization decides)
-fault: str = "H-b"  # how vLLM is made to ignore the budget: H-a..H-g (workbook.faults), a demo fault, or none
+fault: str = "H-b"  # how vLLM is made to ignore the budget: H-a..H-g (workbook.faults) or none
 thinking_token_budget: int = 1  # budget of the reported request
 max_tokens: int = 32  # completion length of the reported request
 identity_budgets: list = [None, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # healthy on/off comparison (None: no budget)
@@ -59,11 +59,10 @@ from IPython.display import Markdown, display
 from workbook import engine, faults, guard, guard_demo
 from workbook.config import ConfigError, RunConfig
 
-if fault == "H-h" or (fault not in faults.FAULT_NAMES and fault not in guard_demo.FAULT_NAMES
-                      and fault != "none"):
+if fault == "H-h" or (fault not in faults.FAULT_NAMES and fault != "none"):
     raise ConfigError(f"fault={fault!r}: choose none or a runtime fault, one of "
-                      f"{[f for f in faults.FAULT_NAMES if f != 'H-h']} or "
-                      f"{list(guard_demo.FAULT_NAMES)} (H-h is a V1 run: no MRV2 to guard)")
+                      f"{[f for f in faults.FAULT_NAMES if f != 'H-h']} "
+                      "(H-h is a V1 run: no MRV2 to guard)")
 cfg = RunConfig(model=model, draft_model=draft_model, spec_method=spec_method,
                 num_spec_tokens=num_spec_tokens, max_num_seqs=max_num_seqs,
                 kv_cache_bytes=kv_cache_bytes, thinking_token_budget=thinking_token_budget,
@@ -83,7 +82,7 @@ pd.DataFrame({"effective": {k: json.dumps(v) for k, v in eff.items()}})
 # the budget puts it; `guard_fixed` counts the tokens the guard replaced.
 
 # %%
-desc = (guard_demo.DESCRIPTIONS.get(fault) or faults.DESCRIPTIONS.get(fault)
+desc = (faults.DESCRIPTIONS.get(fault)
         or "none: healthy vLLM (both rows should honour the budget)")
 display(Markdown(f"**fault `{fault}`**: {desc}"))
 before_after = guard_demo.before_after(eng, fault, thinking_token_budget, max_tokens)

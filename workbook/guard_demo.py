@@ -1,20 +1,7 @@
-"""Broken-vLLM stand-ins and batched checks to demonstrate the budget guard (``workbook.guard``).
+"""Batched checks and notebook narratives that demonstrate the budget guard (``workbook.guard``).
 
-The guard must hold however vLLM loses the forcing. This module makes a live, healthy vLLM
-ignore ``thinking_token_budget`` in four different places, each removable:
-
-- ``"budget-disabled"``  ``runner.sampler.thinking_budget_state.enabled = False`` on the live
-  engine (like H-b: the worker's ``ThinkingBudgetState`` is off);
-- ``"sampling-bypass"``  ``Sampler.apply_sampling_params`` returns its input logits unprocessed
-  (like H-a: a fast path without the budget clause);
-- ``"unregistered"``     ``ThinkingBudgetState.add_request`` sees ``thinking_token_budget=None``
-  (like H-c: the request's budget never reaches the slot);
-- ``"drafts-unforced"``  ``ThinkingBudgetState.apply`` leaves draft rows (local pos > 0)
-  untouched (like H-d on draft rows only: check A still passes, check B does not).
-
-They are demonstration faults for the fix, written against the hook points of
-``workbook.hookpoints`` (PatchSets of layer "fault"); the diagnostic fault catalogue of the
-investigation is ``workbook.faults``.
+The guard must hold however vLLM loses the forcing; the ways it can be lost are the faults of
+``workbook.faults`` (one per hypothesis), injected here with ``any_fault``.
 
 Batched checks (one ``llm.generate`` per call, so a test or notebook needs few engine steps):
 ``run_budgets`` (the reported request at several budgets), ``check_a_batched``,
@@ -25,92 +12,11 @@ Batched checks (one ``llm.generate`` per call, so a test or notebook needs few e
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass
 from typing import Sequence
 
 from workbook import hookpoints, request
 from workbook.patching import PatchSet
-
-DESCRIPTIONS = {
-    "budget-disabled": "ThinkingBudgetState.enabled = False on the live engine (like H-b)",
-    "sampling-bypass": "Sampler.apply_sampling_params returns its input logits (like H-a)",
-    "unregistered": "ThinkingBudgetState.add_request sees no budget (like H-c)",
-    "drafts-unforced": "ThinkingBudgetState.apply leaves draft rows alone (like H-d-draft)",
-}
-FAULT_NAMES = tuple(DESCRIPTIONS)
-
-
-class _Fault:
-    def __init__(self, name: str, patches: PatchSet | None = None, undo=None):
-        self.name, self._patches, self._undo = name, patches, undo
-
-    def remove(self) -> None:
-        if self._patches is not None:
-            self._patches.remove()
-        if self._undo is not None:
-            self._undo()
-            self._undo = None
-
-
-def inject(name: str, engine) -> _Fault:
-    """Make the live engine ignore the budget in the named way; ``.remove()`` undoes it."""
-    hp = hookpoints.resolve()
-    if name == "budget-disabled":
-        tbs = engine.runner.sampler.thinking_budget_state
-        was = tbs.enabled
-        tbs.enabled = False
-
-        def undo():
-            tbs.enabled = was
-
-        return _Fault(name, undo=undo)
-    ps = PatchSet(f"demo:{name}", layer="fault")
-    if name == "sampling-bypass":
-        ps.wrap(hp.sampler, "apply_sampling_params", lambda orig: _passthrough)
-    elif name == "unregistered":
-        def make(orig):
-            def add_request(self, req_idx, sampling_params, *a, **k):
-                sp = (sampling_params.clone() if hasattr(sampling_params, "clone")
-                      else copy.copy(sampling_params))
-                sp.thinking_token_budget = None
-                return orig(self, req_idx, sp, *a, **k)
-
-            return add_request
-
-        ps.wrap(hp.budget, "add_request", make)
-    elif name == "drafts-unforced":
-        gen = hp.generation
-
-        def make(orig):
-            def apply(self, *args, **kwargs):
-                a = hookpoints.budget_apply_args(gen, args, kwargs)
-                draft_rows = a.expanded_local_pos > 0
-                saved = a.logits[draft_rows].clone()
-                out = orig(self, *args, **kwargs)
-                a.logits[draft_rows] = saved
-                return out
-
-            return apply
-
-        ps.wrap(hp.budget, "apply", make)
-    else:
-        raise ValueError(f"unknown demo fault {name!r}; choose one of {FAULT_NAMES}")
-    return _Fault(name, patches=ps.install())
-
-
-def _passthrough(self, logits, *args, **kwargs):
-    return logits
-
-
-@contextlib.contextmanager
-def fault(name: str, engine):
-    f = inject(name, engine)
-    try:
-        yield f
-    finally:
-        f.remove()
-
 
 # ---- batched requests and checks -------------------------------------------------------------
 
@@ -201,21 +107,14 @@ class StepCounter:
 
 # ---- notebook narratives (04_fix) ------------------------------------------------------------
 
-def inject_any(name: str, engine):
-    """A demo fault of this module, or a hypothesis fault of ``workbook.faults`` (``H-a`` ...)."""
-    if name in FAULT_NAMES:
-        return inject(name, engine)
-    from workbook import faults
-
-    return faults.inject(name, engine=engine)
-
-
 @contextlib.contextmanager
 def any_fault(name: str | None, engine):
     if not name or name == "none":
         yield None
         return
-    f = inject_any(name, engine)
+    from workbook import faults
+
+    f = faults.inject(name, engine=engine)
     try:
         yield f
     finally:
