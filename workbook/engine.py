@@ -90,12 +90,10 @@ def speculative_config(cfg: RunConfig) -> dict[str, Any] | None:
 
 def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM`` (also used to build ``vllm serve`` flags)."""
-    kw: dict[str, Any] = dict(model=resolve_model(cfg.model), tokenizer=None,
-                              enforce_eager=cfg.enforce_eager,
+    kw: dict[str, Any] = dict(model=resolve_model(cfg.model), enforce_eager=cfg.enforce_eager,
                               reasoning_parser=cfg.reasoning_parser,
                               max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
                               seed=cfg.seed, dtype=cfg.dtype)
-    kw.pop("tokenizer")
     if models.is_tiny(cfg.model):
         kw["load_format"] = "dummy"
         kw.update(models.model_engine_kwargs(cfg.model))

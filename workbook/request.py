@@ -133,7 +133,7 @@ def judge(prompt: Sequence[int], output: Sequence[int], budget, start_ids, end_i
     exp = expected_end_index(prompt, output, budget, start_ids, end_ids)
     act = _first_index_of(output, end_ids)
     if exp is None:
-        return None, act, (None if budget is not None else None)
+        return None, act, None
     if exp + len(end_ids) > max_tokens:
         return exp, act, None
     return exp, act, list(output[exp:exp + len(end_ids)]) == list(end_ids)
