@@ -20,7 +20,6 @@ runs budgets 0..9 (A: 0, 1; B: 2..9; 12 tokens, zeroed lm_head) in one batch per
 from __future__ import annotations
 
 import contextlib
-import gc
 import random
 
 import pytest
@@ -42,37 +41,21 @@ CHECK_B_MAX_TOKENS = 12
 IDENTITY_MAX_TOKENS = 12
 
 
-# ---- engines: one live engine at a time, reused across tests ---------------------------------
+# ---- engines: the session's shared in-process engines (tests/conftest.py) ---------------------
+# Never shut one down here: in-process engines share the process's distributed environment and
+# workspaces, and shutting one down breaks the others the session keeps.
 
 class _Engines:
-    def __init__(self):
-        self.method = None
-        self.engine = None
+    def __init__(self, engines):
+        self._engines = engines
 
     def get(self, method: str):
-        if self.method != method:
-            self.close()
-            self.engine = wb_engine.start(RunConfig(spec_method=method, num_spec_tokens=4,
-                                                 max_num_seqs=16))
-            self.method = method
-        return self.engine
-
-    def close(self):
-        if self.engine is None:
-            return
-        # shutdown only: the distributed environment stays (engines that tests/conftest.py keeps
-        # for the session share it)
-        self.engine.shutdown()
-        self.engine = None
-        self.method = None
-        gc.collect()
+        return self._engines(spec_method=method, num_spec_tokens=4, max_num_seqs=16)
 
 
 @pytest.fixture(scope="module")
-def live_engine():
-    e = _Engines()
-    yield e
-    e.close()
+def live_engine(engines):
+    return _Engines(engines)
 
 
 @pytest.fixture(autouse=True)
