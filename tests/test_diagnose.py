@@ -13,6 +13,8 @@ hypothesis.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from workbook import diagnose, faults, request
@@ -29,20 +31,12 @@ IN_PROCESS_FAULTS = [f for f in faults.FAULT_NAMES if f != "H-h"]
 def traced(eng, budget, fault=None, zero=True, max_tokens=12):
     handle = faults.inject(fault) if fault else None
     try:
-        with request.zeroed_lm_head(eng) if zero else _null(), Tracer() as t:
+        with request.zeroed_lm_head(eng) if zero else contextlib.nullcontext(), Tracer() as t:
             o = request.run_reported(eng, budget=budget, max_tokens=max_tokens)[0]
     finally:
         if handle is not None:
             handle.remove()
     return o, diagnose.diagnose(t.frames(), eng.effective, [o], eng.cfg)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 @pytest.fixture(scope="module")
