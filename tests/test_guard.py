@@ -19,7 +19,6 @@ runs budgets 0..9 (A: 0, 1; B: 2..9; 12 tokens, zeroed lm_head) in one batch per
 
 from __future__ import annotations
 
-import contextlib
 import random
 
 import pytest

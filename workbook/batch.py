@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
-import json
 import os
 import re
 import secrets
@@ -49,6 +48,7 @@ from typing import Any, Callable
 import yaml
 
 from workbook.config import ConfigError, RunConfig, validate
+from workbook.investigate import read_json, write_json  # noqa: F401  (also batch's API)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESERVED = ("name", "notebook", "checks", "timeout", "description")
@@ -279,20 +279,6 @@ def new_run_dir(out: str, hardware: str) -> tuple[str, str]:
         except FileExistsError:
             continue
         return run_id, path
-
-
-def write_json(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True, default=str)
-    os.replace(tmp, path)
-
-
-def read_json(path: str, default=None):
-    if not os.path.exists(path):
-        return default
-    with open(path) as f:
-        return json.load(f)
 
 
 # ---------------------------------------------------------------- one run

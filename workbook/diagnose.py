@@ -43,6 +43,8 @@ from typing import Any
 
 import pandas as pd
 
+from workbook.request import first_index_of
+
 TITLES = {
     "H-a": "gate bypass: logits processing skipped for this request",
     "H-b": "ThinkingBudgetState disabled in the worker",
@@ -98,7 +100,7 @@ def traced_requests(frames: dict, markers: dict) -> list[dict]:
         exp = None
         if budget is not None and r0 is not None:
             exp = max(0, int(budget) - int(r0))
-            nat = _first(output, natural)
+            nat = first_index_of(output, natural)
             if 0 <= nat < exp:
                 exp = None
         end = markers.get("end") or []
@@ -112,16 +114,6 @@ def traced_requests(frames: dict, markers: dict) -> list[dict]:
                     "expected_end_index": exp, "honored": honored,
                     "prompt_len": reg.get("prompt_len"), "registration": reg, "steps": steps})
     return out
-
-
-def _first(seq, sub) -> int:
-    n = len(sub)
-    if n == 0:
-        return -1
-    for i in range(len(seq) - n + 1):
-        if seq[i:i + n] == sub:
-            return i
-    return -1
 
 
 def locate(req: dict) -> tuple[dict | None, int | None]:

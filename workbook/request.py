@@ -89,14 +89,16 @@ def expected_end_index(prompt: Sequence[int], output: Sequence[int], budget: int
     if r0 is None:
         return None
     idx = max(0, budget - r0)
-    natural = _first_index_of(output, end_ids)
+    natural = first_index_of(output, end_ids)
     if 0 <= natural < idx:
         return None  # ended by itself before the budget
     return idx
 
 
-def _first_index_of(seq: Sequence[int], sub: Sequence[int]) -> int:
+def first_index_of(seq: Sequence[int], sub: Sequence[int]) -> int:
     n = len(sub)
+    if n == 0:
+        return -1
     for i in range(0, len(seq) - n + 1):
         if list(seq[i:i + n]) == list(sub):
             return i
@@ -131,7 +133,7 @@ class Outcome:
 def judge(prompt: Sequence[int], output: Sequence[int], budget, start_ids, end_ids,
           max_tokens: int) -> tuple[int | None, int, bool | None]:
     exp = expected_end_index(prompt, output, budget, start_ids, end_ids)
-    act = _first_index_of(output, end_ids)
+    act = first_index_of(output, end_ids)
     if exp is None:
         return None, act, None
     if exp + len(end_ids) > max_tokens:

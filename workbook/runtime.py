@@ -199,14 +199,11 @@ def _v1_runner_class():
 
 
 def _write_effective(runner, folder: str) -> None:
-    import json
+    from workbook.investigate import write_json
 
     try:
         eff = worker_effective(runner)
     except Exception as e:  # never break the engine; say what failed instead
         eff = {"error": f"{type(e).__name__}: {e}", "pid": os.getpid()}
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "effective.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(eff, f, indent=1, sort_keys=True, default=str)
-    os.replace(path + ".tmp", path)
+    write_json(os.path.join(folder, "effective.json"), eff)

@@ -66,6 +66,7 @@ class _Step:
     index: int
     req_ids: list
     idx_mapping: np.ndarray
+    idx_mapping_dev: Any  # the batch's device copy (read within this step only)
     cu_num_logits: np.ndarray
     num_draft_tokens: int
     path: str | None = None
@@ -334,6 +335,7 @@ class Tracer:
             return None
         step = _Step(index=self._nsteps, req_ids=req_ids,
                      idx_mapping=np.array(batch.idx_mapping_np, copy=True),
+                     idx_mapping_dev=batch.idx_mapping,
                      cu_num_logits=np.array(batch.cu_num_logits_np, copy=True),
                      num_draft_tokens=int(batch.num_draft_tokens))
         self._nsteps += 1
@@ -343,8 +345,7 @@ class Tracer:
     def _end_step(self, runner, step: _Step) -> None:
         spec_states = getattr(runner.req_states, "draft_tokens", None)
         if spec_states is not None and getattr(runner, "speculator", None) is not None:
-            idx = torch_long(step.idx_mapping, spec_states.device)
-            step.proposed = spec_states[idx].detach().clone()
+            step.proposed = spec_states[step.idx_mapping_dev.long()].detach().clone()
         self._pending.append(step)
         if len(self._pending) >= self.max_pending:
             self.materialize()
@@ -389,7 +390,6 @@ class Tracer:
         total_after = h(step.total_len_after)
         proposed = h(step.proposed)
         fixed = h(step.guard_fixed)
-        batch_of_slot = {int(s): i for i, s in enumerate(step.idx_mapping)}
         req_calls: dict[int, tuple[_Call, int]] = {}
         for call in step.calls:
             for j, s in enumerate(call.gate_slots):
@@ -554,8 +554,3 @@ def _sync() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
-
-def torch_long(arr: np.ndarray, device):
-    import torch
-
-    return torch.as_tensor(arr, dtype=torch.long).to(device)
