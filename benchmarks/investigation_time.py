@@ -4,7 +4,7 @@
     python benchmarks/investigation_time.py --run-dir outputs/cpu/<run-id>   # read one only
     python benchmarks/investigation_time.py --env cpu --only reported-mtp --out /tmp/bench
 
-Prints, per run, the phases ``workbook.investigate`` recorded in ``timings.json`` (vLLM import,
+Prints, per run, the phases ``workbook.run.pipeline`` recorded in ``timings.json`` (vLLM import,
 engine start-up, generation incl. checks, the run's total) and papermill's wall time (kernel
 start, notebook, teardown), then the sums and the batch's own wall time (validation,
 environment capture, checksums). Reads ``manifest.json``; never judges the numbers.

@@ -39,9 +39,10 @@ def main() -> None:
     ap.add_argument("--json-out")
     a = ap.parse_args()
 
-    from workbook import engine, request
-    from workbook.config import RunConfig
-    from workbook.trace import Tracer
+    from workbook.core.config import RunConfig
+    from workbook.hooks.tracer import Tracer
+    from workbook.run import request
+    from workbook.vllm import engine
 
     cfg = RunConfig(model=a.model, spec_method=a.spec, num_spec_tokens=a.k,
                     kv_cache_bytes=a.kv_cache_bytes, max_tokens=a.max_tokens,

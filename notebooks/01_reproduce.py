@@ -18,12 +18,12 @@
 # One configuration, one engine, the request of the report (`thinking_token_budget=1`,
 # `max_tokens=32`, prompt ending `<think>\n`). Healthy vLLM emits `</think>` as the first
 # generated token. Everything below is a thin narrative over
-# `workbook.investigate.run(cfg, outdir, checks)`: it starts the engine, sends the request,
+# `workbook.run.pipeline.run(cfg, outdir, checks)`: it starts the engine, sends the request,
 # runs the deterministic checks asked for, diagnoses the trace and writes the evidence files
 # into `outdir` (when given). Parameters are injected by papermill (`workbook run ENV`).
 
 # %% tags=["parameters"]
-model: str = "tiny-mimo-mtp"  # tiny model name (workbook.models.MODELS) or a checkpoint folder
+model: str = "tiny-mimo-mtp"  # tiny model name (workbook.core.models.MODELS) or a checkpoint folder
 draft_model: str = None  # eagle / draft_model speculation: draft path or tiny name (None: default)
 spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
 num_spec_tokens: int = 4  # draft tokens per step (k)
@@ -49,9 +49,10 @@ enable_thinking: bool = True  # chat template kwarg
 preserve_thinking: bool = True  # chat template kwarg
 prompt: str = "What is 1+1?"  # user message
 mode: str = "in-process"  # in-process | server
-fault: str = "none"  # inject one hypothesis' fault (workbook.faults), e.g. H-b
-guard: bool = False  # apply the commit-time budget guard (workbook.guard)
-trace: bool = True  # record the per-step trace (workbook.trace)
+fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults), e.g. H-b
+guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
+zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process only)
+trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
 outdir: str = ""  # folder for the evidence files (empty: keep them in memory only)
 checks: list = []  # deterministic checks to run as well: A, B
 
@@ -60,17 +61,15 @@ checks: list = []  # deterministic checks to run as well: A, B
 # The parameters become a `RunConfig`; `validate` rejects a bad one before any engine starts.
 
 # %%
-import dataclasses
 import json
 
 import pandas as pd
 from IPython.display import Markdown, display
 
-from workbook import investigate
-from workbook.config import RunConfig, validate
+from workbook.core.config import RunConfig
+from workbook.run import pipeline
 
-params = {f.name: globals()[f.name] for f in dataclasses.fields(RunConfig) if f.name in globals()}
-cfg = validate(RunConfig.from_dict(params))
+cfg = RunConfig.from_params(globals())
 pd.DataFrame({"value": {k: repr(v) for k, v in cfg.to_dict().items()}})
 
 # %% [markdown]
@@ -78,7 +77,7 @@ pd.DataFrame({"value": {k: repr(v) for k, v in cfg.to_dict().items()}})
 # Engine start, hooks (fault → guard → tracer), the reported request, the checks, the diagnosis.
 
 # %%
-res = investigate.run(cfg, outdir or None, checks=tuple(checks))
+res = pipeline.run(cfg, outdir or None, checks=checks)
 pd.DataFrame({"seconds": res.timings}).round(2)
 
 # %% [markdown]
@@ -126,7 +125,7 @@ pd.DataFrame(rows, columns=["check", "budget", "expected", "actual", "honored", 
 
 # %% [markdown]
 # ## Verdict
-# From `workbook.diagnose` over the trace, the effective configuration and the outcome.
+# From `workbook.run.diagnose` over the trace, the effective configuration and the outcome.
 
 # %%
 v = res.verdict

@@ -16,14 +16,15 @@
 # # 02 — The per-step story of one run
 #
 # What Model Runner V2 did with the thinking budget at every engine step, read from the real
-# vLLM objects by `workbook.trace.Tracer`: the sampling path, the drafts, the
+# vLLM objects by the tracer (`workbook.hooks.tracer`): the sampling path, the drafts, the
 # `ThinkingBudgetState` flags (host and device budget, gate, fast path, kernels), and per
 # logits row the logit of `</think>` before and after `ThinkingBudgetState.apply`, the token
 # sampled and the token emitted. `zero_lm_head` makes target and drafter agree on token 0, so
-# drafts are accepted and the budget boundary lands inside a draft window (brief §6, check B).
+# drafts are accepted and the budget boundary lands inside a draft window (check B's setting).
+# The run itself is `workbook.run.pipeline.run`, as in every notebook.
 
 # %% tags=["parameters"]
-model: str = "tiny-mimo-mtp"  # tiny model name (workbook.models.MODELS) or a checkpoint folder
+model: str = "tiny-mimo-mtp"  # tiny model name (workbook.core.models.MODELS) or a checkpoint folder
 spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
 num_spec_tokens: int = 4  # draft tokens per step (k)
 runner: str = "v2"  # v2 | v1 | auto
@@ -34,54 +35,26 @@ engine_kwargs: dict = {}  # extra keyword arguments for vllm.LLM
 thinking_token_budget: int = 3  # reasoning-token budget (-1: none)
 max_tokens: int = 12  # completion length limit
 temperature: float = 0.0  # 0: greedy
-fault: str = "none"  # inject one hypothesis' fault (workbook.faults), e.g. H-d-draft
-guard: bool = False  # apply the commit-time budget guard (workbook.guard)
+fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults), e.g. H-d-draft
+guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
 zero_lm_head: bool = True  # zero the target lm_head so drafts are accepted (check B setting)
-topk: int = 5  # top-k logits recorded per row
-outdir: str = ""  # folder for the trace parquet files (empty: memory only)
+outdir: str = ""  # folder for the evidence files (empty: memory only)
 
 # %%
-import dataclasses
-import os
-
 import pandas as pd
 from IPython.display import HTML, Markdown, display
 
-from workbook import diagnose, request, views
-from workbook.config import RunConfig, validate
-from workbook.investigate import Session, write_json
+from workbook.core.budget import Markers
+from workbook.core.config import RunConfig
+from workbook.report import views
+from workbook.run import pipeline
 
-params = {f.name: globals()[f.name] for f in dataclasses.fields(RunConfig) if f.name in globals()}
-cfg = validate(RunConfig.from_dict({**params, "trace": False}))
-sess = Session(cfg).start()
-eng = sess.engine
-END = eng.effective["reasoning_end_token_ids"][0]
-
-# %% [markdown]
-# ## Trace the request
-# The tracer is installed outermost (after any fault and the guard), so it sees what the client
-# gets; it never changes what vLLM samples (tests/test_trace.py).
-
-# %%
-from workbook.trace import Tracer
-
-lm_head = request.zeroed_lm_head(eng) if zero_lm_head else None
-try:
-    if lm_head is not None:
-        lm_head.__enter__()
-    with Tracer(topk=topk) as tracer:
-        outcome = request.run_reported(eng)[0]
-finally:
-    if lm_head is not None:
-        lm_head.__exit__(None, None, None)
-    sess.remove_hooks()
-frames = tracer.frames()
-verdict = diagnose.diagnose(frames, eng.effective, [outcome], cfg)
-if outdir:
-    tracer.save(os.path.join(outdir, "trace"))
-    write_json(os.path.join(outdir, "verdict.json"), verdict)
+cfg = RunConfig.from_params(globals())
+res = pipeline.run(cfg, outdir or None)
+frames, verdict = res.frames, res.verdict
+END = Markers.of(res.effective).end[0]
 display(Markdown(f"**{verdict['verdict']}** — {verdict['summary']}"))
-print("emitted:", outcome.token_ids)
+print("emitted:", res.outcome.token_ids)
 
 # %% [markdown]
 # ## Steps: path and drafts

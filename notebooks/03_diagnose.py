@@ -15,13 +15,13 @@
 # %% [markdown]
 # # 03 — Diagnose: where is the budget lost?
 #
-# The reported request, traced and diagnosed by `workbook.diagnose` (rules over the trace,
+# The reported request, traced and diagnosed by `workbook.run.diagnose` (rules over the trace,
 # written from first principles; it never reads which fault, if any, was injected), then the
 # decisive A/B checks the report implies — MTP on/off, greedy vs sampled, eager vs CUDA graphs,
 # V2 vs V1, ngram — side by side in one table.
 
 # %% tags=["parameters"]
-model: str = "tiny-mimo-mtp"  # tiny model name (workbook.models.MODELS) or a checkpoint folder
+model: str = "tiny-mimo-mtp"  # tiny model name (workbook.core.models.MODELS) or a checkpoint folder
 spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
 num_spec_tokens: int = 4  # draft tokens per step (k)
 runner: str = "v2"  # v2 | v1 | auto
@@ -31,29 +31,28 @@ kv_cache_bytes: int = 67108864  # KV cache size in bytes
 engine_kwargs: dict = {}  # extra keyword arguments for vllm.LLM
 thinking_token_budget: int = 1  # reasoning-token budget (-1: none)
 max_tokens: int = 32  # completion length limit
-fault: str = "none"  # inject one hypothesis' fault (workbook.faults), e.g. H-b
-guard: bool = False  # apply the commit-time budget guard (workbook.guard)
-variants: list = []  # A/B variants to run (names of workbook.abtests.VARIANTS; [] = all)
+fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults), e.g. H-b
+guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
+variants: list = []  # A/B variants to run (names of workbook.run.experiments.VARIANTS; [] = all)
 outdir: str = ""  # folder for the evidence files (empty: memory only)
 
 # %%
-import dataclasses
 import os
 
 import pandas as pd
 from IPython.display import Markdown, display
 
-from workbook import abtests, diagnose, investigate
-from workbook.config import RunConfig, validate
+from workbook.core import hypotheses
+from workbook.core.config import RunConfig
+from workbook.run import experiments, pipeline
 
-params = {f.name: globals()[f.name] for f in dataclasses.fields(RunConfig) if f.name in globals()}
-cfg = validate(RunConfig.from_dict(params))
+cfg = RunConfig.from_params(globals())
 
 # %% [markdown]
 # ## The reported request: verdict and evidence
 
 # %%
-res = investigate.run(cfg, outdir or None)
+res = pipeline.run(cfg, outdir or None)
 v = res.verdict
 display(Markdown(f"### {v['verdict']} — hypothesis `{v['hypothesis']}`"
                  f"{' (' + v['hypothesis_title'] + ')' if v['hypothesis_title'] else ''}\n\n"
@@ -67,12 +66,12 @@ pd.DataFrame([v["first_violation"] or {}])
 pd.DataFrame(v["evidence"] or [])
 
 # %% [markdown]
-# ## The rules
-# Evaluated in pipeline order on the violating request-step and row; the first that fires is
-# the stage where the budget was lost.
+# ## The hypotheses
+# The catalogue (`workbook.core.hypotheses`): the stage each lives in, the evidence that
+# confirms it in the trace, and the A/B check that separates it from the others.
 
 # %%
-pd.DataFrame({"hypothesis": list(diagnose.TITLES), "meaning": list(diagnose.TITLES.values())})
+pd.DataFrame(hypotheses.table())
 
 # %% [markdown]
 # ## Decisive A/B checks
@@ -80,7 +79,7 @@ pd.DataFrame({"hypothesis": list(diagnose.TITLES), "meaning": list(diagnose.TITL
 # engine. On the reporter's Thor: MTP on → violated; MTP off → honored; ngram "worked" on V1.
 
 # %%
-ab = abtests.run_variants(cfg, variants or None)
+ab = experiments.run_variants(cfg, variants or None)
 if outdir:
     ab.to_csv(os.path.join(outdir, "ab_checks.csv"), index=False)
 ab

@@ -17,27 +17,28 @@
 #
 # vLLM enforces `thinking_token_budget` *before* sampling (a 1e9 logit on `</think>`); #54906
 # shows that something between that write and the committed token can lose it. The guard
-# (`workbook.guard`) checks the *result* instead: after `GPUModelRunner.sample` returned the
+# (`workbook.hooks.guard`) checks the *result* instead: after `GPUModelRunner.sample` returned the
 # step's tokens — whichever sampler produced them, with or without drafts — and before they are
 # committed, one Triton kernel walks each request's tokens with vLLM's own budget semantics and,
 # where the budget binds and the token is not the due end marker, writes it and truncates the
 # step there (as a rejected draft would). It keeps its own per-request state and never reads
 # vLLM's `ThinkingBudgetState`.
 #
-# Below: (1) the reported request on a vLLM made to ignore the budget (a fault from
-# `workbook.faults`, or a demo fault from `workbook.guard_demo`) — guard off: violated, guard
-# on: honoured; (2) checks A and B under the same fault; (3) on healthy vLLM, guard on and off
-# give identical tokens and identical step / acceptance counters. All logic lives in
-# `workbook.guard_demo`; the upstream version of the fix is in `upstream/`.
+# Below: (1) the reported request on a vLLM made to ignore the budget (a fault of the
+# catalogue, `workbook.hooks.faults`) — guard off: violated, guard on: honoured; (2) checks A
+# and B under the same fault; (3) on healthy vLLM, guard on and off give identical tokens and
+# identical step / acceptance counters; (4) the reported request with fault and guard through
+# the pipeline, whose evidence files the report reads. All logic lives in
+# `workbook.run.experiments`; the upstream version of the fix is in `upstream/`.
 
 # %% tags=["parameters"]
-model: str = "tiny-mimo-mtp"  # tiny model name (workbook.models.MODELS) or a checkpoint folder
+model: str = "tiny-mimo-mtp"  # tiny model name (workbook.core.models.MODELS) or a checkpoint folder
 draft_model: str = None  # eagle / draft_model speculation: draft path or tiny name (None: default)
 spec_method: str = "mtp"  # mtp | eagle | eagle3 | ngram | draft_model | none
 num_spec_tokens: int = 4  # draft tokens per step (k)
 max_num_seqs: int = 16  # engine batch size (the identity batch is sent at once)
 kv_cache_bytes: int = 67108864  # KV cache size in bytes (None: gpu_memory_utilization decides)
-fault: str = "H-b"  # how vLLM is made to ignore the budget: H-a..H-g (workbook.faults) or none
+fault: str = "H-b"  # how vLLM is made to ignore the budget: a runtime fault of workbook.hooks.faults, or none
 thinking_token_budget: int = 1  # budget of the reported request
 max_tokens: int = 32  # completion length of the reported request
 identity_budgets: list = [None, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # healthy on/off comparison (None: no budget)
@@ -56,18 +57,17 @@ import os
 import pandas as pd
 from IPython.display import Markdown, display
 
-from workbook import engine, faults, guard, guard_demo
-from workbook.config import ConfigError, RunConfig
+from workbook.core import hypotheses
+from workbook.core.config import ConfigError, RunConfig
+from workbook.hooks import guard as guard_hook
+from workbook.run import experiments, pipeline
 
-if fault == "H-h" or (fault not in faults.FAULT_NAMES and fault != "none"):
+if fault != "none" and fault not in hypotheses.runtime_faults():
     raise ConfigError(f"fault={fault!r}: choose none or a runtime fault, one of "
-                      f"{[f for f in faults.FAULT_NAMES if f != 'H-h']} "
-                      "(H-h is a V1 run: no MRV2 to guard)")
-cfg = RunConfig(model=model, draft_model=draft_model, spec_method=spec_method,
-                num_spec_tokens=num_spec_tokens, max_num_seqs=max_num_seqs,
-                kv_cache_bytes=kv_cache_bytes, thinking_token_budget=thinking_token_budget,
-                max_tokens=max_tokens)
-eng = engine.start(cfg)
+                      f"{hypotheses.runtime_faults()} (H-h is a V1 run: no MRV2 to guard)")
+cfg = RunConfig.from_params({**globals(), "fault": "none", "trace": False})
+session = pipeline.Run(cfg).start()  # the pipeline's engine, no hooks: sections add their own
+eng = session.result.engine
 eff = {k: eng.effective.get(k) for k in ("vllm_version", "runner_class", "runner_is_v2",
                                           "speculator_class", "spec_method", "num_spec_tokens",
                                           "thinking_budget_enabled", "reasoning_start_token_ids",
@@ -82,10 +82,10 @@ pd.DataFrame({"effective": {k: json.dumps(v) for k, v in eff.items()}})
 # the budget puts it; `guard_fixed` counts the tokens the guard replaced.
 
 # %%
-desc = (faults.DESCRIPTIONS.get(fault)
-        or "none: healthy vLLM (both rows should honour the budget)")
+desc = (hypotheses.FAULTS[fault].description if fault != "none"
+        else "none: healthy vLLM (both rows should honour the budget)")
 display(Markdown(f"**fault `{fault}`**: {desc}"))
-before_after = guard_demo.before_after(eng, fault, thinking_token_budget, max_tokens)
+before_after = experiments.before_after(eng, fault, thinking_token_budget, max_tokens)
 pd.DataFrame(before_after).set_index("run").T
 
 # %% [markdown]
@@ -95,7 +95,7 @@ pd.DataFrame(before_after).set_index("run").T
 # batch; guard off, then on.
 
 # %%
-checks = guard_demo.checks_under_fault(eng, fault)
+checks = experiments.checks_under_fault(eng, fault)
 pd.DataFrame(checks)
 
 # %% [markdown]
@@ -105,7 +105,7 @@ pd.DataFrame(checks)
 # `guard_fixed == 0` (vLLM's own forcing already did the job).
 
 # %%
-ident = guard_demo.identity(eng, identity_budgets, identity_max_tokens)
+ident = experiments.identity(eng, identity_budgets, identity_max_tokens)
 display(Markdown(f"**identical: {ident['identical']}**"))
 pd.DataFrame({"guard off": ident["counters_off"], "guard on": ident["counters_on"]})
 
@@ -113,19 +113,29 @@ pd.DataFrame({"guard off": ident["counters_off"], "guard on": ident["counters_on
 pd.DataFrame(ident["rows"])
 
 # %% [markdown]
+# ## 4. Through the pipeline: the reported request with the fault and the guard
+# The same evidence files as every run (`verdict.json`, the trace, ...), for the report.
+
+# %%
+session.finish()
+fixed = pipeline.run(cfg.replace(fault=fault, guard=True, trace=True), outdir or None)
+display(Markdown(f"**{fixed.verdict['verdict']}** — {fixed.verdict['summary']}"))
+
+# %% [markdown]
 # ## Verdict
 
 # %%
-violated_off = before_after[0]["honored"] is not True or fault == "none"
+violated_off = before_after[0]["honored"] is False
 honored_on = before_after[1]["honored"] is True
 checks_on = all(r["A_exact"] and r["B_exact"] for r in checks if r["guard"])
 summary = {"fault": fault, "violated_without_guard": violated_off,
+           "pipeline_verdict_with_guard": fixed.verdict["verdict"],
            "honored_with_guard": honored_on, "checks_exact_with_guard": checks_on,
            "identical_on_healthy_vllm": ident["identical"],
-           "guard_patch_set": guard.patch_set().name, "guard_installed_now": guard.installed()}
+           "guard_patch_set": guard_hook.patch_set().name, "guard_installed_now": guard_hook.installed()}
+shown = (violated_off or fault == "none") and honored_on and checks_on and ident["identical"]
 display(Markdown("**The guard restores the budget and is invisible on healthy vLLM.**"
-                 if violated_off and honored_on and checks_on and ident["identical"]
-                 else "**Not shown** — see the tables above."))
+                 if shown else "**Not shown** — see the tables above."))
 if outdir:
     os.makedirs(outdir, exist_ok=True)
     with open(os.path.join(outdir, "fix.json"), "w") as f:

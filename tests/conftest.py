@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbook import engine as _engine
-from workbook.config import RunConfig
+from workbook.core.config import RunConfig
+from workbook.vllm import engine as _engine
 
 _ENGINES: dict[tuple, object] = {}
 
@@ -25,5 +25,5 @@ def get_engine(**overrides):
 
 @pytest.fixture(scope="session")
 def engines():
-    """``engines(spec_method="eagle")`` → a started ``workbook.engine.Engine``."""
+    """``engines(spec_method="eagle")`` → a started ``workbook.vllm.engine.Engine``."""
     return get_engine

@@ -153,7 +153,7 @@ def test_failing_runs_keep_partial_notebook_and_failure_row(tmp_path):
                                                     "model_type": "no_such_model"}))
     out = tmp_path / "outputs"
     env = env_file(tmp_path, "failing", [
-        {"name": "slow", "spec_method": "mtp", "timeout": 15},  # ... cell timeout
+        {"name": "slow", "notebook": "tests/notebooks/blocks.py", "timeout": 15},  # blocks
         {"name": "broken", "spec_method": "none", "model": str(broken)},  # ... engine error
     ])
     res = workbook("run", env, "--out", out)
@@ -165,9 +165,9 @@ def test_failing_runs_keep_partial_notebook_and_failure_row(tmp_path):
 
     assert slow["status"] == "timeout"
     assert slow["failure"]["ename"] == "CellTimeoutError"
-    assert "investigate.run" in slow["failure"]["cell_source_head"]
-    nb = nbformat.read(run_dir / "slow" / "01_reproduce.ipynb", as_version=4)
-    assert nb.cells[slow["failure"]["cell_index"]].source.startswith("res = investigate.run")
+    assert "pipeline.Run" in slow["failure"]["cell_source_head"]
+    nb = nbformat.read(run_dir / "slow" / "blocks.ipynb", as_version=4)
+    assert "time.sleep" in nb.cells[slow["failure"]["cell_index"]].source
     assert (run_dir / "slow" / "config.json").exists()  # evidence written before the failure
 
     assert broken_row["status"] == "failed"
@@ -177,18 +177,19 @@ def test_failing_runs_keep_partial_notebook_and_failure_row(tmp_path):
     nb = nbformat.read(run_dir / "broken" / "01_reproduce.ipynb", as_version=4)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert errors and errors[0].ename == f["ename"]
-    assert nb.cells[f["cell_index"]].source.startswith("res = investigate.run")
+    assert nb.cells[f["cell_index"]].source.startswith("res = pipeline.run")
     assert workbook("verify", run_dir).returncode == 0
 
 
 def test_consecutive_batches_never_overwrite(tmp_path):
     out = tmp_path / "outputs"
-    env = env_file(tmp_path, "twice", [{"name": "quick", "timeout": 2}])
+    env = env_file(tmp_path, "twice", [{"name": "quick", "notebook": "tests/notebooks/blocks.py",
+                                        "timeout": 2}])
     first = workbook("run", env, "--out", out)
     (d1,) = run_dirs(out)
     sums1 = (d1 / "SHA256SUMS").read_text()
     second = workbook("run", env, "--out", out)
-    assert first.returncode == second.returncode == 1  # both time out, on purpose (fast)
+    assert first.returncode == second.returncode == 1  # both time out, on purpose (blocks)
     d1b, d2 = run_dirs(out)
     assert d1b == d1 and d2 != d1
     assert (d1 / "SHA256SUMS").read_text() == sums1
@@ -197,23 +198,21 @@ def test_consecutive_batches_never_overwrite(tmp_path):
 
 
 def test_new_run_dir_is_always_fresh(tmp_path):
-    from workbook.batch import new_run_dir
+    from workbook.core.rundir import new_run_dir
 
     made = {new_run_dir(str(tmp_path), "hw")[0] for _ in range(200)}
     assert len(made) == 200 and len(os.listdir(tmp_path / "hw")) == 200
 
 
 def test_notebook_declares_every_runconfig_field_and_has_a_kernelspec():
-    import dataclasses
-
     import jupytext
 
     from workbook import batch
-    from workbook.config import RunConfig
+    from workbook.core.config import RunConfig
 
     path = REPO / "notebooks" / "01_reproduce.py"
     _, declared = batch.read_notebook(str(path))
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    fields = set(RunConfig.field_names())
     assert fields | {"outdir", "checks"} <= set(declared)
     assert all(declared[k]["help"] for k in declared)  # `name: type = default  # help`
     nb = jupytext.read(path)

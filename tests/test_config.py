@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from workbook.config import ConfigError, RunConfig, validate
+from workbook.core.config import ConfigError, RunConfig, validate
 
 BAD = [
     ({"spec_method": "medusa2"}, "spec_method"),
@@ -39,7 +39,7 @@ def test_unknown_parameter_names_it():
 
 
 def test_runner_v1_rejected_where_vllm_removed_it(monkeypatch):
-    import workbook.config as c
+    import workbook.core.config as c
 
     monkeypatch.setattr(c, "installed_vllm_version", lambda: (0, 34, 0))
     with pytest.raises(ConfigError, match="removed in 0.34"):
@@ -49,8 +49,8 @@ def test_runner_v1_rejected_where_vllm_removed_it(monkeypatch):
 def test_bad_parameters_fail_before_vllm_is_imported():
     code = (
         "import json, sys\n"
-        "from workbook import engine\n"
-        "from workbook.config import RunConfig, ConfigError\n"
+        "from workbook.vllm import engine\n"
+        "from workbook.core.config import RunConfig, ConfigError\n"
         f"bad = json.loads({json.dumps(json.dumps([b for b, _ in BAD]))})\n"
         "errors = []\n"
         "for b in bad:\n"

@@ -17,9 +17,10 @@ import contextlib
 
 import pytest
 
-from workbook import diagnose, faults, request
-from workbook.config import RunConfig
-from workbook.trace import Tracer
+from workbook.hooks import faults
+from workbook.run import diagnose, request
+from workbook.core.config import RunConfig
+from workbook.hooks.tracer import Tracer
 
 METHODS = ["mtp", "eagle", "ngram"]
 BUDGETS = (1, 3, 6)

@@ -1,4 +1,4 @@
-"""The budget guard (``workbook.guard``) on the real vLLM engine (tiny CPU models, MRV2).
+"""The budget guard (``workbook.hooks.guard``) on the real vLLM engine (tiny CPU models, MRV2).
 
 Evidence, in file order (engines are started one at a time and reused: mtp first, then eagle,
 ngram, draft_model):
@@ -7,7 +7,7 @@ ngram, draft_model):
    over random histories / sampled rows / budgets and single- and multi-token markers;
 2. patching: ``remove()`` restores vLLM's methods identically, also when stacked with a fault;
 3. broken vLLM (mtp, k=4): every in-process fault of the hypothesis catalogue
-   (``workbook.faults``); without the guard checks A/B fail, with it both are exact;
+   (``workbook.hooks.faults``); without the guard checks A/B fail, with it both are exact;
 4. healthy vLLM: guard on vs off token-identical with identical step / acceptance counters, and
    ``request.check_b`` exact with the guard on, per spec method.
 
@@ -23,13 +23,17 @@ import random
 
 import pytest
 
-from workbook import engine as wb_engine
-from workbook import faults, guard, guard_demo, patching, request
-from workbook.config import RunConfig
+from workbook.hooks import faults, guard
+from workbook.run import experiments, request
+from workbook.vllm import env as wb_env
+from workbook.vllm import patching
+from workbook.core import budget as budget_rule
+from workbook.core.budget import Markers
+from workbook.core.config import RunConfig
 
 # Before vLLM is imported anywhere in this process: its environment and, on a CPU, the Triton
 # interpreter shim (the kernel tests below run before the first engine starts).
-wb_engine.prepare_process(RunConfig())
+wb_env.prepare_process(RunConfig())
 
 SPEC_METHODS = ("mtp", "eagle", "ngram", "draft_model")
 IDENTITY_BUDGETS = {"mtp": [None, 0, 1, 2, 6, 9], "eagle": [0, 3, 5, 7, 9],
@@ -96,6 +100,18 @@ def _vllm_forced(hist, row, budget, start, nat, end, vocab=16):
             for c in ((logits[j] > 1e8).nonzero().flatten().tolist() for j in range(n))]
 
 
+def _rule_fixed(hist, row, b, markers):
+    """The one budget rule (workbook.core.budget), walked over ``row``: the row as kept."""
+    for j, tok in enumerate(row):
+        h = hist + row[:j]
+        n = budget_rule.reasoning_count(h, markers)
+        if n is not None and n >= b:
+            forced = budget_rule.forced_token(h, markers)
+            if tok != forced:
+                return row[:j] + [forced]
+    return list(row)
+
+
 @pytest.mark.parametrize("markers", sorted(MARKERS))
 @pytest.mark.parametrize("seed", range(6))
 def test_kernel_matches_vllm_forcing(markers, seed):
@@ -126,7 +142,7 @@ def test_kernel_matches_vllm_forcing(markers, seed):
     tail = torch.full((max_slots, tail_len), -1, dtype=torch.int32)
     for i, s in enumerate(slots):
         budget[s] = budgets[i]
-        count[s] = guard.reasoning_count(hists[i], start, nat)
+        count[s] = guard.reasoning_count(hists[i], Markers(start, end, nat))
         tail[s] = torch.tensor(([-1] * tail_len + hists[i])[-tail_len:], dtype=torch.int32)
     fixed_rows = torch.full((num_reqs + 1,), 5, dtype=torch.int32)  # overwritten by the kernel
     fixed_total = torch.tensor([3], dtype=torch.int32)  # accumulates
@@ -157,7 +173,8 @@ def test_kernel_matches_vllm_forcing(markers, seed):
         fixed_want.append(nfix)
         assert sampled[i, :int(num_sampled[i])].tolist() == want, (hists[i], rows[i], budgets[i])
         assert int(num_rejected[i]) == k1 - len(want)
-        assert int(count[s]) == guard.reasoning_count(hists[i] + want, start, nat)
+        assert want == _rule_fixed(hists[i], rows[i], budgets[i], Markers(start, end, nat))
+        assert int(count[s]) == guard.reasoning_count(hists[i] + want, Markers(start, end, nat))
         assert tail[s].tolist() == ([-1] * tail_len + hists[i] + want)[-tail_len:]
     assert sampled[-1].tolist() == [9] * k1 and int(num_sampled[-1]) == 3
     assert int(num_rejected[-1]) == 2
@@ -173,13 +190,13 @@ def test_kernel_matches_vllm_forcing(markers, seed):
     ([1, 0, 3, 1, 0, 0, 0], 3),  # a second start re-opens reasoning
 ])
 def test_reasoning_count_host(history, expected):
-    assert guard.reasoning_count(history, [1], [3]) == expected
+    assert guard.reasoning_count(history, Markers([1], [3], [3])) == expected
 
 
 # ---- 2. removal restores vLLM exactly ---------------------------------------------------------
 
 def test_remove_restores_original_methods():
-    from workbook import hookpoints
+    from workbook.vllm import hookpoints
 
     runner_cls = hookpoints.resolve().runner
     attrs = ("add_requests", "sample")
@@ -210,7 +227,7 @@ def test_remove_restores_original_methods():
 
 # ---- 3. broken vLLM: the guard restores checks A and B -----------------------------------------
 
-# Every in-process fault of the hypothesis catalogue (workbook.faults), one batch per guard
+# Every in-process fault of the hypothesis catalogue (workbook.hooks.faults), one batch per guard
 # state: checks A and B together under the zeroed lm_head (budgets 0, 1 → </think> first, as in
 # A; 2..9 as in B). H-h is a V1 run: there is no MRV2 for the guard to hook.
 CATALOGUE_FAULTS = tuple(f for f in faults.FAULT_NAMES if f != "H-h")
@@ -223,15 +240,15 @@ def test_guard_fixes_every_hypothesis_fault(live_engine, fault):
     budgets = tuple(range(10))
     handle = faults.inject(fault, engine=eng)
     try:
-        with guard_demo.StepCounter() as off:
-            ab_off = guard_demo.check_b_batched(eng, budgets, max_tokens=CHECK_B_MAX_TOKENS)
-        with guard.enabled(), guard_demo.StepCounter() as on:
-            ab_on = guard_demo.check_b_batched(eng, budgets, max_tokens=CHECK_B_MAX_TOKENS)
+        with experiments.StepCounter() as off:
+            ab_off = request.check_b(eng, budgets, max_tokens=CHECK_B_MAX_TOKENS)
+        with guard.enabled(), experiments.StepCounter() as on:
+            ab_on = request.check_b(eng, budgets, max_tokens=CHECK_B_MAX_TOKENS)
     finally:
         handle.remove()
-    assert not guard_demo.b_ok(ab_off), fault  # the fault is real: vLLM alone violates
+    assert not request.check_ok("B", ab_off), fault  # the fault is real: vLLM alone violates
     assert off.guard_fixed == 0
-    assert guard_demo.b_ok(ab_on), [o.token_ids for o in ab_on]  # with the guard: exact
+    assert request.check_ok("B", ab_on), [o.token_ids for o in ab_on]  # with the guard: exact
     assert [o.actual_end_index for o in ab_on] == [o.expected_end_index for o in ab_on]
     end = eng.effective["reasoning_end_token_ids"]
     assert [o.token_ids[:len(end)] for o in ab_on[:2]] == [end, end]  # A: </think> first
@@ -260,11 +277,11 @@ def test_guard_is_identity_on_healthy_vllm(live_engine, method):
     assert eng.effective["runner_is_v2"] and eng.effective["spec_method"] == method
     assert eng.effective["thinking_budget_enabled"]
     budgets = IDENTITY_BUDGETS[method]
-    with guard_demo.StepCounter() as off:
-        outs_off = guard_demo.run_budgets(eng, budgets, max_tokens=IDENTITY_MAX_TOKENS)
+    with experiments.StepCounter() as off:
+        outs_off = request.run_budgets(eng, budgets, max_tokens=IDENTITY_MAX_TOKENS)
     with guard.enabled():
-        with guard_demo.StepCounter() as on:
-            outs_on = guard_demo.run_budgets(eng, budgets, max_tokens=IDENTITY_MAX_TOKENS)
+        with experiments.StepCounter() as on:
+            outs_on = request.run_budgets(eng, budgets, max_tokens=IDENTITY_MAX_TOKENS)
         b_on = request.check_b(eng, budgets=CHECK_B_BUDGETS[method], max_tokens=CHECK_B_MAX_TOKENS)
     assert [o.token_ids for o in outs_on] == [o.token_ids for o in outs_off]
     assert [o.finish_reason for o in outs_on] == [o.finish_reason for o in outs_off]

@@ -1,4 +1,4 @@
-"""The reported request through vLLM's real OpenAI-compatible server (``workbook.server``), CPU.
+"""The reported request through vLLM's real OpenAI-compatible server (``workbook.run.server``), CPU.
 
 Every test starts (or reuses) a real ``python -m vllm.entrypoints.openai.api_server`` on the tiny
 dense MTP model (``tiny-mimo-mtp``, MRV2, MTP k=4) and sends the issue's chat request with the
@@ -20,8 +20,9 @@ import time
 
 import pytest
 
-from workbook import investigate, models, server
-from workbook.config import RunConfig
+from workbook.core import models
+from workbook.run import backends, pipeline, server
+from workbook.core.config import RunConfig
 
 CFG = RunConfig(mode="server")  # tiny-mimo-mtp, mtp k=4, runner v2, budget 1, max_tokens 32
 EVIDENCE = ("config.json", "effective.json", "outcome.json", "verdict.json", "timings.json",
@@ -49,9 +50,10 @@ def healthy(tmp_path_factory):
     srv = server.Server(CFG, str(base / "server"))
     with srv:
         out["pgid"] = srv.pid
-        out["res"] = investigate.run(CFG, out["dir"], engine=srv)
+        out["res"] = pipeline.run(CFG, out["dir"], backend=backends.Served(CFG, server=srv))
         try:
-            investigate.run(CFG.replace(prompt=LONG_PROMPT), out["rejected_dir"], engine=srv)
+            pipeline.run(CFG.replace(prompt=LONG_PROMPT), out["rejected_dir"],
+                         backend=backends.Served(CFG.replace(prompt=LONG_PROMPT), server=srv))
         except server.RequestRejected as e:
             out["rejected"] = e
         out["alive_after_reject"] = srv.running
@@ -90,15 +92,14 @@ def test_rejected_request_is_recorded(healthy):
     assert json.load(open(os.path.join(d, "outcome.json")))["error"]["status"] == 400
     verdict = json.load(open(os.path.join(d, "verdict.json")))
     assert verdict["verdict"] == "inconclusive" and verdict["error"]["status"] == 400
-    assert e.result is not None and e.result.verdict["verdict"] == "inconclusive"
 
 
 @pytest.mark.slow  # one more engine start (~40-80 s); deselect with -m "not slow"
 def test_same_outcome_as_in_process(healthy, tmp_path):
     """Same configuration in-process (own interpreter: one in-process engine per process)."""
     outdir = str(tmp_path / "inproc")
-    code = ("import sys; from workbook import investigate; from workbook.config import RunConfig;"
-            "investigate.run(RunConfig(mode='in-process'), sys.argv[1])")
+    code = ("import sys; from workbook.run import pipeline; from workbook.core.config import RunConfig;"
+            "pipeline.run(RunConfig(mode='in-process'), sys.argv[1])")
     proc = subprocess.run([sys.executable, "-c", code, outdir], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -113,7 +114,7 @@ def test_same_outcome_as_in_process(healthy, tmp_path):
 
 def test_fault_caught_from_server_side_trace(tmp_path):
     """H-c (budget never registered), injected inside the server's worker by the plugin."""
-    res = investigate.run(CFG.replace(fault="H-c"), str(tmp_path))
+    res = pipeline.run(CFG.replace(fault="H-c"), str(tmp_path))
     assert res.outcome.honored is False and res.outcome.first_token != _end_id(res)
     assert res.outcome.reasoning_tokens == res.outcome.completion_tokens == 32  # as reported
     assert res.verdict["verdict"] == "violated"
@@ -124,8 +125,8 @@ def test_fault_caught_from_server_side_trace(tmp_path):
 
 
 def test_guard_fixes_fault_through_server(tmp_path):
-    pytest.importorskip("workbook.guard")
-    res = investigate.run(CFG.replace(fault="H-c", guard=True), str(tmp_path))
+    pytest.importorskip("workbook.hooks.guard")
+    res = pipeline.run(CFG.replace(fault="H-c", guard=True), str(tmp_path))
     assert res.outcome.first_token == _end_id(res)
     assert res.outcome.honored is True
     assert res.verdict["verdict"] == "honored"
@@ -154,7 +155,7 @@ def test_server_dying_at_startup_reports_log_tail(tmp_path):
     outdir = str(tmp_path / "run")
     t0 = time.perf_counter()
     with pytest.raises(server.ServerDied) as info:
-        investigate.run(CFG.replace(model=str(broken)), outdir)
+        pipeline.run(CFG.replace(model=str(broken)), outdir)
     assert "exited with code" in str(info.value)
     assert "server.log (last lines)" in str(info.value) and info.value.log_tail.strip()
     assert os.path.exists(os.path.join(outdir, "server.log"))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbook import models, request
+from workbook.core import models
+from workbook.run import request
 
 # speculator class names per method (0.29 / 0.32 spellings)
 SPECULATORS = {"mtp": ("MTPSpeculator",), "eagle": ("EagleSpeculator",), "ngram": ("Ngram",),

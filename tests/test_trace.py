@@ -9,8 +9,10 @@ import sys
 
 import pytest
 
-from workbook import hookpoints, patching, request
-from workbook.trace import Tracer, load
+from workbook.core.tracefiles import load
+from workbook.hooks.tracer import Tracer
+from workbook.run import request
+from workbook.vllm import hookpoints, patching
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # budgets 0-9 over the union of spec methods (each budget runs under two methods)
@@ -93,11 +95,11 @@ def test_tracer_in_vllm_subprocesses_through_the_plugin(tmp_path):
     """Multiprocess engine: the plugin installs the tracer in the worker; files are merged."""
     script = (
         "import os, json\n"
-        "from workbook.config import RunConfig\n"
-        "from workbook import engine, request\n"
+        "from workbook.core.config import RunConfig\n"
+        "from workbook.vllm import engine, env\nfrom workbook.run import request\n"
         "cfg = RunConfig(spec_method='mtp')\n"
-        "os.environ.update(engine.base_env(cfg, multiprocess=True))\n"
-        "engine.prepare_process(cfg)\n"
+        "env.apply(env.vllm_env(cfg, multiprocess=True))\n"
+        "env.prepare_process(cfg)\n"
         "os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'] = '1'\n"
         "import vllm\n"
         "llm = vllm.LLM(**engine.engine_kwargs(cfg))\n"
@@ -124,9 +126,9 @@ def test_tracer_in_vllm_subprocesses_through_the_plugin(tmp_path):
 def test_tracer_on_the_older_api_generation_vllm_0_29():
     script = (
         "import json\n"
-        "from workbook.config import RunConfig\n"
-        "from workbook import engine, request, hookpoints, diagnose\n"
-        "from workbook.trace import Tracer\n"
+        "from workbook.core.config import RunConfig\n"
+        "from workbook.vllm import engine, hookpoints\nfrom workbook.run import request, diagnose\n"
+        "from workbook.hooks.tracer import Tracer\n"
         "eng = engine.start(RunConfig(spec_method='mtp'))\n"
         "with request.zeroed_lm_head(eng), Tracer() as t:\n"
         "    o = request.run_reported(eng, budget=3, max_tokens=10)[0]\n"

@@ -1,9 +1,10 @@
 """End-to-end check of the upstream patch: the patched vLLM copy (on PYTHONPATH) in a real engine.
 
 Run by ``apply_and_test.sh`` when ``E2E=1``. Starts the tiny MTP model (k=4, MRV2), asserts the
-runner built ``ThinkingBudgetGuard``, then makes vLLM ignore the budget (``ThinkingBudgetState``
-disabled on the live engine; ``Sampler.apply_sampling_params`` returning its input logits) and
-checks A and B with the built-in guard only (the workbook's own guard is NOT installed).
+runner built ``ThinkingBudgetGuard``, then makes vLLM ignore the budget with two faults of the
+workbook's catalogue (``H-b``: ``ThinkingBudgetState`` disabled; ``H-e``: sampling from the
+unprocessed logits) and checks A and B with the built-in guard only (the workbook's own guard is
+NOT installed).
 Prints one JSON line; exits non-zero when a check fails.
 """
 
@@ -17,8 +18,9 @@ import time
 
 def main() -> int:
     t0 = time.perf_counter()
-    from workbook import engine, guard_demo
-    from workbook.config import RunConfig
+    from workbook.core.config import RunConfig
+    from workbook.run import experiments, request
+    from workbook.vllm import engine
 
     eng = engine.start(RunConfig(spec_method="mtp", num_spec_tokens=4))
     import vllm
@@ -30,16 +32,14 @@ def main() -> int:
               "guard_built": g is not None, "guard_enabled": bool(getattr(g, "enabled", False)),
               "checks": {}}
     ok = result["runner_is_v2"] and result["guard_enabled"]
-    for fault in (None, "budget-disabled", "sampling-bypass"):
+    for fault in (None, "H-b", "H-e"):
         before = int(g.num_fixed[0]) if g is not None else 0
-        if fault is None:
-            a, b = guard_demo.check_a_batched(eng), guard_demo.check_b_batched(eng, max_tokens=12)
-        else:
-            with guard_demo.fault(fault, eng):
-                a = guard_demo.check_a_batched(eng)
-                b = guard_demo.check_b_batched(eng, max_tokens=12)
+        with experiments.any_fault(fault, eng):
+            a = request.check_a(eng)
+            b = request.check_b(eng, max_tokens=12)
         fixed = (int(g.num_fixed[0]) if g is not None else 0) - before
-        rec = {"A": guard_demo.a_ok(a), "B": guard_demo.b_ok(b), "guard_fixed": fixed,
+        rec = {"A": request.check_ok("A", a), "B": request.check_ok("B", b),
+               "guard_fixed": fixed,
                "B_end_index": [o.actual_end_index for o in b]}
         result["checks"][fault or "healthy"] = rec
         ok = ok and rec["A"] and rec["B"] and (fault is None) == (fixed == 0)

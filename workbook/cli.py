@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from workbook.config import ConfigError
+from workbook.core.config import ConfigError
 
 
 def _set_pair(text: str) -> tuple[str, object]:
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-report", action="store_true", help="no report.html in the run folder")
     r.add_argument("--in-process", action="store_true",
                    help="all runs in this process, engines shared, no papermill "
-                        "(workbook.inprocess; e.g. a GPU host without the notebook stack)")
+                        "(executor in-process; e.g. a GPU host without the notebook stack)")
     v = sub.add_parser("validate", help="validate every run of an environment; start nothing")
     v.add_argument("env")
     v.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
@@ -63,20 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args) -> int:
     from workbook import batch
+    from workbook.core import rundir
 
     env = batch.load_environment(args.env, dict(args.overrides), notebooks=not args.in_process)
     batch.select(env, args.only)
-    run_fn = None
-    if args.in_process:
-        from workbook import inprocess
-
-        run_fn = inprocess.run_one
     run_dir = batch.execute(env, out=args.out, only=args.only, timeout=args.timeout,
                             progress=not args.no_progress, report=not args.no_report,
-                            run_fn=run_fn)
-    manifest = batch.read_json(os.path.join(run_dir, "manifest.json"))
-    if os.path.exists(os.path.join(run_dir, batch.REPORT)):
-        print(f"report: {os.path.join(run_dir, batch.REPORT)}")
+                            executor="in-process" if args.in_process else "papermill")
+    manifest = rundir.read_json(os.path.join(run_dir, rundir.MANIFEST))
+    if os.path.exists(os.path.join(run_dir, rundir.REPORT)):
+        print(f"report: {os.path.join(run_dir, rundir.REPORT)}")
     print(run_dir)  # last line: the run folder
     return 0 if manifest["status"] == "ok" else 1
 

@@ -1,4 +1,4 @@
-"""Trace tables as pandas DataFrames and parquet files; merging files of several processes.
+"""The trace schema (``workbook.hooks.tracer`` writes it): tables as pandas DataFrames and parquet files; merging files of several processes.
 
 Columns are fixed (``*_COLUMNS``) so an empty trace still has the schema the diagnosis reads.
 ``save(frames, dir)`` writes ``<name>.parquet`` per table (object columns holding dicts are stored
@@ -81,8 +81,12 @@ def load(path: str) -> dict[str, pd.DataFrame]:
 
 
 def markers(frames: dict[str, pd.DataFrame]) -> dict:
+    """The marker ids the tracer read from the runner's reasoning config (``{}`` if none)."""
     meta = frames.get("meta")
-    if meta is None or meta.empty:
+    if meta is None or meta.empty or "markers" not in meta.columns:
         return {}
-    m = meta.iloc[0]["markers"]
-    return json.loads(m) if isinstance(m, str) else dict(m)
+    for m in meta["markers"]:  # the first process that saw a model runner
+        m = json.loads(m) if isinstance(m, str) else dict(m or {})
+        if m.get("end"):
+            return m
+    return {}

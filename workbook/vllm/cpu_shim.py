@@ -15,7 +15,7 @@ a ``.pth`` file (so vLLM's engine-core and worker subprocesses get it too):
    is absent (only if a model module needs it: transformers then believes torchvision exists).
 
 It does not compile anything, does not touch a machine that has a GPU, and does nothing at all
-unless the environment variable is set. ``python -m workbook.cpu_shim --install-pth`` writes the
+unless the environment variable is set. ``python -m workbook.vllm.cpu_shim --install-pth`` writes the
 ``.pth`` file into the running interpreter's site-packages.
 """
 
@@ -27,7 +27,7 @@ import sys
 ENV = "WORKBOOK_TRITON_CPU"
 PTH_NAME = "workbook_triton_cpu.pth"
 PTH_LINE = ("import os; os.environ.get('WORKBOOK_TRITON_CPU') == '1' and "
-            "__import__('workbook.cpu_shim').cpu_shim.install()\n")
+            "__import__('workbook.vllm.cpu_shim').vllm.cpu_shim.install()\n")
 _installed = False
 
 

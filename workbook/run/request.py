@@ -1,6 +1,6 @@
 """The request reported in vLLM #54906, its outcome as the server reports it, and checks A and B.
 
-Reported request (brief §1): chat completion with ``enable_thinking`` (and ``preserve_thinking``
+Reported request (vLLM #54906): chat completion with ``enable_thinking`` (and ``preserve_thinking``
 passed through to the chat template), ``thinking_token_budget=1``, ``max_tokens=32``; the prompt
 ends ``<think>\\n``. Healthy vLLM emits ``</think>`` as the first generated token, because the
 prompt's ``\\n`` already is one reasoning token.
@@ -9,11 +9,13 @@ prompt's ``\\n`` already is one reasoning token.
 - ``run_reported(engine)``: send it in-process, return ``Outcome`` (finish_reason,
   completion_tokens, reasoning_tokens counted by vLLM's reasoning parser, content, token ids,
   first token, where ``</think>`` was expected and whether the budget was honored).
-- ``expected_end_index``: from first principles, the output index where the budget binds.
-- ``check_a`` / ``check_b``: the deterministic checks of brief §6. Check B zeroes the target's
-  ``lm_head`` (restored afterwards) so target and drafter agree on token 0 and drafts are accepted.
+- ``run_budgets(engine, budgets)``: the reported request at several budgets in one batch.
+- ``check_a`` / ``check_b`` (``CHECKS``): the deterministic checks, each one batch. Check B
+  zeroes the target's ``lm_head`` (restored afterwards) so target and drafter agree on token 0
+  and drafts are accepted.
 
-Not here: tracing or diagnosis; the OpenAI server path (``workbook.server``).
+The verdict of each outcome is the one budget rule's (``workbook.core.budget.judge``).
+Not here: tracing or diagnosis; the OpenAI server (``workbook.run.server``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
+
+from workbook.core.budget import Markers, judge
 
 def messages(cfg) -> list[dict[str, str]]:
     return [{"role": "user", "content": cfg.prompt}]
@@ -49,62 +53,6 @@ def sampling_params(cfg, *, budget: int | None = "cfg", max_tokens: int | None =
     return SamplingParams(**args)
 
 
-def marker_ids(effective: dict) -> tuple[list[int], list[int]]:
-    start = effective.get("reasoning_start_token_ids") or []
-    end = effective.get("reasoning_end_token_ids") or []
-    return list(start), list(end)
-
-
-def _last_index_of(seq: Sequence[int], sub: Sequence[int]) -> int:
-    n = len(sub)
-    if n == 0:
-        return -1
-    for i in range(len(seq) - n, -1, -1):
-        if list(seq[i:i + n]) == list(sub):
-            return i
-    return -1
-
-
-def reasoning_count_at_start(prompt: Sequence[int], start_ids, end_ids) -> int | None:
-    """Reasoning tokens already in the prompt after its last start marker; None if not open."""
-    s = _last_index_of(prompt, start_ids)
-    if s < 0:
-        return None
-    e = _last_index_of(prompt, end_ids)
-    if e > s:
-        return None
-    return len(prompt) - (s + len(start_ids))
-
-
-def expected_end_index(prompt: Sequence[int], output: Sequence[int], budget: int | None,
-                       start_ids, end_ids) -> int | None:
-    """Output index where the end marker must begin, or None if the budget never binds.
-
-    The budget binds when the reasoning section (tokens after the last start marker) reaches
-    ``budget`` tokens; a natural end marker before that ends enforcement.
-    """
-    if budget is None or not start_ids or not end_ids:
-        return None
-    r0 = reasoning_count_at_start(prompt, start_ids, end_ids)
-    if r0 is None:
-        return None
-    idx = max(0, budget - r0)
-    natural = first_index_of(output, end_ids)
-    if 0 <= natural < idx:
-        return None  # ended by itself before the budget
-    return idx
-
-
-def first_index_of(seq: Sequence[int], sub: Sequence[int]) -> int:
-    n = len(sub)
-    if n == 0:
-        return -1
-    for i in range(0, len(seq) - n + 1):
-        if list(seq[i:i + n]) == list(sub):
-            return i
-    return -1
-
-
 @dataclass
 class Outcome:
     request_id: str
@@ -128,17 +76,6 @@ class Outcome:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def judge(prompt: Sequence[int], output: Sequence[int], budget, start_ids, end_ids,
-          max_tokens: int) -> tuple[int | None, int, bool | None]:
-    exp = expected_end_index(prompt, output, budget, start_ids, end_ids)
-    act = first_index_of(output, end_ids)
-    if exp is None:
-        return None, act, None
-    if exp + len(end_ids) > max_tokens:
-        return exp, act, None
-    return exp, act, list(output[exp:exp + len(end_ids)]) == list(end_ids)
 
 
 def reasoning_split(tokenizer, parser_name: str, prompt: Sequence[int], output: Sequence[int],
@@ -175,10 +112,10 @@ def reasoning_split(tokenizer, parser_name: str, prompt: Sequence[int], output: 
 
 def outcome_from(tokenizer, cfg, effective, request_id, prompt, output, text, finish_reason,
                  *, budget="cfg", max_tokens=None) -> Outcome:
-    start_ids, end_ids = marker_ids(effective)
+    markers = Markers.of(effective)
     b = cfg.budget if budget == "cfg" else budget
     mt = max_tokens or cfg.max_tokens
-    exp, act, honored = judge(prompt, output, b, start_ids, end_ids, mt)
+    j = judge(prompt, output, b, markers)
     count, reasoning, content = reasoning_split(tokenizer, cfg.reasoning_parser, prompt, output,
                                                 text, cfg)
     first = int(output[0]) if output else None
@@ -187,8 +124,8 @@ def outcome_from(tokenizer, cfg, effective, request_id, prompt, output, text, fi
                    completion_tokens=len(output), reasoning_tokens=count, reasoning=reasoning,
                    content=content, first_token=first,
                    first_token_text=tokenizer.decode([first]) if first is not None else None,
-                   end_token_ids=end_ids, expected_end_index=exp, actual_end_index=act,
-                   honored=honored)
+                   end_token_ids=list(markers.end), expected_end_index=j.expected_end_index,
+                   actual_end_index=j.actual_end_index, honored=j.honored)
 
 
 def generate(engine, prompts_ids: list[list[int]], params_list) -> list:
@@ -197,24 +134,30 @@ def generate(engine, prompts_ids: list[list[int]], params_list) -> list:
     return engine.llm.generate(prompts, params_list, use_tqdm=False)
 
 
+def run_budgets(engine, budgets: Sequence[int | None | str], max_tokens: int | None = None
+                ) -> list[Outcome]:
+    """The reported request once per budget, all in one ``generate`` call (prompt order).
+
+    A budget of ``"cfg"`` means the configuration's own."""
+    cfg, tok = engine.cfg, engine.tokenizer
+    prompt = prompt_ids(tok, cfg)
+    params = [sampling_params(cfg, budget=b, max_tokens=max_tokens) for b in budgets]
+    outs = generate(engine, [prompt] * len(budgets), params)
+    return [outcome_from(tok, cfg, engine.effective, out.request_id, prompt,
+                         list(out.outputs[0].token_ids), out.outputs[0].text,
+                         out.outputs[0].finish_reason, budget=b, max_tokens=max_tokens)
+            for out, b in zip(outs, budgets)]
+
+
 def run_reported(engine, *, budget="cfg", max_tokens=None, n: int = 1) -> list[Outcome]:
     """Send the reported request ``n`` times in one batch; one ``Outcome`` each."""
-    cfg = engine.cfg
-    tok = engine.tokenizer
-    prompt = prompt_ids(tok, cfg)
-    params = sampling_params(cfg, budget=budget, max_tokens=max_tokens)
-    results = []
-    for out in generate(engine, [prompt] * n, [params] * n):
-        o = out.outputs[0]
-        results.append(outcome_from(tok, cfg, engine.effective, out.request_id, prompt,
-                                    list(o.token_ids), o.text, o.finish_reason, budget=budget,
-                                    max_tokens=max_tokens))
-    return results
+    return run_budgets(engine, [budget] * n, max_tokens)
 
 
 def check_a(engine, budgets: Sequence[int] = (1, 0)) -> list[Outcome]:
-    """Brief §6 A: greedy, ignore_eos, prompt ending ``<think>\\n``: ``</think>`` at the budget."""
-    return [o for b in budgets for o in run_reported(engine, budget=b, max_tokens=8)]
+    """Check A, one batch: greedy, ignore_eos, prompt ending ``<think>\\n``: ``</think>`` at the
+    budget (first for budgets 1 and 0; the prompt's ``\\n`` is one reasoning token)."""
+    return run_budgets(engine, budgets, max_tokens=8)
 
 
 @contextlib.contextmanager
@@ -268,15 +211,24 @@ def _repack(module) -> None:
 
 
 def check_b(engine, budgets: Sequence[int] = tuple(range(2, 10)), max_tokens: int = 24):
-    """Brief §6 B: with drafts accepted, ``</think>`` lands exactly at every budget 2..9.
-
-    Returns (outcomes, acceptance) where acceptance is vLLM's spec-decode counters if available.
-    """
+    """Check B, one batch: with drafts accepted (zeroed ``lm_head``: target and drafter both
+    pick token 0), ``</think>`` lands exactly at every budget 2..9 — every offset of a 4-token
+    draft window. Each outcome's ``extra["check_b_prefix_ok"]``: tokens are exactly
+    ``[0] * expected + end``."""
     with zeroed_lm_head(engine):
-        outcomes = [o for b in budgets for o in run_reported(engine, budget=b,
-                                                             max_tokens=max_tokens)]
+        outcomes = run_budgets(engine, budgets, max_tokens)
     for o in outcomes:
         exp = o.expected_end_index
         want = ([0] * exp + o.end_token_ids) if exp is not None else None
-        o.extra["check_b_prefix_ok"] = (want is not None and o.token_ids[:len(want)] == want)
+        o.extra["check_b_prefix_ok"] = want is not None and o.token_ids[:len(want)] == want
     return outcomes
+
+
+CHECKS = {"A": check_a, "B": check_b}
+
+
+def check_ok(name: str, outcomes) -> bool:
+    """Whether a check's outcomes are all exact."""
+    if name == "B":
+        return all(o.extra.get("check_b_prefix_ok") and o.honored is True for o in outcomes)
+    return all(o.honored is True for o in outcomes)

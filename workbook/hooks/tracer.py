@@ -1,7 +1,7 @@
 """Per-step tracer of MRV2 sampling internals: what vLLM did with the thinking budget.
 
-``Tracer().install()`` patches (``workbook.patching`` layer "trace", i.e. outermost) the hook
-points of ``workbook.hookpoints`` and records, for every real engine step (warm-up and dummy runs
+``Tracer().install()`` patches (``workbook.vllm.patching`` layer "trace", i.e. outermost) the hook
+points of ``workbook.vllm.hookpoints`` and records, for every real engine step (warm-up and dummy runs
 never enter ``sample_tokens`` with a request and are ignored):
 
 - **steps**: step index, path (``Sampler`` / ``RejectionSampler``), number of requests, logits
@@ -27,7 +27,7 @@ values) during the step; they are copied to the host, and the table rows built, 
 the trace is read (or every ``max_pending`` steps): one synchronization for many steps.
 
 It never writes into vLLM tensors and never changes a return value, so what vLLM samples is the
-same with or without it; removing it restores the original methods (``workbook.patching``).
+same with or without it; removing it restores the original methods (``workbook.vllm.patching``).
 Never whole vocabulary rows: memory is bounded by ``max_steps`` × rows × ``topk``.
 """
 
@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from workbook import hookpoints, patching
+from workbook.core import budget
+from workbook.vllm import hookpoints, patching
 
 FORCED_THRESHOLD = 1e8
 
@@ -103,7 +104,8 @@ class Tracer:
         self._rows: list[dict] = []
         self._pending: list[_Step] = []  # device-side records not yet copied to the host
         self.max_pending = max_pending
-        self.markers: dict[str, list[int]] | None = None
+        self.markers: dict[str, list[int]] | None = None  # the runner's, as a dict (trace meta)
+        self._rule_markers = budget.Markers()
         self.dropped_steps = 0
 
     # ---- install / remove ---------------------------------------------------------------
@@ -486,10 +488,8 @@ class Tracer:
         if self.markers is not None:
             return
         rc = getattr(runner.vllm_config, "reasoning_config", None)
-        get = lambda k: list(getattr(rc, k, None) or []) if rc is not None else []
-        self.markers = {"start": get("reasoning_start_token_ids"),
-                        "end": get("reasoning_end_token_ids"),
-                        "natural_end": get("natural_reasoning_end_token_ids")}
+        self._rule_markers = budget.Markers.of(rc)
+        self.markers = self._rule_markers.to_dict()
 
     def _end_col(self) -> list[int]:
         """The logits column(s) recorded: the first reasoning-end token."""
@@ -504,11 +504,7 @@ class Tracer:
         return vals, ids
 
     def _reasoning_count(self, hist: list[int]) -> int | None:
-        from workbook.request import reasoning_count_at_start
-
-        m = self.markers or {}
-        natural = m.get("natural_end") or m.get("end") or []
-        return reasoning_count_at_start(hist, m.get("start") or [], natural)
+        return budget.reasoning_count(hist, self._rule_markers)
 
     def _error(self, where: str, e: Exception) -> None:
         self._steps.append({"step": -1, "path": f"tracer-error:{where}:{type(e).__name__}:{e}"[:300],
@@ -519,7 +515,7 @@ class Tracer:
     def frames(self) -> dict[str, Any]:
         import pandas as pd
 
-        from workbook.trace import store
+        from workbook.core import tracefiles as store
 
         return {"steps": store.frame(self.steps, store.STEP_COLUMNS),
                 "requests": store.frame(self.requests, store.REQUEST_COLUMNS),
@@ -531,9 +527,9 @@ class Tracer:
                                        "topk": self.topk, "pid": os.getpid()}])}
 
     def save(self, path: str) -> list[str]:
-        from workbook.trace import store
+        from workbook.core import tracefiles
 
-        return store.save(self.frames(), path)
+        return tracefiles.save(self.frames(), path)
 
     def flush(self) -> None:
         if self.flush_dir:

@@ -1,17 +1,17 @@
 """Where was the thinking budget lost? A verdict and a hypothesis from the trace alone.
 
 ``diagnose(frames, effective, outcomes=None, cfg=None)`` reads the tracer's tables
-(``workbook.trace``) and the effective configuration (``workbook.engine.effective_config``) and
+(``workbook.hooks.tracer``) and the effective configuration (``workbook.vllm.effective``) and
 returns a JSON-able dict:
 
 - ``verdict``: ``honored`` | ``violated`` | ``inconclusive`` (no request whose budget could bind
-  within its tokens). Computed per traced request from first principles: the request's output is
-  the concatenation of the tokens emitted per step; the reasoning section open at its first step
-  holds ``r0`` tokens (the tracer's own host-side count); the end marker must start at output
-  index ``max(0, budget - r0)`` unless a natural end came first.
+  within its tokens). Computed per traced request with the one budget rule
+  (``workbook.core.budget.judge_from_count``): the request's output is the concatenation of the
+  tokens emitted per step; the reasoning section open at its first step holds ``r0`` tokens
+  (the tracer's own host-side count of the prompt).
 - ``first_violation``: the step, request, logits row and local position that emitted the wrong
   token there, the expected and the emitted token.
-- ``hypothesis`` (brief §3) with ``evidence``: the rules below, evaluated in pipeline order on the
+- ``hypothesis`` (``workbook.core.hypotheses``) with ``evidence``: the rules below, evaluated in pipeline order on the
   violating request-step and row; the first that fires names the stage where the budget was
   lost. ``unclassified`` (with the evidence rows) when none fits.
 
@@ -43,30 +43,13 @@ from typing import Any
 
 import pandas as pd
 
-from workbook.request import first_index_of
+from workbook.core import budget, tracefiles
+from workbook.core.hypotheses import title
 
-TITLES = {
-    "H-a": "gate bypass: logits processing skipped for this request",
-    "H-b": "ThinkingBudgetState disabled in the worker",
-    "H-c": "request budget not registered",
-    "H-d": "budget kernel never forced the row (stale device budget or kernel)",
-    "H-e": "row forced, but the token was sampled from other logits",
-    "H-f": "launch decision frozen: apply ran but launched no kernel",
-    "H-g": "a draft was accepted over the forced end token",
-    "H-h": "not MRV2: the run was served by the V1 runner",
-    "unclassified": "violation that no rule explains",
-}
-
-
-def _markers(frames, effective) -> dict[str, list[int]]:
-    from workbook.trace import store
-
-    m = store.markers(frames) if frames else {}
-    if not m or not m.get("end"):
-        m = {"start": effective.get("reasoning_start_token_ids") or [],
-             "end": effective.get("reasoning_end_token_ids") or [],
-             "natural_end": effective.get("natural_reasoning_end_token_ids") or []}
-    return {k: list(v or []) for k, v in m.items()}
+def _markers(frames, effective) -> budget.Markers:
+    """The runner's markers as the tracer read them; the effective configuration's otherwise."""
+    m = tracefiles.markers(frames) if frames else {}
+    return budget.Markers.of(m if m.get("end") else effective)
 
 
 def _records(df: pd.DataFrame | None) -> list[dict]:
@@ -83,7 +66,7 @@ def _py(v):
     return v
 
 
-def traced_requests(frames: dict, markers: dict) -> list[dict]:
+def traced_requests(frames: dict, markers: budget.Markers) -> list[dict]:
     """Per traced request: budget, r0, output tokens, expected end index, honored."""
     regs = _records(frames.get("registrations"))
     reqs = _records(frames.get("requests"))
@@ -94,24 +77,11 @@ def traced_requests(frames: dict, markers: dict) -> list[dict]:
         output = [t for r in steps for t in (r["emitted"] or [])]
         if reg.get("max_tokens"):  # the engine drops what a last step emits beyond max_tokens
             output = output[:int(reg["max_tokens"])]
-        budget = reg.get("budget_param")
+        b = reg.get("budget_param")
         r0 = steps[0]["reasoning_count"] if steps else None
-        natural = markers.get("natural_end") or markers.get("end")
-        exp = None
-        if budget is not None and r0 is not None:
-            exp = max(0, int(budget) - int(r0))
-            nat = first_index_of(output, natural)
-            if 0 <= nat < exp:
-                exp = None
-        end = markers.get("end") or []
-        if exp is None:
-            honored = None
-        elif exp + len(end) > len(output):
-            honored = None
-        else:
-            honored = output[exp:exp + len(end)] == end
-        out.append({"req_id": rid, "budget": budget, "r0": r0, "output": output,
-                    "expected_end_index": exp, "honored": honored,
+        j = budget.judge_from_count(r0, output, b, markers)
+        out.append({"req_id": rid, "budget": b, "r0": r0, "output": output,
+                    "expected_end_index": j.expected_end_index, "honored": j.honored,
                     "prompt_len": reg.get("prompt_len"), "registration": reg, "steps": steps})
     return out
 
@@ -180,11 +150,11 @@ def classify(req: dict, st: dict, row: dict | None, rows_by_pos: dict, end: list
 def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> dict[str, Any]:
     frames = frames or {}
     markers = _markers(frames, effective)
-    end = markers.get("end") or []
+    end = list(markers.end)
     reqs = traced_requests(frames, markers)
     result: dict[str, Any] = {"verdict": "inconclusive", "hypothesis": None,
                               "hypothesis_title": None, "summary": "", "first_violation": None,
-                              "evidence": [], "requests": [], "markers": markers}
+                              "evidence": [], "requests": [], "markers": markers.to_dict()}
     client = [_outcome_dict(o) for o in (outcomes or [])]
     result["requests"] = [{k: r[k] for k in ("req_id", "budget", "r0", "expected_end_index",
                                              "honored", "output")} for r in reqs]
@@ -192,9 +162,7 @@ def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> d
     not_v2 = effective.get("runner_is_v2") is False or (
         asked_v2 and not reqs and client and effective.get("runner_is_v2") is not True)
     judged = reqs if reqs else [{"honored": o.get("honored")} for o in client]
-    flags = [r["honored"] for r in judged if r["honored"] is not None]
-    result["verdict"] = ("violated" if False in flags else "honored" if flags
-                         else "inconclusive")
+    result["verdict"] = budget.overall([r["honored"] for r in judged])
     if not_v2 and asked_v2:
         result["hypothesis"] = "H-h"
         result["evidence"] = [{k: effective.get(k) for k in
@@ -227,8 +195,7 @@ def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> d
         result["summary"] = "every budget that could bind was honored at the exact position"
     else:
         result["summary"] = "no request's budget could bind within its tokens"
-    result["hypothesis_title"] = TITLES.get(result["hypothesis"]) if result["hypothesis"] \
-        else None
+    result["hypothesis_title"] = title(result["hypothesis"])
     result["client_agrees"] = _client_agrees(reqs, client)
     return json.loads(json.dumps(result, default=_py))
 

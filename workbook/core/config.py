@@ -5,7 +5,10 @@ and the CLI all produce. ``validate()`` raises ``ConfigError`` with a message th
 parameter; it imports nothing heavy except vLLM's version string (to check that the requested
 runner still exists), so a bad run fails in well under a second.
 
-Not here: starting the engine (``workbook.engine``), the request (``workbook.request``).
+``validate(cfg, on_cpu=...)`` applies the platform rules only when told the platform
+(``workbook.vllm.env.on_cpu()``): this module imports neither vLLM nor torch.
+
+Not here: starting the engine (``workbook.vllm.engine``), the request (``workbook.run.request``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 SPEC_METHODS = ("none", "mtp", "eagle", "eagle3", "ngram", "draft_model")
 RUNNERS = ("v2", "v1", "auto")
 MODES = ("in-process", "server")
-FAULTS = ("none", "H-a", "H-b", "H-c", "H-d", "H-d-draft", "H-e", "H-f", "H-g", "H-h")
+from workbook.core import models
+from workbook.core.hypotheses import FAULT_CHOICES as FAULTS
 
 
 class ConfigError(ValueError):
@@ -28,7 +32,7 @@ class ConfigError(ValueError):
 @dataclass
 class RunConfig:
     # model
-    model: str = "tiny-mimo-mtp"  # a tiny model name (workbook.models.MODELS) or a checkpoint path
+    model: str = "tiny-mimo-mtp"  # a tiny model name (workbook.core.models.MODELS) or a checkpoint path
     draft_model: str | None = None  # eagle/draft_model: draft path or tiny name (default: tiny)
     # speculative decoding
     spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
@@ -58,17 +62,29 @@ class RunConfig:
     prompt: str = "What is 1+1?"
     # workbook
     mode: str = "in-process"  # in-process | server
-    fault: str = "none"  # inject one hypothesis' fault (workbook.faults)
-    guard: bool = False  # apply the commit-time budget guard (workbook.guard)
-    trace: bool = True  # record the per-step trace (workbook.trace)
+    zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process)
+    fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults)
+    guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
+    trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = set(cls.field_names())
         unknown = sorted(set(d) - names)
         if unknown:
             raise ConfigError(f"unknown parameter(s) {unknown}; known: {sorted(names)}")
         return cls(**d)
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "RunConfig":
+        """The bridge from a notebook's globals / a matrix entry: the RunConfig fields among
+        ``params`` (other names are ignored), validated by ``from_dict``."""
+        names = set(cls.field_names())
+        return cls.from_dict({k: v for k, v in params.items() if k in names})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -104,8 +120,10 @@ def _check(cond: bool, msg: str) -> None:
 
 
 def validate(cfg: RunConfig, *, on_cpu: bool | None = None) -> RunConfig:
-    """Raise ``ConfigError`` for anything that would fail or mislead once the engine runs."""
-    from workbook import models
+    """Raise ``ConfigError`` for anything that would fail or mislead once the engine runs.
+
+    ``on_cpu``: the platform (``workbook.vllm.env.on_cpu()``); ``None`` skips platform rules.
+    """
 
     _check(cfg.spec_method in SPEC_METHODS,
            f"spec_method={cfg.spec_method!r} is unknown; choose one of {SPEC_METHODS}")
@@ -148,17 +166,11 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None) -> RunConfig:
         _check(version < (0, 34, 0),
                f"runner='v1' is gone in vLLM {'.'.join(map(str, version))} (removed in 0.34); "
                "use runner='v2'")
-    if on_cpu is None:
-        on_cpu = _on_cpu()
+    if cfg.mode == "server" and cfg.zero_lm_head:
+        raise ConfigError("zero_lm_head=True edits the model weights inside the engine: "
+                          "use mode='in-process'")
     if on_cpu and cfg.async_scheduling:
         raise ConfigError("async_scheduling=True is not possible on the CPU platform "
                           "(vLLM forces it off); use None or False")
     return cfg
 
-
-def _on_cpu() -> bool:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return True
-    return not torch.cuda.is_available()

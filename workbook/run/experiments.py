@@ -1,12 +1,14 @@
-"""Batched checks and notebook narratives that demonstrate the budget guard (``workbook.guard``).
+"""The experiments of notebooks 03 and 04, over a running engine.
 
-The guard must hold however vLLM loses the forcing; the ways it can be lost are the faults of
-``workbook.faults`` (one per hypothesis), injected here with ``any_fault``.
+- ``VARIANTS`` / ``run_variants(base)``: the decisive A/B checks the report implies (MTP on /
+  off, greedy vs sampled, eager vs CUDA graphs, V2 vs V1, ngram), each a full pipeline run of
+  the reported request that differs in one switch; one row per variant, and a row saying why
+  for a variant the platform cannot run.
+- ``before_after`` / ``checks_under_fault`` / ``identity``: the guard (``workbook.hooks.guard``)
+  against each catalogue fault, guard off and on, and on healthy vLLM (token-identical).
+- ``StepCounter``: per-call totals of steps, tokens kept, rejections, drafts, guard fixes.
 
-Batched checks (one ``llm.generate`` per call, so a test or notebook needs few engine steps):
-``run_budgets`` (the reported request at several budgets), ``check_a_batched``,
-``check_b_batched`` (same definitions as ``workbook.request.check_a`` / ``check_b``) and
-``StepCounter`` (per-call totals of ``num_sampled`` / draft tokens, read after the run).
+Not here: deciding what the differences mean (the notebooks' narrative and the report).
 """
 
 from __future__ import annotations
@@ -15,47 +17,11 @@ import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
-from workbook import hookpoints, request
-from workbook.patching import PatchSet
-
-# ---- batched requests and checks -------------------------------------------------------------
-
-def run_budgets(engine, budgets: Sequence[int | None], max_tokens: int) -> list[request.Outcome]:
-    """The reported request once per budget, all in one ``generate`` call (prompt order)."""
-    cfg, tok = engine.cfg, engine.tokenizer
-    prompt = request.prompt_ids(tok, cfg)
-    params = [request.sampling_params(cfg, budget=b, max_tokens=max_tokens) for b in budgets]
-    outs = request.generate(engine, [prompt] * len(budgets), params)
-    return [request.outcome_from(tok, cfg, engine.effective, out.request_id, prompt,
-                                 list(out.outputs[0].token_ids), out.outputs[0].text,
-                                 out.outputs[0].finish_reason, budget=b, max_tokens=max_tokens)
-            for out, b in zip(outs, budgets)]
-
-
-def check_a_batched(engine, budgets: Sequence[int] = (1, 0)) -> list[request.Outcome]:
-    """``request.check_a`` in one batch: ``</think>`` first for budgets 1 and 0."""
-    return run_budgets(engine, budgets, max_tokens=8)
-
-
-def check_b_batched(engine, budgets: Sequence[int] = tuple(range(2, 10)),
-                    max_tokens: int = 24) -> list[request.Outcome]:
-    """``request.check_b`` in one batch (zeroed ``lm_head``, drafts accepted)."""
-    with request.zeroed_lm_head(engine):
-        outcomes = run_budgets(engine, budgets, max_tokens)
-    for o in outcomes:
-        exp = o.expected_end_index
-        want = ([0] * exp + o.end_token_ids) if exp is not None else None
-        o.extra["check_b_prefix_ok"] = want is not None and o.token_ids[:len(want)] == want
-    return outcomes
-
-
-def a_ok(outcomes) -> bool:
-    return all(o.honored is True for o in outcomes)
-
-
-def b_ok(outcomes) -> bool:
-    return all(o.extra.get("check_b_prefix_ok") and o.honored is True for o in outcomes)
-
+from workbook.core.config import RunConfig
+from workbook.hooks import faults, guard
+from workbook.run import pipeline, request
+from workbook.vllm import env, hookpoints
+from workbook.vllm.patching import PatchSet
 
 @dataclass
 class StepCounter:
@@ -112,8 +78,6 @@ def any_fault(name: str | None, engine):
     if not name or name == "none":
         yield None
         return
-    from workbook import faults
-
     f = faults.inject(name, engine=engine)
     try:
         yield f
@@ -132,31 +96,28 @@ def _row(label: str, o: request.Outcome, counter: StepCounter) -> dict:
 
 def before_after(engine, fault_name: str, budget: int, max_tokens: int) -> list[dict]:
     """The reported request under ``fault_name``: guard off, then guard on (one row each)."""
-    from workbook import guard
-
     rows = []
     with any_fault(fault_name, engine):
         for with_guard in (False, True):
             ctx = guard.enabled() if with_guard else contextlib.nullcontext()
             with ctx, StepCounter() as c:
-                (o,) = run_budgets(engine, [budget], max_tokens)
+                (o,) = request.run_budgets(engine, [budget], max_tokens)
             rows.append(_row(f"{fault_name} + guard {'on' if with_guard else 'off'}", o, c))
     return rows
 
 
 def checks_under_fault(engine, fault_name: str, max_tokens_b: int = 12) -> list[dict]:
     """Checks A (batched) and B (batched) under the fault, guard off and on."""
-    from workbook import guard
-
     rows = []
     with any_fault(fault_name, engine):
         for with_guard in (False, True):
             ctx = guard.enabled() if with_guard else contextlib.nullcontext()
             with ctx, StepCounter() as c:
-                a = check_a_batched(engine)
-                b = check_b_batched(engine, max_tokens=max_tokens_b)
-            rows.append({"fault": fault_name, "guard": with_guard, "A_exact": a_ok(a),
-                         "B_exact": b_ok(b), "A_first_tokens": [o.first_token for o in a],
+                a = request.check_a(engine)
+                b = request.check_b(engine, max_tokens=max_tokens_b)
+            rows.append({"fault": fault_name, "guard": with_guard,
+                         "A_exact": request.check_ok("A", a),
+                         "B_exact": request.check_ok("B", b), "A_first_tokens": [o.first_token for o in a],
                          "B_end_index": [o.actual_end_index for o in b],
                          "B_expected": [o.expected_end_index for o in b],
                          "guard_fixed": c.guard_fixed})
@@ -165,12 +126,10 @@ def checks_under_fault(engine, fault_name: str, max_tokens_b: int = 12) -> list[
 
 def identity(engine, budgets: Sequence[int | None], max_tokens: int) -> dict:
     """Healthy vLLM: the same batch with the guard off and on; tokens and step counters."""
-    from workbook import guard
-
     with StepCounter() as off:
-        outs_off = run_budgets(engine, budgets, max_tokens)
+        outs_off = request.run_budgets(engine, budgets, max_tokens)
     with guard.enabled(), StepCounter() as on:
-        outs_on = run_budgets(engine, budgets, max_tokens)
+        outs_on = request.run_budgets(engine, budgets, max_tokens)
     rows = [{"budget": b, "identical": x.token_ids == y.token_ids, "honored_off": x.honored,
              "honored_on": y.honored, "tokens_off": x.token_ids, "tokens_on": y.token_ids}
             for b, x, y in zip(budgets, outs_off, outs_on)]
@@ -178,3 +137,52 @@ def identity(engine, budgets: Sequence[int | None], max_tokens: int) -> dict:
             "identical": all(r["identical"] for r in rows)
             and {k: v for k, v in off.totals().items() if k != "guard_fixed"}
             == {k: v for k, v in on.totals().items() if k != "guard_fixed"}}
+
+
+# ---- the decisive A/B checks (03_diagnose) ---------------------------------------------------
+
+VARIANTS: dict[str, dict] = {
+    "MTP on (reported)": {},
+    "MTP off": {"spec_method": "none"},
+    "sampled (T=0.7, top_p=0.95)": {"temperature": 0.7, "top_p": 0.95},
+    "CUDA graphs (enforce_eager=False)": {"enforce_eager": False},
+    "runner V1 (VLLM_USE_V2_MODEL_RUNNER=0)": {"runner": "v1"},
+    "ngram": {"spec_method": "ngram"},
+}
+
+
+def applicable(cfg: RunConfig, on_cpu: bool) -> str | None:
+    """Why a variant cannot run here, or None."""
+    if on_cpu and not cfg.enforce_eager:
+        return "CUDA graphs need a GPU (the CPU platform runs eager)"
+    return None
+
+
+def run_variants(base: RunConfig, names: list[str] | None = None):
+    import pandas as pd
+
+    rows = []
+    cpu = env.on_cpu()
+    for name in names or list(VARIANTS):
+        cfg = base.replace(**VARIANTS[name])
+        why = applicable(cfg, cpu)
+        if why:
+            rows.append({"variant": name, "verdict": "not run", "summary": why})
+            continue
+        try:
+            res = pipeline.run(cfg)
+        except Exception as e:  # a variant that fails is a finding, keep going
+            rows.append({"variant": name, "verdict": "error",
+                         "summary": f"{type(e).__name__}: {e}"[:300]})
+            continue
+        o, v, eff = res.outcome, res.verdict, res.effective
+        rows.append({"variant": name, "verdict": v["verdict"], "hypothesis": v["hypothesis"],
+                     "first_token": o.first_token_text, "expected_end_index":
+                     o.expected_end_index, "actual_end_index": o.actual_end_index,
+                     "reasoning_tokens": o.reasoning_tokens,
+                     "completion_tokens": o.completion_tokens,
+                     "runner": (eff.get("runner_class") or "").rsplit(".", 1)[-1],
+                     "runner_is_v2": eff.get("runner_is_v2"),
+                     "speculator": (eff.get("speculator_class") or "—").rsplit(".", 1)[-1],
+                     "summary": v["summary"]})
+    return pd.DataFrame(rows)

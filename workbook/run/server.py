@@ -1,36 +1,26 @@
-"""The reported request through vLLM's OpenAI-compatible server, exactly as #54906 was reported.
+"""vLLM's OpenAI-compatible server for a ``RunConfig``: the process, the request, the traces.
 
-``run(cfg, outdir, res)`` (``investigate.run`` with ``cfg.mode == "server"``):
+Used by the pipeline's ``Served`` backend (``workbook.run.backends``):
 
-1. starts ``python -m vllm.entrypoints.openai.api_server`` as a subprocess in its own process
-   group, bound to 127.0.0.1 on a free port (or the caller's port, refused up front if taken),
-   with flags built from ``engine.engine_kwargs(cfg)`` (``server_args``) and the environment
-   ``os.environ`` + ``engine.base_env(cfg, multiprocess=True)`` + ``runtime.env_for(cfg, ...)``
-   (``server_env``); its stdout/stderr go to ``server.log``;
-2. waits for ``/health`` and ``/v1/models`` (``ServerDied`` / ``StartupTimeout`` carry the log
+1. ``Server.start()`` runs ``python -m vllm.entrypoints.openai.api_server`` as a subprocess in
+   its own process group, bound to 127.0.0.1 on a free port (or the caller's port, refused up
+   front if taken), with flags built from ``engine.engine_kwargs(cfg)`` (``server_args``) and
+   the environment of ``workbook.vllm.env.server_env``; its output goes to ``server.log``; it
+   waits for ``/health`` and ``/v1/models`` (``ServerDied`` / ``StartupTimeout`` carry the log
    tail);
-3. sends the issue's chat completion with the OpenAI client (``chat_kwargs``): budget,
-   ``chat_template_kwargs`` ``{enable_thinking, preserve_thinking}``, ``return_token_ids``, ...;
-   a 4xx answer raises ``RequestRejected`` with the server's message, after the run is recorded;
-4. turns the response into ``request.Outcome`` (``outcome_from_response``: finish_reason,
-   usage.completion_tokens, usage.completion_tokens_details.reasoning_tokens, content,
-   reasoning, token ids, judged with ``request.judge``);
-5. reads what vLLM's processes wrote through the ``workbook.plugin`` entry point: the
-   per-process traces (flushed after every step, merged with ``workbook.trace.load``) and the
-   worker's ``effective.json`` (``runtime.worker_effective``), adds the runner-choice lines of
-   the server log, and runs ``diagnose``;
-6. writes the evidence files of ``investigate.run`` (``config.json``, ``effective.json``,
-   ``outcome.json``, ``checks.json``, ``verdict.json``, ``trace/``, ``timings.json``) plus
-   ``server.log`` and the raw per-process traces in ``server_trace/<pid>/``;
-7. stops the server (SIGINT, then SIGTERM, then SIGKILL to its process group) on success, on
-   failure and on KeyboardInterrupt.
+2. ``Server.chat(cfg)`` sends the issue's chat completion with the OpenAI client
+   (``chat_kwargs``: budget, ``chat_template_kwargs``, ``return_token_ids``, ...); a 4xx answer
+   raises ``RequestRejected`` with the server's message;
+3. ``outcome_from_response`` turns the response into ``request.Outcome`` (finish_reason, usage,
+   reasoning tokens, content, token ids, judged by the one budget rule);
+4. ``effective`` / ``await_trace`` read what vLLM's processes wrote through the plugin
+   (``workbook.hooks.plugin``): the worker's ``effective.json`` and the per-process traces
+   (flushed after every step, merged by ``workbook.core.tracefiles.load``);
+5. ``Server.stop()`` sends SIGINT, then SIGTERM, then SIGKILL to its process group; it runs on
+   success, on failure and on KeyboardInterrupt.
 
-A ``Server`` can be kept up and reused for several requests (``run(..., server=srv)``): each
-run then reads only the traces of the requests it sent.
-
-Not here: hooks themselves (installed inside vLLM by ``workbook.plugin`` / ``workbook.runtime``),
-check B (it edits model weights in the engine process: in-process only), streaming, more than
-one server per call, and anything not on 127.0.0.1.
+Not here: the hooks (installed inside vLLM by the plugin), check B (it edits model weights in
+the engine process: in-process only), streaming, anything not on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -39,7 +29,6 @@ import atexit
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -50,8 +39,12 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from workbook import engine, request, runtime
-from workbook.config import ConfigError, RunConfig
+from workbook.core.budget import Markers, judge
+from workbook.core.config import ConfigError, RunConfig
+from workbook.run import request
+from workbook.vllm import engine
+from workbook.vllm import effective as veff
+from workbook.vllm import env as wenv
 
 MODULE = "vllm.entrypoints.openai.api_server"
 HOST = "127.0.0.1"
@@ -89,7 +82,7 @@ class RequestRejected(ServerError):
     def __init__(self, status: int, server_message: str, log_tail: str = ""):
         self.status = status
         self.server_message = server_message
-        self.result = None
+        self.details = {"status": status, "server_message": server_message}
         super().__init__(f"the server rejected the request (HTTP {status}): {server_message}",
                          log_tail)
 
@@ -138,25 +131,6 @@ def server_args(cfg: RunConfig) -> tuple[list[str], list[str]]:
             continue
         args += flag(name, value)
     return args, dropped
-
-
-def server_env(cfg: RunConfig, worker_dir: str) -> dict[str, str]:
-    """The server's environment: ours + what vLLM must see + what the workbook plugin reads."""
-    env = dict(os.environ)
-    for k, v in engine.base_env(cfg, multiprocess=True).items():
-        if k == "VLLM_TRITON_FORCE_FIRST_CONFIG":
-            env.setdefault(k, v)
-        else:
-            env[k] = v
-    if cfg.runner == "auto":
-        env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-    if cfg.fault == "H-h":  # as engine.prepare_process: a V2 run silently served by V1
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    env.update(runtime.env_for(cfg, worker_dir))
-    env["WORKBOOK_EFFECTIVE_DIR"] = worker_dir
-    env["WORKBOOK_TRACE_FLUSH_EVERY"] = "1"  # the engine process is killed at shutdown
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 # --- ports -------------------------------------------------------------------------------------
@@ -213,7 +187,9 @@ class Server:
             log.flush()
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL,
-                                         env=server_env(self.cfg, self.worker_dir),
+                                         env=wenv.server_env(self.cfg,
+                                                             trace_dir=self.worker_dir,
+                                                             effective_dir=self.worker_dir),
                                          start_new_session=True)
         self.pid = self.proc.pid
         atexit.register(self.stop)
@@ -341,20 +317,10 @@ class Server:
             time.sleep(0.2)
 
     def frames(self) -> dict:
-        """Merged per-process traces (``workbook.trace.load``); the runner's ``meta`` first."""
-        from workbook.trace import load
+        """Merged per-process traces (``workbook.core.tracefiles.load``)."""
+        from workbook.core.tracefiles import load
 
-        return _runner_meta_first(load(self.worker_dir))
-
-    def log_lines(self) -> list[str]:
-        """Server-log lines telling which runner / backend / fallback vLLM chose."""
-        keys = engine._LogCapture.KEYS
-        try:
-            with open(self.log_path, errors="replace") as f:
-                lines = [ln.rstrip("\n")[:500] for ln in f if any(k in ln for k in keys)]
-        except OSError:
-            return []
-        return lines[:200]
+        return load(self.worker_dir)
 
 
 def _signal_group(pid: int, sig) -> None:
@@ -405,21 +371,6 @@ def _read_effective(worker_dir: str) -> dict:
     return best
 
 
-def _runner_meta_first(frames: dict) -> dict:
-    """Order ``meta`` rows so the process that saw a model runner (markers known) comes first.
-
-    Every vLLM process loads the plugin and traces; only the engine's has a runner, and
-    ``store.markers`` reads the first ``meta`` row.
-    """
-    meta = frames.get("meta")
-    if meta is None or len(meta) < 2 or "markers" not in meta.columns:
-        return frames
-    known = meta["markers"].map(lambda m: "end" in (json.loads(m) if isinstance(m, str)
-                                                    else (m or {})))
-    frames["meta"] = meta.iloc[(~known).argsort(kind="stable")].reset_index(drop=True)
-    return frames
-
-
 def traced_req_ids(frames: dict) -> set:
     regs = frames.get("registrations")
     if regs is None or "req_id" not in getattr(regs, "columns", ()):
@@ -451,9 +402,8 @@ def outcome_from_response(resp: dict, cfg: RunConfig, effective: dict,
     details = usage.get("completion_tokens_details") or {}
     prompt = list(resp.get("prompt_token_ids") or [])
     output = [int(t) for t in (choice.get("token_ids") or [])]
-    start_ids, end_ids = request.marker_ids(effective)
-    exp, act, honored = request.judge(prompt, output, cfg.budget, start_ids, end_ids,
-                                      cfg.max_tokens)
+    markers = Markers.of(effective)
+    j = judge(prompt, output, cfg.budget, markers)
     first = output[0] if output else None
     detok = detokenize or (lambda ids: None)
     reasoning = msg.get("reasoning") or msg.get("reasoning_content")
@@ -465,66 +415,10 @@ def outcome_from_response(resp: dict, cfg: RunConfig, effective: dict,
         reasoning_tokens=details.get("reasoning_tokens"), reasoning=reasoning,
         content=msg.get("content"), first_token=first,
         first_token_text=detok([first]) if first is not None else None,
-        end_token_ids=end_ids, expected_end_index=exp, actual_end_index=act, honored=honored,
+        end_token_ids=list(markers.end), expected_end_index=j.expected_end_index,
+        actual_end_index=j.actual_end_index, honored=j.honored,
         extra={"mode": "server", "usage": usage, "prompt_len": len(prompt),
                "token_ids_returned": choice.get("token_ids") is not None})
-
-
-# --- one run ------------------------------------------------------------------------------------------
-
-def run(cfg: RunConfig, outdir: str | None, res, *, checks: tuple[str, ...] = (),
-        server: Server | None = None, port: int | None = None):
-    """Fill ``res`` (an ``investigate.Result``) by running ``cfg`` through the OpenAI server.
-
-    With ``server`` (started, same engine configuration) it is reused and left running;
-    otherwise one is started in ``outdir`` (or a temporary folder) and stopped at the end.
-    """
-    from workbook import diagnose
-
-    if "B" in checks:
-        raise ConfigError("check B edits the model weights inside the engine: run it with "
-                          "mode='in-process'")
-    own = server is None
-    if own:
-        server = Server(cfg, outdir, port=port)
-    else:
-        _check_compatible(server, cfg)
-    t0 = time.perf_counter()
-    try:
-        if own:
-            server.start()
-        res.timings.update(server.timings)
-        res.engine = None if own else server
-        before = traced_req_ids(server.frames())
-        t1 = time.perf_counter()
-        try:
-            resp = server.chat(cfg)
-        except RequestRejected as e:
-            _record_rejection(res, server, e)
-            raise
-        res.timings["generate_s"] = time.perf_counter() - t1
-        res.effective = _effective(server)
-        _save(res, "effective.json", res.effective)
-        res.outcomes = [outcome_from_response(resp, cfg, res.effective, server.detokenize)]
-        _save(res, "outcome.json", [o.to_dict() for o in res.outcomes])
-        if cfg.trace:
-            mrv2 = res.effective.get("runner_is_v2") is not False  # else nothing to wait for
-            res.frames = await_trace(server, before, res.outcomes[0].completion_tokens,
-                                     timeout=15.0 if mrv2 else 0.0)
-            _save_frames(res)
-        for name in checks:
-            res.checks[name] = [o.to_dict() for o in check_a(server, cfg)]
-            _save(res, "checks.json", res.checks)
-        res.verdict = diagnose.diagnose(res.frames, res.effective, res.outcomes, cfg)
-        _save(res, "verdict.json", res.verdict)
-    finally:
-        if own:
-            server.stop()
-        res.timings.update(server.timings)
-        res.timings["total_s"] = time.perf_counter() - t0
-        _save(res, "timings.json", res.timings)
-        _copy_log(server, outdir)
-    return res
 
 
 def check_a(server: Server, cfg: RunConfig, budgets=(1, 0)) -> list[request.Outcome]:
@@ -570,60 +464,26 @@ def _only(frames: dict, req_ids: set) -> dict:
     return out
 
 
-def _effective(server: Server) -> dict:
-    eff = dict(server.worker_effective())
+def effective(server: Server, wait_s: float = 10.0) -> dict:
+    """The worker's effective configuration plus what only the front-end knows (argv, dropped
+    flags, the runner-choice lines of the server log)."""
+    eff = dict(server.worker_effective(wait_s))
     eff["mode"] = "server"
     eff["server_argv"] = server.argv
     eff["server_flags_dropped"] = server.dropped_flags
-    eff["log_lines"] = server.log_lines()
-    eff["v1_fallback_logged"] = any("V1" in line and ("fall" in line.lower()
-                                                       or "not support" in line.lower())
-                                    for line in eff["log_lines"])
+    eff["log_lines"] = veff.log_lines_of(server.log_path)
+    eff["v1_fallback_logged"] = veff.v1_fallback_logged(eff["log_lines"])
     return eff
 
 
-def _check_compatible(server: Server, cfg: RunConfig) -> None:
+def check_compatible(server: Server, cfg: RunConfig) -> None:
     """A reused server must run ``cfg``'s engine and hooks (only request fields may differ)."""
     if not server.running:
         raise ServerError("the server passed to run() is not running", server.log_tail())
     ours, _ = server_args(cfg)
     theirs, _ = server_args(server.cfg)
-    hooks = lambda c: runtime.env_for(c, "-")  # noqa: E731
-    if ours != theirs or hooks(cfg) != hooks(server.cfg) or cfg.runner != server.cfg.runner:
+    hooks = lambda c: wenv.hook_env(c, trace_dir="-")  # noqa: E731
+    if ours != theirs or hooks(cfg) != hooks(server.cfg) or \
+            wenv.vllm_env(cfg, cpu=False) != wenv.vllm_env(server.cfg, cpu=False):
         raise ConfigError("the server passed to run() was started for another engine "
                           "configuration (flags, fault, guard, trace or runner differ)")
-
-
-def _record_rejection(res, server: Server, e: RequestRejected) -> None:
-    err = {"status": e.status, "message": e.server_message, "type": type(e).__name__}
-    res.effective = _effective(server)
-    _save(res, "effective.json", res.effective)
-    res.outcomes = []
-    _save(res, "outcome.json", {"error": err})
-    res.verdict = {"verdict": "inconclusive", "hypothesis": None, "error": err,
-                   "summary": f"the server rejected the request (HTTP {e.status}): "
-                              f"{e.server_message}"}
-    _save(res, "verdict.json", res.verdict)
-    e.result = res
-
-
-def _save(res, name: str, obj) -> None:
-    if res.outdir:
-        from workbook.investigate import write_json
-
-        write_json(os.path.join(res.outdir, name), obj)
-
-
-def _save_frames(res) -> None:
-    if res.outdir and res.frames:
-        from workbook.trace import store
-
-        store.save({k: v for k, v in res.frames.items()}, os.path.join(res.outdir, "trace"))
-
-
-def _copy_log(server: Server, outdir: str | None) -> None:
-    if not outdir or not os.path.exists(server.log_path):
-        return
-    dst = os.path.join(outdir, "server.log")
-    if os.path.abspath(dst) != os.path.abspath(server.log_path):
-        shutil.copyfile(server.log_path, dst)

@@ -56,7 +56,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from workbook.patching import PatchSet
+from workbook.core import budget
+from workbook.vllm.patching import PatchSet
 
 ATTR = "_workbook_guard"  # GuardState lives on the runner instance under this name
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -66,36 +67,13 @@ _generation = 0  # bumped on every install(): state staged under an older instal
 
 
 # ----------------------------------------------------------------------------------------------
-# host side: the reasoning state at the end of a token history (once per request)
+# host side: the reasoning state at the end of a token history (once per request), from the one
+# budget rule of ``workbook.core.budget`` (the kernel below is its device twin)
 
-def _last_index_of(arr: np.ndarray, sub: Sequence[int]) -> int:
-    """Start of the last occurrence of ``sub`` in ``arr`` (vectorized), or -1."""
-    n = len(sub)
-    if n == 0 or arr.shape[0] < n:
-        return -1
-    if n == 1:
-        hits = np.flatnonzero(arr == sub[0])
-    else:
-        win = np.lib.stride_tricks.sliding_window_view(arr, n)
-        hits = np.flatnonzero(np.all(win == np.asarray(sub, dtype=arr.dtype), axis=1))
-    return int(hits[-1]) if hits.size else -1
-
-
-def reasoning_count(history: Sequence[int], start_ids: Sequence[int],
-                    natural_end_ids: Sequence[int]) -> int:
-    """Reasoning tokens at the end of ``history`` (after its last start marker), -1 if none.
-
-    -1 when there is no start marker or a natural end marker starts at or after the last start
-    (vLLM: ``last_start < 0 or last_start <= last_end``).
-    """
-    arr = np.asarray(history, dtype=np.int64)
-    last_start = _last_index_of(arr, start_ids)
-    if last_start < 0:
-        return -1
-    last_end = _last_index_of(arr, natural_end_ids)
-    if last_start <= last_end:
-        return -1
-    return int(arr.shape[0] - (last_start + len(start_ids)))
+def reasoning_count(history: Sequence[int], markers: budget.Markers) -> int:
+    """``budget.reasoning_count`` in the kernel's encoding: -1 when not in reasoning."""
+    n = budget.reasoning_count(list(history), markers)
+    return -1 if n is None else n
 
 
 class GuardState:
@@ -113,12 +91,11 @@ class GuardState:
     """
 
     def __init__(self, runner):
-        rc = getattr(runner.vllm_config, "reasoning_config", None)
-        self.start_ids = [int(t) for t in (getattr(rc, "reasoning_start_token_ids", None) or [])]
-        self.end_ids = [int(t) for t in (getattr(rc, "reasoning_end_token_ids", None) or [])]
-        nat = getattr(rc, "natural_reasoning_end_token_ids", None) or []
-        self.natural_end_ids = [int(t) for t in nat] or list(self.end_ids)
-        self.enabled = bool(self.start_ids and self.end_ids)
+        self.markers = budget.Markers.of(getattr(runner.vllm_config, "reasoning_config", None))
+        self.start_ids = list(self.markers.start)
+        self.end_ids = list(self.markers.end)
+        self.natural_end_ids = list(self.markers.natural_end)
+        self.enabled = self.markers.complete
         self.device = runner.device
         self.max_num_reqs = int(runner.req_states.max_num_reqs)
         self.TAIL = max(len(self.start_ids) - 1, len(self.natural_end_ids) - 1,
@@ -163,7 +140,7 @@ class GuardState:
     # -- step 1: staging ------------------------------------------------------------------
     def stage(self, slot: int, budget: int | None, history: Sequence[int]) -> None:
         b = -1 if budget is None else min(int(budget), _INT32_MAX)
-        cnt = reasoning_count(history, self.start_ids, self.natural_end_ids) if b >= 0 else -1
+        cnt = reasoning_count(history, self.markers) if b >= 0 else -1
         tail = [int(t) for t in list(history)[-self.TAIL:]]
         tail = [-1] * (self.TAIL - len(tail)) + tail
         self._staged.append([int(slot), b, cnt, *tail])
@@ -238,7 +215,7 @@ def _jit() -> None:
 
     if not HAS_TRITON:
         raise RuntimeError("the budget guard needs Triton; vLLM disabled it in this process (on a"
-                           " CPU: WORKBOOK_TRITON_CPU=1 / workbook.engine.prepare_process before"
+                           " CPU: WORKBOOK_TRITON_CPU=1 / workbook.vllm.env.prepare_process before"
                            " vLLM is imported)")
     tl = _tl
     _hist = triton.jit(_hist)
@@ -417,7 +394,7 @@ def patch_set() -> PatchSet:
     """The guard's ``PatchSet`` (built on first use; importing vLLM's runner module)."""
     global _patch_set
     if _patch_set is None:
-        from workbook import hookpoints
+        from workbook.vllm import hookpoints
 
         runner_cls = hookpoints.resolve().runner
         ps = PatchSet("guard", layer="guard")

@@ -1,7 +1,7 @@
 """One removable fault per hypothesis of brief §3, injected into healthy vLLM by patching.
 
 The bug of #54906 does not reproduce on healthy hardware, so the diagnosis is proven by making
-healthy vLLM fail in each plausible way and checking that ``workbook.diagnose`` names the way.
+healthy vLLM fail in each plausible way and checking that ``workbook.run.diagnose`` names the way.
 Each fault is a ``PatchSet`` of layer "fault" (innermost: the tracer sees its effects exactly as
 it would see a broken vLLM) and is removed with ``.remove()``:
 
@@ -22,7 +22,7 @@ it would see a broken vLLM) and is removed with ``.remove()``:
 - ``H-g``  synthetic acceptance: the rejection sampler accepts every draft without looking at
            the target row (``synthetic_conditional_rates`` all 1).
 - ``H-h``  a V2 run silently served by V1: an environment fault, applied by
-           ``workbook.engine.prepare_process`` before vLLM starts (``VLLM_USE_V2_MODEL_RUNNER=0``
+           ``workbook.vllm.env.vllm_env`` before vLLM starts (``VLLM_USE_V2_MODEL_RUNNER=0``
            while the configuration asks for V2). ``inject("H-h")`` only checks it was applied.
 
 Not here: any knowledge used by the diagnosis (it never reads which fault was injected).
@@ -33,25 +33,16 @@ from __future__ import annotations
 import os
 import weakref
 
-from workbook import hookpoints, patching
+from workbook.core.hypotheses import FAULTS
+from workbook.vllm import hookpoints, patching
 
-DESCRIPTIONS = {
-    "H-a": "gate bypass: greedy requests skip logits processing",
-    "H-b": "ThinkingBudgetState disabled in the worker",
-    "H-c": "request's budget never registered",
-    "H-d": "device copy of the budget stale while the host copy is right",
-    "H-d-draft": "budget kernel never forces draft rows",
-    "H-e": "row forced but token sampled from unprocessed logits",
-    "H-f": "launch decision frozen at the first (warm-up) step",
-    "H-g": "synthetic acceptance of drafts",
-    "H-h": "V2 run silently served by V1",
-}
-FAULT_NAMES = tuple(DESCRIPTIONS)
+DESCRIPTIONS = {name: f.description for name, f in FAULTS.items()}
+FAULT_NAMES = tuple(FAULTS)
 
 
 def hypothesis_of(fault: str) -> str:
-    """The hypothesis a fault belongs to (``H-d-draft`` → ``H-d``)."""
-    return fault[:3]
+    """The hypothesis a fault reproduces (``H-d-draft`` → ``H-d``)."""
+    return FAULTS[fault].hypothesis
 
 
 def inject(name: str, engine=None) -> patching.PatchSet:
@@ -177,7 +168,7 @@ def _h_g(ps, hp):
 def _h_h(ps, hp):
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
         raise RuntimeError("fault H-h is applied at engine start (RunConfig(fault='H-h') makes "
-                           "workbook.engine set VLLM_USE_V2_MODEL_RUNNER=0); it cannot be "
+                           "workbook.vllm.env set VLLM_USE_V2_MODEL_RUNNER=0); it cannot be "
                            "injected into a running engine")
 
 

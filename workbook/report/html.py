@@ -1,7 +1,7 @@
 """One self-contained HTML report over run folders of ``workbook run`` (any hardware).
 
 ``write(run_dirs, path)`` builds, from the files each run folder holds (``manifest.json``,
-``environment.json`` and each run's evidence via ``workbook.investigate.load``):
+``environment.json`` and each run's evidence via ``workbook.core.rundir.load_run``):
 
 - the runs: hardware, run-id, software (vLLM, torch, GPU), status;
 - the verdicts: a run × hardware matrix, and a table over every run (status, configuration,
@@ -17,7 +17,7 @@ Tables are interactive through itables in offline mode: its DataTables bundle is
 once, base64, in the page; images are ``data:`` URIs. The page loads nothing from the network.
 It deliberately does not go through nbconvert's lab template, which loads require.js and
 MathJax from CDNs; no code is shown. Not here: running anything, judging a run (the verdicts
-are ``workbook.diagnose``'s, read from ``verdict.json``).
+are ``workbook.run.diagnose``'s, read from ``verdict.json``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbook import investigate
+from workbook.core import rundir
 
 SPEC_KEYS = ("spec_method", "num_spec_tokens", "draft_model")
 MAX_PAIRS = 6
@@ -46,7 +46,7 @@ class Run:
     run_id: str
     folder: str
     row: dict[str, Any]  # the manifest row
-    data: dict[str, Any] = field(default_factory=dict)  # investigate.load(folder)
+    data: dict[str, Any] = field(default_factory=dict)  # rundir.load_run(folder)
 
     @property
     def label(self) -> str:
@@ -73,14 +73,14 @@ class Batch:
 # ---------------------------------------------------------------- loading
 
 def load_batch(run_dir: str) -> Batch:
-    manifest = investigate.read_json(os.path.join(run_dir, "manifest.json"), {}) or {}
-    environment = investigate.read_json(os.path.join(run_dir, "environment.json"), {}) or {}
+    manifest = rundir.read_json(os.path.join(run_dir, "manifest.json"), {}) or {}
+    environment = rundir.read_json(os.path.join(run_dir, "environment.json"), {}) or {}
     hw = manifest.get("hardware") or os.path.basename(os.path.dirname(run_dir.rstrip("/")))
     run_id = manifest.get("run_id") or os.path.basename(run_dir.rstrip("/"))
     runs = []
     for row in manifest.get("runs", []):
         folder = os.path.join(run_dir, row.get("path") or row["name"])
-        data = investigate.load(folder) if os.path.isdir(folder) else {}
+        data = rundir.load_run(folder) if os.path.isdir(folder) else {}
         runs.append(Run(hardware=hw, run_id=run_id, folder=folder, row=row, data=data))
     return Batch(folder=run_dir, manifest=manifest, environment=environment, runs=runs)
 
@@ -390,7 +390,7 @@ def offline_init(init_html: str) -> str:
     ``tests/test_report_offline.py``). Fails loudly if itables changed its loader.
     """
     if init_html.count(_BLOB_IMPORT) != 1:
-        raise RuntimeError("itables' offline loader changed; update workbook.report")
+        raise RuntimeError("itables' offline loader changed; update workbook.report.html")
     return init_html.replace(_BLOB_IMPORT, _DATA_IMPORT)
 
 

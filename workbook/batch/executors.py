@@ -1,0 +1,251 @@
+"""Executors: how one run of a batch is executed, chosen from ``EXECUTORS`` by name.
+
+- ``papermill`` (default): the run's notebook executed by ``python -m papermill`` in its own
+  process group (executed notebook, ``parameters.yaml``, ``papermill.log``, and the evidence the
+  notebook's pipeline writes); a run past its timeout is killed with its kernel and engine.
+- ``in-process``: ``workbook.run.pipeline.run`` in this process, engines shared between runs
+  with the same engine arguments; no notebooks (hosts without the notebook stack, e.g. the
+  offline GPU host). One process cannot kill a run and keep its engine: no per-run timeout.
+
+Each returns the run's manifest row; a failing run gets ``failure.json`` / a failure row with
+the failing cell and exception, and the batch goes on. Not here: the batch loop and manifest
+(``workbook.batch.execute``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any
+
+import yaml
+
+from workbook.batch.environment import REPO, RunSpec, notebook_parameters, read_notebook
+from workbook.core.config import RunConfig
+from workbook.core.rundir import FAILURE, now, read_json, write_json
+from workbook.run import pipeline
+
+KILL_GRACE_S = 60.0
+
+
+def executed_path(spec: RunSpec, folder: str) -> str:
+    return os.path.join(folder, os.path.splitext(os.path.basename(spec.notebook))[0] + ".ipynb")
+
+
+def papermill_command(spec: RunSpec, folder: str, kernel: str | None) -> list[str]:
+    """``python -m papermill``: cell timeout = the run's timeout (a hard kill follows later)."""
+    src, _ = read_notebook(spec.notebook)
+    out_nb = executed_path(spec, folder)
+    cmd = [sys.executable, "-m", "papermill", src, out_nb, "-f",
+           os.path.join(folder, "parameters.yaml"), "--cwd", folder,
+           "--execution-timeout", str(int(spec.timeout)), "--no-progress-bar",
+           "--log-level", "INFO"]
+    if kernel:
+        cmd += ["-k", kernel]
+    return cmd
+
+
+def run_papermill(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str], kernel: str | None,
+            timeout: float | None = None) -> dict[str, Any]:
+    """Execute one run in its own papermill process; return its manifest row."""
+    folder = os.path.join(run_dir, spec.name)
+    os.makedirs(folder)
+    params = notebook_parameters(spec)
+    _, declared = read_notebook(spec.notebook)
+    if "outdir" in declared:
+        params["outdir"] = folder
+    with open(os.path.join(folder, "parameters.yaml"), "w") as f:
+        yaml.safe_dump(params, f, sort_keys=True)
+    limit = float(timeout or spec.timeout)
+    spec = dataclasses.replace(spec, timeout=limit)
+    cmd = papermill_command(spec, folder, kernel)
+    env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1"}
+    t0 = time.perf_counter()
+    started = now()
+    with open(os.path.join(folder, "papermill.log"), "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        killed = _wait_or_kill(proc, limit + KILL_GRACE_S)
+    wall = time.perf_counter() - t0
+    return _row(spec, folder, proc.returncode, killed, wall, started)
+
+
+def _wait_or_kill(proc: subprocess.Popen, limit: float) -> bool:
+    """Wait up to ``limit`` s; then (or on Ctrl-C) kill the run's process tree. True: killed."""
+    try:
+        proc.wait(timeout=limit)
+        return False
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.wait()
+        return True
+    except BaseException:  # KeyboardInterrupt: the run is in its own session, end it too
+        kill_tree(proc.pid)
+        proc.wait()
+        raise
+
+
+def kill_tree(pid: int) -> None:
+    """Kill ``pid`` and every descendant (the kernel, vLLM's engine processes), by id."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
+def _row(spec, folder, rc, killed, wall, started) -> dict[str, Any]:
+    nb_path = executed_path(spec, folder)
+    failure = None
+    status = "ok" if rc == 0 and not killed else ("timeout" if killed else "failed")
+    if status != "ok":
+        failure = failure_info(nb_path, folder)
+        if killed:
+            failure.update(ename="Killed",
+                           evalue=f"run exceeded {spec.timeout:.0f} s (+{KILL_GRACE_S:.0f} s "
+                                  "grace); killed with its kernel and engine processes")
+        elif (failure.get("ename") or "").endswith("TimeoutError"):
+            status = "timeout"
+    evidence = {n: read_json(os.path.join(folder, f"{n}.json"))
+                for n in ("timings", "verdict", "outcome")}
+    return {"name": spec.name, "description": spec.description,
+            "notebook": os.path.relpath(spec.notebook, REPO), "path": spec.name,
+            "executed_notebook": os.path.basename(nb_path), "status": status,
+            "returncode": rc, "started": started, "wall_s": round(wall, 3),
+            "timeout_s": spec.timeout, "checks": spec.checks, "params": spec.explicit,
+            "config": spec.params, "timings": evidence["timings"],
+            "verdict": evidence["verdict"], "outcome": _outcome_summary(evidence["outcome"]),
+            "failure": failure}
+
+
+def _outcome_summary(outcomes) -> dict[str, Any] | None:
+    if not outcomes:
+        return None
+    o = outcomes[0]
+    keys = ("finish_reason", "completion_tokens", "reasoning_tokens", "content", "first_token",
+            "first_token_text", "expected_end_index", "actual_end_index", "honored")
+    return {k: o.get(k) for k in keys}
+
+
+def failure_info(nb_path: str, folder: str) -> dict[str, Any]:
+    """Why a run failed: the failing cell of the partial notebook + papermill's exception.
+
+    The kernel-side exception (an error output) wins, except after a cell timeout (the kernel
+    then may show the ``KeyboardInterrupt`` it was stopped with); otherwise (dead kernel, kill)
+    the exception papermill itself died with, read from ``papermill.log``. ``cell_index``
+    counts the cells of the executed notebook (papermill's injected cells included).
+    """
+    cell = failing_cell(nb_path) or {}
+    log = exception_from_log(os.path.join(folder, "papermill.log"))
+    first = log if (log.get("ename") or "").endswith("TimeoutError") else cell  # the cause
+    info = {"ename": first.get("ename") or cell.get("ename") or log.get("ename"),
+            "evalue": first.get("evalue") or cell.get("evalue") or log.get("evalue"),
+            "runner_exception": log.get("ename"), "kernel_exception": cell.get("ename"),
+            "cell_index": cell.get("cell_index"),
+            "cell_id": cell.get("cell_id"), "cell_source_head": cell.get("cell_source_head"),
+            "traceback_tail": cell.get("traceback_tail"), "log_tail": log.get("log_tail")}
+    return info
+
+
+def failing_cell(path: str) -> dict[str, Any] | None:
+    """The cell that failed in a (partially) executed notebook, with its error if it has one.
+
+    In order: a cell with an error output; a cell papermill marked ``running`` (killed); the
+    last cell that started (papermill marks every cell ``completed`` after a cell timeout).
+    """
+    if not os.path.exists(path):
+        return None
+    import nbformat
+
+    cells = nbformat.read(path, as_version=4).cells
+    for i, cell in enumerate(cells):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                return _cell_info(i, cell, out)
+    pm = [c.get("metadata", {}).get("papermill", {}) for c in cells]
+    running = [i for i, m in enumerate(pm) if m.get("status") == "running"]
+    started = [i for i, m in enumerate(pm) if m.get("start_time")]
+    idx = running[0] if running else (started[-1] if started else None)
+    return None if idx is None else _cell_info(idx, cells[idx], None)
+
+
+def _cell_info(i: int, cell, err) -> dict[str, Any]:
+    err = err or {}
+    return {"ename": err.get("ename"), "evalue": _strip_ansi(str(err.get("evalue")))[:2000]
+            if err.get("evalue") is not None else None,
+            "cell_index": i, "cell_id": cell.get("id"),
+            "cell_source_head": "\n".join(cell.get("source", "").splitlines()[:5]),
+            "traceback_tail": _strip_ansi("\n".join(err.get("traceback", [])))[-3000:] or None}
+
+
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
+
+
+def exception_from_log(path: str) -> dict[str, Any]:
+    """The exception papermill's own process died with (from its last traceback), log tail.
+
+    The header line after the last column-0 ``Traceback`` names it; a multi-line message
+    (``PapermillExecutionError`` embeds the kernel's traceback) is not searched further.
+    """
+    if not os.path.exists(path):
+        return {}
+    with open(path, errors="replace") as f:
+        lines = [_strip_ansi(ln.rstrip()) for ln in f if ln.strip()]
+    tail = "\n".join(lines[-30:])
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call")]
+    for line in lines[starts[-1] + 1:] if starts else []:
+        m = _EXC_LINE.match(line)
+        if m:
+            return {"ename": m.group(1).rsplit(".", 1)[-1], "evalue": m.group(2) or None,
+                    "log_tail": tail}
+    return {"log_tail": tail}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _strip_ansi(s: str) -> str:
+    return _ANSI.sub("", s)
+
+
+def run_in_process(spec: batch.RunSpec, run_dir: str, *, extra_env: dict[str, str],
+            kernel: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+    """``run_papermill``'s contract (a manifest row), executed in this process."""
+
+    for k, v in extra_env.items():
+        os.environ.setdefault(k, v)
+    folder = os.path.join(run_dir, spec.name)
+    os.makedirs(folder)
+    cfg = RunConfig.from_params(spec.params)
+    started = now()
+    t0 = time.perf_counter()
+    failure = None
+    try:
+        pipeline.run(cfg, folder, checks=tuple(spec.checks))
+    except Exception as e:  # a failing run is a finding; the batch goes on
+        failure = {"ename": type(e).__name__, "evalue": str(e)[:2000],
+                   "traceback": traceback.format_exc()[-6000:], "cell": None}
+        write_json(os.path.join(folder, FAILURE), failure)
+    row = _row(spec, folder, 0 if failure is None else 1, False,
+                     time.perf_counter() - t0, started)
+    row["executed_notebook"] = None
+    row["executor"] = "in-process"
+    if failure is not None:
+        row["failure"] = failure
+    return row
+
+
+EXECUTORS = {"papermill": run_papermill, "in-process": run_in_process}

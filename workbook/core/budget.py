@@ -1,0 +1,182 @@
+"""The budget rule: when must ``</think>`` come, and was it there? Pure Python, written once.
+
+vLLM's semantics (``vllm/v1/worker/gpu/sample/thinking_budget.py``, 0.28–0.32), restated:
+
+- The reasoning markers come from vLLM's ``reasoning_config``: ``start`` (``<think>``),
+  ``end`` (the sequence the budget forces, ``</think>``) and ``natural_end`` (the sequence that
+  ends reasoning when the model writes it itself; ``end`` when the config has none).
+- A history (prompt + committed tokens) is *in reasoning* when it holds a start marker and no
+  natural end marker begins at or after the last one (vLLM: ``last_start > last_end``). Its
+  reasoning count is the number of tokens after that start marker.
+- The budget binds at the first output position whose history has ``count >= budget``; the
+  token there must be ``end[p]`` where ``p`` is the longest proper prefix of ``end`` the
+  history already ends with (multi-token end strings continue). A natural end written before
+  that position ends enforcement.
+
+So, for a prompt whose count is ``r0`` and a budget ``b``, the end marker must start at output
+index ``max(0, b - r0)`` — unless the output ended reasoning by itself before, or ended before
+the index could be reached (then the budget could not bind: the verdict is ``None``).
+
+Used by the client-side verdict (``workbook.run.request``), the trace diagnosis
+(``workbook.run.diagnose``), the tracer's own host-side count (``workbook.hooks.tracer``) and the
+guard's host side (``workbook.hooks.guard``); the guard's Triton kernel is this rule's device
+twin and is tested against it on random histories (``tests/test_budget.py``).
+
+Deliberately not here: anything that reads vLLM or torch objects (``Markers.of`` only reads
+three attributes of whatever it is given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+KEYS = {"start": "reasoning_start_token_ids", "end": "reasoning_end_token_ids",
+        "natural_end": "natural_reasoning_end_token_ids"}
+
+
+@dataclass(frozen=True)
+class Markers:
+    """The reasoning marker ids. ``natural_end`` falls back to ``end`` when empty."""
+
+    start: tuple[int, ...] = ()
+    end: tuple[int, ...] = ()
+    natural_end: tuple[int, ...] = field(default=())
+
+    def __post_init__(self):
+        object.__setattr__(self, "start", tuple(int(t) for t in self.start))
+        object.__setattr__(self, "end", tuple(int(t) for t in self.end))
+        object.__setattr__(self, "natural_end",
+                           tuple(int(t) for t in self.natural_end) or self.end)
+
+    @classmethod
+    def of(cls, source: Any) -> "Markers":
+        """From vLLM's ``reasoning_config`` (attributes), an effective-configuration dict
+        (``reasoning_*_token_ids`` keys), a trace's ``{"start", "end", "natural_end"}`` dict,
+        or another ``Markers``. Missing values are empty."""
+        if source is None:
+            return cls()
+        if isinstance(source, Markers):
+            return source
+        if isinstance(source, dict):
+            if any(k in source for k in ("start", "end", "natural_end")):
+                get = source.get
+                return cls(get("start") or (), get("end") or (), get("natural_end") or ())
+            return cls(*(source.get(KEYS[k]) or () for k in ("start", "end", "natural_end")))
+        return cls(*(getattr(source, KEYS[k], None) or () for k in ("start", "end",
+                                                                      "natural_end")))
+
+    @property
+    def complete(self) -> bool:
+        """Both start and end known: a budget can be enforced and judged."""
+        return bool(self.start and self.end)
+
+    def to_dict(self) -> dict[str, list[int]]:
+        return {k: list(v) for k, v in asdict(self).items()}
+
+    def to_effective(self) -> dict[str, list[int]]:
+        return {KEYS[k]: list(v) for k, v in asdict(self).items()}
+
+
+def first_index_of(seq: Sequence[int], sub: Sequence[int]) -> int:
+    """Start of the first occurrence of ``sub`` in ``seq``, or -1 (-1 for an empty ``sub``)."""
+    n = len(sub)
+    if n == 0:
+        return -1
+    sub = list(sub)
+    for i in range(0, len(seq) - n + 1):
+        if seq[i] == sub[0] and list(seq[i:i + n]) == sub:
+            return i
+    return -1
+
+
+def last_index_of(seq: Sequence[int], sub: Sequence[int], start: int = 0) -> int:
+    """Start of the last occurrence of ``sub`` at index >= ``start``, or -1."""
+    n = len(sub)
+    if n == 0:
+        return -1
+    sub = list(sub)
+    for i in range(len(seq) - n, start - 1, -1):
+        if seq[i] == sub[0] and list(seq[i:i + n]) == sub:
+            return i
+    return -1
+
+
+def reasoning_count(history: Sequence[int], markers: Markers) -> int | None:
+    """Reasoning tokens at the end of ``history``; ``None`` when it is not in reasoning."""
+    s = last_index_of(history, markers.start)
+    if s < 0:
+        return None
+    if last_index_of(history, markers.natural_end, start=s) >= 0:  # last_start <= last_end
+        return None
+    return len(history) - (s + len(markers.start))
+
+
+def expected_end_index(prompt: Sequence[int], output: Sequence[int], budget: int | None,
+                       markers: Markers) -> int | None:
+    """Output index where the end marker must begin; ``None`` if the budget never binds."""
+    return expected_from_count(reasoning_count(prompt, markers) if markers.complete else None,
+                               output, budget, markers)
+
+
+def expected_from_count(r0: int | None, output: Sequence[int], budget: int | None,
+                        markers: Markers) -> int | None:
+    """``expected_end_index`` for a prompt whose reasoning count is ``r0`` (None: not in
+    reasoning) — what a trace knows without the whole prompt."""
+    if budget is None or budget < 0 or r0 is None or not markers.complete:
+        return None
+    idx = max(0, int(budget) - int(r0))
+    natural = first_index_of(output, markers.natural_end)
+    if 0 <= natural < idx:
+        return None  # reasoning ended by itself before the budget bound
+    return idx
+
+
+@dataclass(frozen=True)
+class Judgement:
+    expected_end_index: int | None  # where the end marker must begin (None: never binds)
+    actual_end_index: int  # where it first begins in the output (-1: nowhere)
+    honored: bool | None  # None: the budget could not bind within the output
+
+    @property
+    def verdict(self) -> str:
+        return {True: "honored", False: "violated", None: "inconclusive"}[self.honored]
+
+
+def judge(prompt: Sequence[int], output: Sequence[int], budget: int | None,
+          markers: Markers) -> Judgement:
+    """Was the budget honored by ``output``? The one verdict rule of the workbook.
+
+    ``None`` when the budget does not bind, or when the output stopped (length limit, end of
+    sequence, stop string) before the end marker could be complete at the expected index.
+    """
+    markers = Markers.of(markers)
+    return judge_from_count(reasoning_count(prompt, markers) if markers.complete else None,
+                            output, budget, markers)
+
+
+def judge_from_count(r0: int | None, output: Sequence[int], budget: int | None,
+                     markers: Markers) -> Judgement:
+    """``judge`` for a prompt whose reasoning count is ``r0``."""
+    markers = Markers.of(markers)
+    exp = expected_from_count(r0, output, budget, markers)
+    act = first_index_of(output, markers.end)
+    if exp is None or exp + len(markers.end) > len(output):
+        return Judgement(exp, act, None)
+    return Judgement(exp, act, list(output[exp:exp + len(markers.end)]) == list(markers.end))
+
+
+def overall(honored: Sequence[bool | None]) -> str:
+    """A run's verdict over its requests: any violation wins, then any honored request."""
+    flags = [h for h in honored if h is not None]
+    return "violated" if False in flags else "honored" if flags else "inconclusive"
+
+
+def forced_token(history: Sequence[int], markers: Markers) -> int:
+    """The end-marker token due after ``history`` once the budget binds (``end[p]``)."""
+    end = list(markers.end)
+    p = 0
+    for pl in range(1, len(end)):
+        if len(history) >= pl and list(history[len(history) - pl:]) == end[:pl]:
+            p = pl
+    return end[p]

@@ -1,0 +1,123 @@
+"""vLLM ``general_plugins`` entry point: install workbook hooks inside every vLLM process.
+
+vLLM loads ``vllm.general_plugins`` entry points in the front-end, the engine core and every
+worker process. ``register()`` reads the variables of ``workbook.vllm.env`` (``HOOK_VARS``)
+and installs, in that process, what they ask for:
+
+- ``WORKBOOK_FAULT=H-x``      inject that fault (``workbook.hooks.faults``)
+- ``WORKBOOK_GUARD=1``        apply the budget guard (``workbook.hooks.guard``)
+- ``WORKBOOK_TRACE_DIR=path`` trace into ``path/<pid>/``; flushed at exit and every
+  ``WORKBOOK_TRACE_FLUSH_EVERY`` steps (``workbook.run.server`` asks for every step: the
+  server's engine process is killed at shutdown)
+- ``WORKBOOK_EFFECTIVE_DIR=path`` write ``path/<pid>/effective.json`` on a model runner's first
+  requests (``workbook.vllm.effective.effective_writer``)
+
+With none of them set it does nothing, so having the package installed never changes vLLM.
+The hooks go in when the process first imports a model-runner module (``RUNNER_MODULES``), so
+processes that never run a model (the OpenAI front-end, the engine core) stay untouched and
+skip ~14 s of imports. A traced process that forks re-points the inherited tracer at the
+child's own ``<pid>/`` folder.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+from workbook.vllm import env as wenv
+
+_installed_from_env = False
+
+# The hooks patch model-runner classes only. A process installs them when it first imports one
+# of these modules (at once if it already has).
+RUNNER_MODULES = ("vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.gpu_model_runner")
+
+
+def register() -> None:
+    if wenv.hooks_requested():
+        install_from_env()
+
+
+def install_from_env() -> None:
+    """Called by the plugin in every vLLM process; idempotent. Installs the hooks now if this
+    process already imported a model-runner module, else right after it imports one."""
+    global _installed_from_env
+    if _installed_from_env:
+        return
+    _installed_from_env = True
+    if any(m in sys.modules for m in RUNNER_MODULES):
+        _install_hooks_from_env()
+    else:
+        _after_import(RUNNER_MODULES, _install_hooks_from_env)
+
+
+def _install_hooks_from_env() -> None:
+    fault = os.environ.get(wenv.FAULT)
+    if fault and fault != "none":
+        from workbook.hooks import faults
+
+        faults.inject(fault, engine=None)
+    if os.environ.get(wenv.GUARD) == "1":
+        from workbook.hooks import guard
+
+        guard.install()
+    trace_dir = os.environ.get(wenv.TRACE_DIR)
+    if trace_dir:
+        import atexit
+
+        from workbook.hooks.tracer import Tracer
+
+        every = int(os.environ.get(wenv.TRACE_FLUSH_EVERY) or 64)
+        tracer = Tracer(flush_dir=os.path.join(trace_dir, str(os.getpid())),
+                        flush_every=max(1, every)).install()
+        atexit.register(tracer.flush)
+        os.register_at_fork(after_in_child=lambda: _repoint(tracer, trace_dir))
+    effective_dir = os.environ.get(wenv.EFFECTIVE_DIR)
+    if effective_dir:
+        from workbook.vllm.effective import effective_writer
+
+        effective_writer(effective_dir)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """One-shot import hook: run ``fn()`` once, right after the first of ``names`` is loaded."""
+
+    def __init__(self, names, fn):
+        self.names = set(names)
+        self.fn = fn
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.names or self not in sys.meta_path:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            self.fn()  # cannot wrap this loader: install before the module loads
+            return spec
+        loader, fn = spec.loader, self.fn
+        load = loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            fn()
+        loader.exec_module = exec_module
+        return spec
+
+
+def _after_import(names, fn) -> None:
+    def guarded():
+        try:
+            fn()
+        except Exception as e:  # a broken hook must be loud, but not break vLLM's import
+            import traceback
+
+            print(f"workbook: installing hooks failed in pid {os.getpid()}: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr)
+            traceback.print_exc()
+    sys.meta_path.insert(0, _AfterImport(names, guarded))
+
+
+def _repoint(tracer, trace_dir: str) -> None:
+    tracer.flush_dir = os.path.join(trace_dir, str(os.getpid()))

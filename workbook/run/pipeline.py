@@ -1,0 +1,207 @@
+"""One investigation run: a backend + hooks + the reported request → evidence files in a folder.
+
+``run(cfg, outdir, checks=..., backend=...)`` is what every notebook, the batch executors and
+the server path call; ``Run`` is its step-wise form for notebooks that explore. The steps, in
+order (each named, timed, and writing its evidence file as soon as it exists, so a run that
+dies half-way still leaves what it had):
+
+1. ``validate``  ``cfg`` and the checks (``ConfigError`` before any engine starts);
+   ``config.json``
+2. ``start``     the backend chosen from ``BACKENDS`` by ``cfg.mode`` (``workbook.run.backends``:
+   an in-process engine with the hooks installed, or ``vllm serve`` with the hooks installed by
+   the plugin); ``effective.json`` — the configuration the engine really runs
+3. ``request``   the reported request; ``outcome.json`` (an error there is recorded, then raised)
+4. ``checks``    the deterministic checks asked for (A, B); ``checks.json``
+5. ``trace``     the per-step trace of this run's requests; ``trace/*.parquet``
+6. ``diagnose``  verdict, first violation, hypothesis (``workbook.run.diagnose``);
+   ``verdict.json``
+7. ``finish``    hooks removed / server stopped; ``timings.json`` and the backend's own files
+
+Adding an evidence file is one edit: a step here that calls ``self.save(name, obj)``.
+``on_stage(name, elapsed_s)`` is called as each step starts (progress displays).
+
+Not here: papermill and batches (``workbook.batch``), reports (``workbook.report``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from workbook.core import rundir, tracefiles
+from workbook.core.config import ConfigError, RunConfig, validate
+
+CHECK_NAMES = ("A", "B")
+
+
+@dataclass
+class Result:
+    cfg: RunConfig
+    outdir: str | None
+    effective: dict[str, Any] = field(default_factory=dict)
+    outcomes: list = field(default_factory=list)
+    checks: dict[str, Any] = field(default_factory=dict)
+    frames: dict[str, Any] = field(default_factory=dict)
+    verdict: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    engine: Any = None  # the in-process Engine, or the Server (kept for a notebook to explore)
+
+    @property
+    def outcome(self):
+        return self.outcomes[0] if self.outcomes else None
+
+
+def check_checks(cfg: RunConfig, checks) -> tuple[str, ...]:
+    checks = tuple(checks or ())
+    bad = [c for c in checks if c not in CHECK_NAMES]
+    if bad:
+        raise ConfigError(f"checks={list(checks)!r}: unknown {bad}; choose from "
+                          f"{list(CHECK_NAMES)}")
+    if cfg.mode == "server" and "B" in checks:
+        raise ConfigError("check B edits the model weights inside the engine: run it with "
+                          "mode='in-process'")
+    return checks
+
+
+class Run:
+    """The pipeline, step by step: ``with Run(cfg, outdir) as r: r.request(); ...``."""
+
+    def __init__(self, cfg: RunConfig, outdir: str | None = None, *, checks=(), backend=None,
+                 on_stage: Callable[[str, float], None] | None = None):
+        from workbook.vllm import env
+
+        self._t0 = time.perf_counter()
+        self.on_stage = on_stage
+        self._stage("validate")
+        self.cfg = validate(cfg, on_cpu=env.on_cpu())
+        self.check_names = check_checks(self.cfg, checks)
+        self.result = Result(cfg=self.cfg, outdir=outdir)
+        if outdir:
+            os.makedirs(outdir, exist_ok=True)
+        self.save("config", self.cfg.to_dict())
+        if backend is None:
+            from workbook.run.backends import BACKENDS
+
+            backend = BACKENDS[self.cfg.mode](self.cfg, outdir=outdir)
+        self.backend = backend
+        self.started = False
+
+    # -- plumbing
+    def _stage(self, name: str) -> None:
+        if self.on_stage is not None:
+            self.on_stage(name, time.perf_counter() - self._t0)
+
+    def save(self, name: str, obj) -> None:
+        """Write evidence file ``<name>.json`` (no-op without an outdir)."""
+        if self.result.outdir:
+            rundir.write_json(os.path.join(self.result.outdir, f"{name}.json"), obj)
+
+    def _timed(self, name: str, fn):
+        self._stage(name)
+        t = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.result.timings[f"{name}_s"] = time.perf_counter() - t
+
+    # -- steps
+    def start(self) -> "Run":
+        res = self.result
+        self._timed("start", self.backend.start)
+        self.started = True
+        res.timings.update(self.backend.timings)
+        res.engine = self.backend.handle
+        res.effective = self.backend.effective()
+        self.save("effective", res.effective)
+        return self
+
+    def request(self) -> list:
+        res = self.result
+        try:
+            res.outcomes = self._timed("request", self.backend.reported)
+        except Exception as e:
+            err = {"type": type(e).__name__, "message": str(e)[:2000],
+                   **getattr(e, "details", {})}
+            res.effective = self.backend.effective()
+            self.save("effective", res.effective)
+            self.save("outcome", {"error": err})
+            res.verdict = {"verdict": "inconclusive", "hypothesis": None, "error": err,
+                           "summary": f"the request failed: {type(e).__name__}: {e}"[:500]}
+            self.save("verdict", res.verdict)
+            raise
+        res.timings["generate_s"] = res.timings["request_s"]
+        self.save("outcome", [o.to_dict() for o in res.outcomes])
+        res.effective = self.backend.effective()  # a server's worker writes its facts now
+        self.save("effective", res.effective)
+        return res.outcomes
+
+    def checks(self, names=None) -> dict:
+        res = self.result
+        for name in check_checks(self.cfg, names if names is not None else self.check_names):
+            res.checks[name] = [o.to_dict() for o in self._timed(f"check_{name}",
+                                                                 lambda: self.backend.check(name))]
+            self.save("checks", res.checks)
+        return res.checks
+
+    def trace(self) -> dict:
+        res = self.result
+        if not self.cfg.trace:
+            return res.frames
+        n = sum(o.completion_tokens for o in res.outcomes)
+        res.frames = self._timed("trace", lambda: self.backend.frames(n))
+        if res.outdir and res.frames:
+            tracefiles.save(res.frames, os.path.join(res.outdir, "trace"))
+        return res.frames
+
+    def diagnose(self) -> dict:
+        from workbook.run import diagnose
+
+        res = self.result
+        res.verdict = self._timed("diagnose", lambda: diagnose.diagnose(
+            res.frames, res.effective, res.outcomes, self.cfg))
+        self.save("verdict", res.verdict)
+        return res.verdict
+
+    def finish(self) -> Result:
+        res = self.result
+        self._stage("finish")
+        try:
+            if self.started:
+                self.backend.stop()
+        finally:
+            res.timings.update(self.backend.timings)
+            res.timings["total_s"] = time.perf_counter() - self._t0 + \
+                res.timings.get("import_s", 0.0)
+            self.save("timings", res.timings)
+            if res.outdir:
+                self.backend.save_files(res.outdir)
+        return res
+
+    def __enter__(self) -> "Run":
+        try:
+            return self.start()
+        except BaseException:
+            self.finish()
+            raise
+
+    def __exit__(self, *exc) -> bool:
+        self.finish()
+        return False
+
+
+def run(cfg: RunConfig, outdir: str | None = None, *, checks=(), backend=None,
+        on_stage=None) -> Result:
+    """Run one configuration end to end; write the evidence into ``outdir`` if given."""
+    with Run(cfg, outdir, checks=checks, backend=backend, on_stage=on_stage) as r:
+        r.request()
+        r.checks()
+        r.trace()
+        r.diagnose()
+    return r.result
+
+
+def load(outdir: str) -> dict[str, Any]:
+    """Everything a run folder holds (``workbook.core.rundir.load_run``)."""
+    return rundir.load_run(outdir)

@@ -1,0 +1,120 @@
+"""The process environment vLLM and the workbook's hooks read: assembled here, once.
+
+Two groups of variables:
+
+- what vLLM must see before it is imported (``vllm_env``): offline hub, no usage stats, the
+  in-process or multiprocess engine, the runner choice (``VLLM_USE_V2_MODEL_RUNNER``: ``1`` for
+  ``runner=v2``, ``0`` for ``v1``, unset for ``auto``; fault H-h forces ``0`` — a V2 run
+  silently served by V1), ``VLLM_TRITON_FORCE_FIRST_CONFIG`` (a default the caller's own value
+  wins over), and on a CPU the Triton-interpreter shim switch;
+- what the workbook plugin reads inside vLLM's own processes (``hook_env``): the fault, the
+  guard, the trace folder and flush cadence, the worker-side effective-configuration folder,
+  the start-up watch (names in ``HOOK_VARS``).
+
+``apply(env, target)`` writes such a mapping into ``os.environ`` or a copy (a value of ``None``
+unsets; ``DEFAULTS`` keys only fill a gap). ``prepare_process(cfg)`` does it for an in-process
+engine; ``server_env(cfg, ...)`` builds a subprocess's environment.
+
+Not here: reading configuration back from a live engine (``workbook.vllm.effective``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping
+
+FAULT = "WORKBOOK_FAULT"
+GUARD = "WORKBOOK_GUARD"
+TRACE_DIR = "WORKBOOK_TRACE_DIR"
+TRACE_FLUSH_EVERY = "WORKBOOK_TRACE_FLUSH_EVERY"
+EFFECTIVE_DIR = "WORKBOOK_EFFECTIVE_DIR"
+WATCH_DIR = "WORKBOOK_WATCH_DIR"
+HOOK_VARS = (FAULT, GUARD, TRACE_DIR, EFFECTIVE_DIR, WATCH_DIR)
+TRITON_CPU = "WORKBOOK_TRITON_CPU"  # workbook.vllm.cpu_shim
+DEFAULTS = ("VLLM_TRITON_FORCE_FIRST_CONFIG",)  # the caller's value wins
+
+
+def on_cpu() -> bool:
+    """No CUDA device: vLLM's CPU platform (and MRV2 through Triton's interpreter)."""
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def vllm_env(cfg, *, multiprocess: bool = False, cpu: bool | None = None) -> dict[str, str | None]:
+    """Variables vLLM must see before it is imported, for ``cfg``."""
+    env: dict[str, str | None] = {
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_TRITON_FORCE_FIRST_CONFIG": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0",
+        "VLLM_USE_V2_MODEL_RUNNER": {"v2": "1", "v1": "0", "auto": None}[cfg.runner]}
+    if cfg.fault == "H-h":  # workbook.hooks.faults: a V2 run silently served by V1
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    if on_cpu() if cpu is None else cpu:
+        env[TRITON_CPU] = "1"
+    return env
+
+
+def hook_env(cfg, *, trace_dir: str | None = None, effective_dir: str | None = None,
+             watch_dir: str | None = None, flush_every: int | None = None) -> dict[str, str]:
+    """Variables that make the plugin install ``cfg``'s hooks in vLLM's processes."""
+    env: dict[str, str] = {}
+    if cfg.fault and cfg.fault != "none":
+        env[FAULT] = cfg.fault
+    if cfg.guard:
+        env[GUARD] = "1"
+    if cfg.trace and trace_dir:
+        env[TRACE_DIR] = trace_dir
+        if flush_every:
+            env[TRACE_FLUSH_EVERY] = str(flush_every)
+    if effective_dir:
+        env[EFFECTIVE_DIR] = effective_dir
+    if watch_dir:
+        env[WATCH_DIR] = watch_dir
+    return env
+
+
+def apply(env: Mapping[str, str | None], target=None):
+    """Write ``env`` into ``target`` (default ``os.environ``); ``None`` unsets a variable."""
+    target = os.environ if target is None else target
+    for k, v in env.items():
+        if v is None:
+            target.pop(k, None)
+        elif k in DEFAULTS:
+            target.setdefault(k, v)
+        else:
+            target[k] = v
+    return target
+
+
+def prepare_process(cfg) -> None:
+    """This process, before ``import vllm``: ``vllm_env`` applied, the CPU shim if needed."""
+    apply(vllm_env(cfg))
+    if os.environ.get(TRITON_CPU) == "1":
+        from workbook.vllm import cpu_shim
+
+        cpu_shim.install()
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None and hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()  # an earlier engine cached its env reads; ours may differ
+
+
+def server_env(cfg, *, trace_dir: str, effective_dir: str, watch_dir: str | None = None,
+               base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A ``vllm serve`` subprocess's environment: ours + ``vllm_env`` + ``hook_env``.
+
+    The plugin flushes the trace after every step (the engine process is killed at shutdown).
+    """
+    env = dict(os.environ if base is None else base)
+    apply(vllm_env(cfg, multiprocess=True), env)
+    apply(hook_env(cfg, trace_dir=trace_dir, effective_dir=effective_dir, watch_dir=watch_dir,
+                   flush_every=1), env)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def hooks_requested(environ: Mapping[str, str] | None = None) -> bool:
+    environ = os.environ if environ is None else environ
+    return any(environ.get(k) for k in HOOK_VARS)
