@@ -112,7 +112,7 @@ def as_server_reply(o) -> dict:
 pd.DataFrame([as_server_reply(o) for o in res.outcomes]).T
 
 # %% [markdown]
-# ## Deterministic checks (brief §6)
+# ## Deterministic checks (docs/facts.md)
 # A: greedy, budget 1 and 0 → `</think>` first. B: drafts accepted, `</think>` exactly at every
 # budget 2..9. Empty when no checks were asked for.
 

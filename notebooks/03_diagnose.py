@@ -33,7 +33,7 @@ thinking_token_budget: int = 1  # reasoning-token budget (-1: none)
 max_tokens: int = 32  # completion length limit
 fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults), e.g. H-b
 guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
-variants: list = []  # A/B variants to run (names of workbook.run.experiments.VARIANTS; [] = all)
+variants: list = []  # A/B variants to run: names of workbook.run.experiments.VARIANTS (empty: all)
 outdir: str = ""  # folder for the evidence files (empty: memory only)
 
 # %%

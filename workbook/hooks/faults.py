@@ -1,4 +1,4 @@
-"""One removable fault per hypothesis of brief §3, injected into healthy vLLM by patching.
+"""One removable fault per catalogue entry (``workbook.core.hypotheses``), injected by patching.
 
 The bug of #54906 does not reproduce on healthy hardware, so the diagnosis is proven by making
 healthy vLLM fail in each plausible way and checking that ``workbook.run.diagnose`` names the way.
