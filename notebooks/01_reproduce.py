@@ -23,7 +23,7 @@
 # into `outdir` (when given). Parameters are injected by papermill (`workbook run ENV`).
 
 # %% tags=["parameters"]
-model: str = "tiny-mimo-mtp"  # tiny model name (workbook.core.models.MODELS) or a checkpoint folder
+model: str = "tiny-mimo-mtp"  # built-in model (workbook.core.models.names()) or a checkpoint folder
 draft_model: str = None  # eagle / draft_model speculation: draft path or tiny name (None: default)
 spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
 num_spec_tokens: int = 4  # draft tokens per step (k)

@@ -21,7 +21,7 @@
 # V2 vs V1, ngram — side by side in one table.
 
 # %% tags=["parameters"]
-model: str = "tiny-mimo-mtp"  # tiny model name (workbook.core.models.MODELS) or a checkpoint folder
+model: str = "tiny-mimo-mtp"  # built-in model (workbook.core.models.names()) or a checkpoint folder
 spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
 num_spec_tokens: int = 4  # draft tokens per step (k)
 runner: str = "v2"  # v2 | v1 | auto

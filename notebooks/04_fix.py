@@ -32,7 +32,7 @@
 # `workbook.run.experiments`; the upstream version of the fix is in `upstream/`.
 
 # %% tags=["parameters"]
-model: str = "tiny-mimo-mtp"  # tiny model name (workbook.core.models.MODELS) or a checkpoint folder
+model: str = "tiny-mimo-mtp"  # built-in model (workbook.core.models.names()) or a checkpoint folder
 draft_model: str = None  # eagle / draft_model speculation: draft path or tiny name (None: default)
 spec_method: str = "mtp"  # mtp | eagle | eagle3 | ngram | draft_model | none
 num_spec_tokens: int = 4  # draft tokens per step (k)

@@ -214,7 +214,7 @@ def test_report_opens_offline_without_requests_or_errors(report, run_dir):
 
 
 def test_report_compares_the_two_runs_from_the_trace(run_dir):
-    from workbook import report as rep
+    from workbook.report import html as rep
 
     batch = rep.load_batch(str(run_dir))
     ((a, b),) = rep.pairs(batch.runs)

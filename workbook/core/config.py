@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 @dataclass
 class RunConfig:
     # model
-    model: str = "tiny-mimo-mtp"  # a tiny model name (workbook.core.models.MODELS) or a checkpoint path
+    model: str = "tiny-mimo-mtp"  # a built-in model name (workbook.core.models.names()) or a checkpoint path
     draft_model: str | None = None  # eagle/draft_model: draft path or tiny name (default: tiny)
     # speculative decoding
     spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
@@ -148,17 +148,17 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None) -> RunConfig:
                f"spec_method={cfg.spec_method!r}")
     _check(cfg.kv_cache_bytes is None or cfg.kv_cache_bytes >= 1 << 20,
            f"kv_cache_bytes={cfg.kv_cache_bytes!r} must be None or >= 1 MiB")
-    if not models.is_tiny(cfg.model):
+    if not models.is_builtin(cfg.model):
         _check(os.path.isdir(cfg.model),
-               f"model={cfg.model!r} is neither a tiny model ({sorted(models.MODELS)}) nor an "
+               f"model={cfg.model!r} is neither a built-in model ({models.names()}) nor an "
                "existing checkpoint folder")
         _check(os.path.isfile(os.path.join(cfg.model, "config.json")),
                f"model={cfg.model!r} has no config.json")
-    if cfg.draft_model is not None and not models.is_tiny(cfg.draft_model):
+    if cfg.draft_model is not None and not models.is_builtin(cfg.draft_model):
         _check(os.path.isdir(cfg.draft_model),
-               f"draft_model={cfg.draft_model!r} is neither a tiny model nor a folder")
-    if cfg.spec_method == "mtp" and models.is_tiny(cfg.model):
-        _check(cfg.model.endswith("-mtp"),
+               f"draft_model={cfg.draft_model!r} is neither a built-in model nor a folder")
+    if cfg.spec_method == "mtp" and models.is_builtin(cfg.model):
+        _check(models.has_mtp(cfg.model),
                f"spec_method='mtp' needs a model with MTP layers; {cfg.model!r} has none")
     version = installed_vllm_version()
     _check(version is not None, "vLLM is not installed in this environment (run setup.sh)")

@@ -154,19 +154,13 @@ class Served:
         self.before = srv.traced_req_ids(self.server.frames())
 
     def effective(self) -> dict:
-        if self._effective is None or "runner_class" not in self._effective:
-            self._effective = srv.effective(self.server, wait_s=0.5)
-        return self._effective
+        return srv.effective(self.server, wait_s=10.0 if self._sent else 0.0)
 
     def reported(self) -> list:
+        self._sent = True
         resp = self.server.chat(self.cfg)
-        self._effective = None  # the worker writes effective.json on its first request
-        eff = self.effective_after_request()
-        return [srv.outcome_from_response(resp, self.cfg, eff, self.server.detokenize)]
-
-    def effective_after_request(self) -> dict:
-        self._effective = srv.effective(self.server)
-        return self._effective
+        return [srv.outcome_from_response(resp, self.cfg, self.effective(),
+                                          self.server.detokenize)]
 
     def check(self, name: str) -> list:
         return srv.check_a(self.server, self.cfg)

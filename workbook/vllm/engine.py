@@ -23,7 +23,7 @@ from workbook.vllm import effective, env
 
 
 def resolve_model(name_or_path: str) -> str:
-    return models.build(name_or_path) if models.is_tiny(name_or_path) else name_or_path
+    return models.build(name_or_path) if models.is_builtin(name_or_path) else name_or_path
 
 
 def speculative_config(cfg: RunConfig) -> dict[str, Any] | None:
@@ -49,7 +49,7 @@ def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
                               reasoning_parser=cfg.reasoning_parser,
                               max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
                               seed=cfg.seed, dtype=cfg.dtype)
-    if models.is_tiny(cfg.model):
+    if models.is_builtin(cfg.model):
         kw["load_format"] = "dummy"
         kw.update(models.model_engine_kwargs(cfg.model))
     spec = speculative_config(cfg)
