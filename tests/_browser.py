@@ -46,7 +46,7 @@ class Browser:
              "--hide-scrollbars", f"--window-size={width},{height}",
              "--disable-features=Translate,OptimizationHints,MediaRouter",
              "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-             "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+             "--proxy-server=http://127.0.0.1:9",
              "--remote-debugging-port=0", "--remote-allow-origins=*",
              f"--user-data-dir={self.profile}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

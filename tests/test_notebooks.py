@@ -98,3 +98,69 @@ def test_papermill_runs_the_paired_notebook_with_parameters(tmp_path):
     assert (tmp_path / "run" / "vllm.log").stat().st_size > 0
     assert json.loads((tmp_path / "run" / "config.json").read_text())[
         "thinking_token_budget"] == 3
+
+
+def _synthetic_trace(n_steps: int, k: int = 4, bad_step: int | None = None):
+    """A trace of one request over ``n_steps`` steps (prefill + MTP k), as the tracer writes
+    it: drafts accepted on even steps, the budget due (and missed) at ``bad_step``."""
+    import pandas as pd
+
+    rows, reqs, out = [], [], []
+    for s in range(n_steps):
+        n = 1 if s == 0 else k + 1
+        accepted = s % 2 == 0
+        emitted_here = []
+        for lp in range(n):
+            emit = lp == 0 or accepted
+            tok = 7 if emit else None
+            rows.append({"step": s, "req_id": "r", "slot": 0, "row": lp, "local_pos": lp,
+                         "input_token": 7, "end_logit_raw": 0.1, "end_logit_before_apply": 0.1,
+                         "end_logit_after_apply": 0.1, "end_logit_final": 0.1,
+                         "forced": False, "forced_final": False, "sampled_vllm": tok,
+                         "emitted_token": tok, "draft_accepted": accepted if lp else None,
+                         "emitted": emit})
+            if emit:
+                emitted_here.append(7)
+        reqs.append({"step": s, "req_id": "r", "path": "Sampler" if s == 0 else
+                     "RejectionSampler", "gate": True, "fast_path": False, "budget_host": 3,
+                     "budget_device": 3, "apply_called": True, "kernels_launched": True,
+                     "use_thinking_budget": True, "enabled": True, "emitted": emitted_here})
+        out += emitted_here
+    expected = sum(len(r["emitted"]) for r in reqs[:bad_step]) if bad_step else None
+    verdict = {"markers": {"end": [9]}, "requests": [
+        {"req_id": "r", "budget": 3, "expected_end_index": expected,
+         "honored": False if bad_step else None, "output": out}]}
+    return {"rows": pd.DataFrame(rows), "requests": pd.DataFrame(reqs)}, verdict
+
+
+@pytest.mark.parametrize("n_steps", [9, 500])
+def test_explorer_stays_readable_for_short_and_long_traces(n_steps):
+    import ipywidgets as w
+
+    from workbook.report import grid
+
+    frames, verdict = _synthetic_trace(n_steps, bad_step=n_steps * 2 // 3)
+    box = grid.explorer(frames, verdict)
+
+    def walk(x):
+        yield x
+        for c in getattr(x, "children", ()) or ():
+            yield from walk(c)
+
+    widgets = list(walk(box))
+    cells = [x for x in widgets if isinstance(x, w.Button) and "wb-cell" in x._dom_classes]
+    assert len(cells) == 5 * min(12, n_steps)  # a bounded window, whatever the trace length
+    status = next(x for x in widgets if "wb-status" in getattr(x, "_dom_classes", ()))
+    bad = n_steps * 2 // 3
+    assert f"showing steps {max(0, min(bad - 3, n_steps - 12))}–" in status.value  # opens on it
+    violated = [c for c in cells if (c.layout.border_top or "").startswith("3px solid #d62728")]
+    assert len(violated) == 1
+    nxt = next(x for x in widgets if "wb-next" in getattr(x, "_dom_classes", ()))
+    before = status.value
+    nxt.click()
+    assert status.value != before or n_steps <= 12
+    overview = next(x for x in widgets if isinstance(x, w.HTML) and "wb-overview" in x.value)
+    blocks = overview.value.count("<span ")
+    assert 0 < blocks <= 300 and "#d62728" in overview.value
+    static = grid.explorer_static(frames, verdict)
+    assert static.count("<td") <= 5 * 16 + 5 and "wbg-due-bad" in static

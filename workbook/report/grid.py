@@ -325,36 +325,41 @@ def rows_at_step(grid: pd.DataFrame, step: int, decode: tokens.Decode) -> pd.Dat
 _COLORS = {"forced": "#d8f0d8", "off": "#f1f1f1", "plain": "#ffffff", "bad": "#fbd5d5"}
 
 
-def overview_html(grid: pd.DataFrame, req: dict, window: list[int], end_ids) -> str:
-    """One thin block per step of the request: red = violation, green = a forced row,
-    blue = drafts accepted, grey = other; the current window framed."""
+def overview_html(grid: pd.DataFrame, req: dict, window: list[int], end_ids,
+                  width_px: int = 900) -> str:
+    """Every step of the request as a thin block (several steps per block beyond 300 steps):
+    red = the budget's step, violated; green = a row forced; blue = drafts accepted; grey =
+    other. The current window is framed. Never wider than ``width_px``."""
     steps = sorted(int(s) for s in grid["step"].unique())
     if not steps:
         return ""
-    width = max(2, min(14, 900 // max(1, len(steps))))
     bad = violation_step(grid, req) if req.get("honored") is False else None
     forced = set(grid[grid.apply(_forced, axis=1)]["step"].astype(int)) if len(grid) else set()
     acc = set(grid[grid["draft_accepted"].map(lambda v: bool(_py(v)))]["step"].astype(int)) \
         if "draft_accepted" in grid else set()
+    per = math.ceil(len(steps) / 300)
+    bins = [steps[i:i + per] for i in range(0, len(steps), per)]
+    width = max(2, min(14, width_px // len(bins) - 1))
     lo, hi = (window[0], window[-1]) if window else (None, None)
     parts = []
-    for s in steps:
-        color = ("#d62728" if s == bad else "#2ca02c" if s in forced
-                 else "#3b7dd8" if s in acc else "#c8c8c8")
-        inside = lo is not None and lo <= s <= hi
-        parts.append(f'<span title="step {s}" style="display:inline-block;width:{width}px;'
+    for b in bins:
+        color = ("#d62728" if bad in b else "#2ca02c" if forced & set(b)
+                 else "#3b7dd8" if acc & set(b) else "#c8c8c8")
+        inside = lo is not None and any(lo <= s <= hi for s in b)
+        title = f"step {b[0]}" + (f"–{b[-1]}" if len(b) > 1 else "")
+        parts.append(f'<span title="{title}" style="display:inline-block;width:{width}px;'
                      f'height:14px;background:{color};margin-right:1px;'
-                     f'opacity:{1 if inside else .45};'
-                     f'{"border-top:3px solid #000;" if inside else "border-top:3px solid transparent;"}'
-                     f'"></span>')
-    return (f'<div style="line-height:0;white-space:nowrap;overflow:hidden">{"".join(parts)}</div>'
+                     f'opacity:{1 if inside else .45};border-top:3px solid '
+                     f'{"#000" if inside else "transparent"}"></span>')
+    return (f'<div class="wb-overview" style="line-height:0;white-space:nowrap;overflow:hidden;'
+            f'max-width:{width_px}px">{"".join(parts)}</div>'
             f'<div style="font:11px system-ui;color:#555">steps {steps[0]}–{steps[-1]} '
-            f'({len(steps)}); window {lo}–{hi}; red: budget due and violated, green: a row forced, '
-            'blue: drafts accepted</div>')
+            f'({len(steps)}{f", {per} per block" if per > 1 else ""}); window {lo}–{hi}; red: '
+            'the budget\'s step, violated; green: a row forced; blue: drafts accepted</div>')
 
 
 def explorer(frames: dict, verdict: dict | None, decode: tokens.Decode | None = None,
-             end_ids=None, window: int = 16):
+             end_ids=None, window: int = 12):
     """ipywidgets explorer over every traced request (JupyterLab)."""
     import ipywidgets as w
 
@@ -372,8 +377,9 @@ def explorer(frames: dict, verdict: dict | None, decode: tokens.Decode | None = 
     pick = w.Dropdown(options=[(req_label(r), i) for i, r in enumerate(reqs)],
                       value=reqs.index(first_bad), description="request",
                       layout=w.Layout(width="420px"))
-    size = w.Dropdown(options=[8, 16, 32], value=window if window in (8, 16, 32) else 16,
-                      description="steps shown", layout=w.Layout(width="200px"))
+    size = w.Dropdown(options=[6, 12, 24], value=window if window in (6, 12, 24) else 12,
+                      description="steps shown", style={"description_width": "initial"},
+                      layout=w.Layout(width="180px"))
     start = w.IntSlider(description="first step", continuous_update=False,
                         layout=w.Layout(width="520px"))
     prev_b = w.Button(description="◀ earlier", layout=w.Layout(width="90px"))
@@ -386,7 +392,7 @@ def explorer(frames: dict, verdict: dict | None, decode: tokens.Decode | None = 
     details.add_class("wb-details")
     status = w.HTML()
     status.add_class("wb-status")
-    grid_box = w.GridBox(layout=w.Layout(grid_gap="2px"))
+    grid_box = w.GridBox(layout=w.Layout(grid_gap="2px", overflow="auto"))
     grid_box.add_class("wb-grid")
     state: dict[str, Any] = {"grid": None, "steps": [], "buttons": [], "heads": []}
 
@@ -404,7 +410,7 @@ def explorer(frames: dict, verdict: dict | None, decode: tokens.Decode | None = 
         render()
 
     def build_pool():
-        n = size.value
+        n = max(1, min(size.value, len(state["steps"])))
         heads = [w.HTML("<b>step</b>")] + [w.HTML() for _ in range(n)]
         btns = []
         children = list(heads)
@@ -418,7 +424,7 @@ def explorer(frames: dict, verdict: dict | None, decode: tokens.Decode | None = 
                 row_btns.append(b)
                 children.append(b)
             btns.append(row_btns)
-        grid_box.layout.grid_template_columns = f"110px repeat({n}, minmax(52px, 1fr))"
+        grid_box.layout.grid_template_columns = f"110px repeat({n}, minmax(60px, 110px))"
         grid_box.children = children
         state["buttons"], state["heads"] = btns, heads
 
@@ -445,8 +451,8 @@ def explorer(frames: dict, verdict: dict | None, decode: tokens.Decode | None = 
         for lp, row_btns in enumerate(state["buttons"]):
             for j, b in enumerate(row_btns):
                 row = by.get((steps[j], lp)) if j < len(steps) else None
-                if row is None:
-                    b.description, b.tooltip, b.disabled = "", "", True
+                if row is None:  # (an empty description would not clear the old text)
+                    b.description, b.tooltip, b.disabled = "\u00a0", "", True
                     b.style.button_color = "#fafafa"
                     b.style.text_decoration = "none"
                     b.layout.border = "1px solid #eee"
@@ -478,6 +484,10 @@ def explorer(frames: dict, verdict: dict | None, decode: tokens.Decode | None = 
             return
         g = state["grid"]
         hit = g[(g["step"] == steps[j]) & (g["local_pos"] == lp)]
+        for row_btns in state["buttons"]:
+            for b in row_btns:
+                b.remove_class("wb-selected")
+        state["buttons"][lp][j].add_class("wb-selected")
         details.value = details_html(hit.to_dict("records")[0] if len(hit) else None, decode)
 
     def move(delta: int):
@@ -497,9 +507,9 @@ def explorer(frames: dict, verdict: dict | None, decode: tokens.Decode | None = 
     pick.observe(lambda _c: load_request(), names="value")
     size.observe(lambda _c: (build_pool(), render()), names="value")
     load_request()
-    legend = w.HTML("<style>.wb-cell button,.wb-cell{font-family:ui-monospace,monospace;"
-                    "font-size:12px}</style>" + legend_html().replace("class=\"wbg-legend\"",
-                                                                       "style=\"font:12px system-ui\""))
+    legend = w.HTML(f"<style>{CSS}.wb-cell{{font-family:ui-monospace,monospace;"
+                    "font-size:12px}.wb-selected{box-shadow:0 0 0 3px #6a3d9a!important}</style>"
+                    + legend_html())
     return w.VBox([w.HBox([pick, size]), w.HBox([prev_b, start, next_b, jump_b]), overview,
                    status, legend, grid_box, details])
 
