@@ -167,7 +167,8 @@ def test_failing_runs_keep_partial_notebook_and_failure_row(tmp_path):
     assert res.returncode == 1, res.stderr[-3000:]
     (run_dir,) = run_dirs(out)
     m = manifest(run_dir)
-    assert m["status"] == "failed" and m["counts"] == {"ok": 0, "failed": 1, "timeout": 1}
+    assert m["status"] == "failed" and m["counts"] == {"ok": 0, "failed": 1, "timeout": 1,
+                                                       "interrupted": 0}
     slow, broken_row = m["runs"]
 
     assert slow["status"] == "timeout"
@@ -314,10 +315,20 @@ def test_second_ctrl_c_forces_and_the_folder_stays_unfinished(tmp_path):
     proc, out = start_run(tmp_path, "force")
     run_dir = wait_for_stage(out, "first", "start", proc)
     time.sleep(2)
+    import threading
+
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")),
+                              daemon=True)
+    reader.start()
     os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.3)
+    deadline = time.time() + 60  # the first Ctrl-C is being handled (two at once are one)
+    while not any("SIGINT received" in ln for ln in lines) and time.time() < deadline:
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, rest = proc.communicate(timeout=120)  # (communicate reads what is left)
+    reader.join(timeout=10)
+    stderr = "".join(lines) + (rest or "")
     assert proc.returncode == 130, stderr[-3000:]
     assert "forced exit" in stderr and str(run_dir) in stderr
     time.sleep(1)

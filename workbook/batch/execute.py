@@ -92,8 +92,11 @@ def execute(env: Environment, *, out: str = "outputs", only: list[str] | None = 
         with guard.optional():
             if interrupted is not None and interrupted.row is not None:
                 _notebook_html(run_dir, interrupted.row, notebook_html, hide_code)
+            if interrupted is not None:
+                print("workbook: closing the run folder (environment probes: up to 15 s; "
+                      "again to force)", file=sys.stderr, flush=True)
             environment = envcapture.capture(REPO, probes,
-                                             timeout=5.0 if interrupted else 120.0)
+                                             timeout=15.0 if interrupted else 120.0)
         environment["install"] = env.raw.get("install")
         write_json(os.path.join(run_dir, "environment.json"), environment)
         _close_manifest(manifest, run_dir)

@@ -288,7 +288,8 @@ def _cell_info(i: int, cell, err) -> dict[str, Any]:
     return {"ename": err.get("ename"), "evalue": _strip_ansi(str(err.get("evalue")))[:2000]
             if err.get("evalue") is not None else None,
             "cell_index": i, "cell_id": cell.get("id"),
-            "cell_source_head": "\n".join(cell.get("source", "").splitlines()[:5]),
+            "cell_source_head": "\n".join([ln for ln in cell.get("source", "").splitlines()
+                                            if ln.strip()][:5]),
             "traceback_tail": _strip_ansi("\n".join(err.get("traceback", [])))[-3000:] or None}
 
 

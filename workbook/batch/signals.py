@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 
+kill_tree = None  # workbook.batch.executors.kill_tree, bound on entry (no import cycle)
 HANDLED = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP"))
                 if s is not None)
 
@@ -62,6 +63,12 @@ class Guard:
 
     # -- installation
     def __enter__(self) -> "Guard":
+        # Imported now, not in a handler: a second signal landing while a first import of
+        # psutil runs would find it half-initialised and leave the run's processes alive.
+        import psutil  # noqa: F401
+
+        global kill_tree
+        from workbook.batch.executors import kill_tree
         if threading.current_thread() is threading.main_thread():
             for s in HANDLED:
                 self._previous[s] = signal.signal(s, self._handle)
@@ -107,11 +114,9 @@ class Guard:
 
     def _force(self, signum) -> None:
         if self.child is not None:
-            from workbook.batch.executors import kill_tree
-
             try:
                 kill_tree(self.child[0], marker=self.child[1], wait=False)
-            except Exception:
+            except BaseException:
                 pass
         print(f"workbook: forced exit; the run folder is left unfinished: {self.run_dir}",
               file=self.out, flush=True)

@@ -130,7 +130,8 @@ class Batch:
 
     @property
     def finished(self) -> bool:
-        return rundir.finished(self.folder)
+        """Closed manifest (``SHA256SUMS`` come after the report, so they are not required)."""
+        return self.manifest.get("status") not in (None, "running")
 
     @property
     def vllm(self) -> str:
@@ -344,17 +345,23 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
     tried = [(r, t) for r, t in twins if t is not None]
     fixed = [(r, t) for r, t in tried if _verdict(t) == "honored"]
     hw = sorted({b.hardware for b in batches})
-    ok_req, n_req = _n_requests([r for r in healthy if r.row.get("status") == "ok"])
+    judged = [r for r in healthy if r.row.get("status") == "ok" and _verdict(r)]
+    ok_req, n_req = _n_requests(judged)
     parts = []
     if healthy_bad:
         names = ", ".join(f"{r.short} ({cause_text(r.verdict)})" for r in healthy_bad)
         parts.append(f"vLLM ignored thinking_token_budget WITHOUT any injected fault in "
                      f"{len(healthy_bad)} of {len(healthy)} run(s): {names}.")
-    elif healthy:
+    elif judged and all(_verdict(r) == "honored" for r in judged):
         parts.append(f"Healthy vLLM honoured thinking_token_budget in every run on "
-                     f"{' and '.join(hw)}: {len(healthy)} run(s) without a fault, "
+                     f"{' and '.join(hw)}: {len(judged)} run(s) without a fault, "
                      f"{ok_req} of {n_req} requests with </think> exactly where the budget "
                      f"puts it.")
+    elif judged:
+        parts.append(f"Runs without a fault on {' and '.join(hw)}: {_count_line(judged)}.")
+    elif healthy:
+        parts.append("No run without a fault finished: there is no verdict on healthy vLLM "
+                     "here.")
     if faults:
         parts.append(f"Injected faults: {len(caught)} of {len(faults)} caught and named at "
                      "their first step and row" + (f"; the guard fixed {len(fixed)} of "
@@ -365,6 +372,7 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
         parts.append(f"{len(not_ok)} run(s) did not finish ({_count_line(not_ok)}).")
     stopped = [b for b in batches if b.manifest.get("status") == "interrupted"
                or not b.finished]
+    warn = bool(stopped or not_ok or not judged)
     for b in stopped:
         intr = b.manifest.get("interrupted") or {}
         if intr:
@@ -374,11 +382,12 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
             parts.append(f"Batch {b.hardware}/{b.run_id} is unfinished (no closed manifest "
                          "or no SHA256SUMS): its process was killed.")
     return {"headline": " ".join(parts) or "No runs.", "alarm": bool(healthy_bad),
-            "batches": per_batch}
+            "warn": warn, "batches": per_batch}
 
 
 def _finding_html(f: dict) -> str:
-    out = [f'<section class="finding{" alarm" if f["alarm"] else ""}">',
+    klass = " alarm" if f["alarm"] else " warn" if f["warn"] else ""
+    out = [f'<section class="finding{klass}">',
            f'<p class="headline">{html.escape(f["headline"])}</p>']
     for pb in f["batches"]:
         b: Batch = pb["batch"]
@@ -810,6 +819,8 @@ class Page:
     def image(self, uri: str | None, alt: str) -> None:
         if uri:
             self.parts.append(f'<img alt="{html.escape(alt)}" src="{uri}">')
+        else:
+            self.p(f"({alt}: no finished run to draw)", "empty")
 
     def pre(self, text: str, summary: str) -> None:
         self.parts.append(f"<details><summary>{html.escape(summary)}</summary>"
@@ -853,6 +864,7 @@ pre{background:#f6f6f6;padding:.6em;overflow:auto;font-size:.8em;white-space:pre
 .empty{color:#777}.note{color:#555;font-size:.92em}.bad{color:#b00020}.ok{color:#1a7f37}
 section.finding{border:2px solid #2ca02c;background:#f3faf3;border-radius:6px;padding:.4em 1em .6em;margin:.6em 0 1em}
 section.finding.alarm{border-color:#d62728;background:#fdf3f3}
+section.finding.warn{border-color:#d9a400;background:#fffbea}
 p.headline{font-size:1.18em;font-weight:600;margin:.4em 0}
 .fb h3{margin:.6em 0 .1em}.fb ul{margin:.2em 0}.fb ol.viol{margin:.2em 0 .4em;padding-left:1.6em}
 .fb ol.viol li{margin:.25em 0}.stage{font-weight:600}.cause{color:#7a1f1f}.chain{font-size:.9em;color:#444}
@@ -861,7 +873,7 @@ p.headline{font-size:1.18em;font-weight:600;margin:.4em 0}
 .tw{max-width:100%;overflow-x:auto}
 table.plain{border-collapse:collapse;font-size:.88em;margin:.4em 0}
 table.plain th,table.plain td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top;
-word-break:break-word}
+overflow-wrap:anywhere}table.plain th{overflow-wrap:normal}
 table.plain th{background:#f3f3f3}table.plain caption{caption-side:bottom;color:#555;font-size:.9em}
 td.v-honored{background:#e6f4e6}td.v-violated{background:#fbd5d5;font-weight:600}
 td.v-failed,td.v-timeout,td.v-interrupted{background:#fff0c2}
