@@ -47,7 +47,7 @@ td.wbg-none{background:repeating-linear-gradient(45deg,#fafafa,#fafafa 4px,#f0f0
 td.wbg-off .wbg-t{color:#999;text-decoration:line-through}
 td.wbg-nos .wbg-t{text-decoration:none}
 td.wbg-off{background:#f6f6f6}
-td.wbg-forced{background:#d8f0d8}
+td.wbg-forced{background:#d8f0d8;padding-left:9px}
 td.wbg-forced:before{content:"F";position:absolute;left:1px;top:0;font-size:9px;color:#1a7f37;font-weight:700}
 td.wbg-acc{box-shadow:inset 0 -3px 0 #3b7dd8}
 td.wbg-end .wbg-t{font-weight:700;color:#0b6e2e}
