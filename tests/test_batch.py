@@ -35,8 +35,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-RUN_FILES = {"01_reproduce.ipynb", "parameters.yaml", "papermill.log", "config.json",
-             "effective.json", "outcome.json", "verdict.json", "timings.json"}
+RUN_FILES = {"01_reproduce.ipynb", "01_reproduce.html", "parameters.yaml", "papermill.log",
+             "config.json", "effective.json", "outcome.json", "verdict.json", "timings.json",
+             "stage.json", "vllm.log"}
 
 
 def workbook(*args, timeout=900) -> subprocess.CompletedProcess:
@@ -132,6 +133,11 @@ def test_run_writes_layout_manifest_sums_and_verify_detects_tampering(tmp_path):
     assert not [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     checks = json.loads((folder / "checks.json").read_text())
     assert set(checks) == {"A"}
+    assert json.loads((folder / "stage.json").read_text())["stage"] == "finish"
+    assert row["notebook_html"] == "01_reproduce.html"
+    report = (run_dir / "report.html").read_text()
+    assert 'href="mtp/01_reproduce.html"' in report  # the report links the executed notebook
+    assert "mtp: engine start" in res.stderr  # the progress named the step the run was in
 
     listed = [line.split("  ", 1)[1] for line in (run_dir / "SHA256SUMS").read_text().splitlines()]
     on_disk = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")
