@@ -465,7 +465,8 @@ def explorer(frames: dict, verdict: dict | None, decode: tokens.Decode | None = 
                 b.tooltip = "\n".join(f"{k}: {v}" for k, v in details_rows(row, decode))
                 b.style.button_color = (_COLORS["forced"] if c["forced"] else
                                         _COLORS["off"] if not c["emitted"] else _COLORS["plain"])
-                b.style.text_decoration = "none" if c["emitted"] else "line-through"
+                b.style.text_decoration = "none" if c["emitted"] or c["token"] is None \
+                    else "line-through"
                 b.style.font_weight = "bold" if "wbg-end" in c["classes"] else "normal"
                 b.style.text_color = "#999" if not c["emitted"] else (
                     "#0b6e2e" if "wbg-end" in c["classes"] else "#111")
