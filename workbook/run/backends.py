@@ -30,6 +30,7 @@ class InProcess:
 
     def __init__(self, cfg, outdir=None, engine=None):
         self.cfg = cfg
+        self.outdir = outdir
         self.engine = engine
         self.hooks: list = []
         self.tracer = None
@@ -41,7 +42,8 @@ class InProcess:
 
     def start(self) -> None:
         if self.engine is None:
-            self.engine = engine.shared(self.cfg)
+            self.engine = engine.shared(self.cfg, log=os.path.join(self.outdir, "vllm.log")
+                                        if self.outdir else None)
             self.timings.update(self.engine.timings)
         self.hooks, self.tracer = hooks.install(self.cfg, engine=self.engine)
 

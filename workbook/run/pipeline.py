@@ -18,7 +18,8 @@ dies half-way still leaves what it had):
 7. ``finish``    hooks removed / server stopped; ``timings.json`` and the backend's own files
 
 Adding an evidence file is one edit: a step here that calls ``self.save(name, obj)``.
-``on_stage(name, elapsed_s)`` is called as each step starts (progress displays).
+``on_stage(name, elapsed_s)`` is called as each step starts (progress displays), and with an
+``outdir`` the step is written to ``stage.json`` there (a batch polls it across processes).
 
 Not here: papermill and batches (``workbook.batch``), reports (``workbook.report``).
 """
@@ -34,6 +35,7 @@ from workbook.core import rundir, tracefiles
 from workbook.core.config import ConfigError, RunConfig, validate
 
 CHECK_NAMES = ("A", "B")
+STAGE_FILE = "stage.json"  # the step now running, rewritten as each starts (batch progress)
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Run:
 
         self._t0 = time.perf_counter()
         self.on_stage = on_stage
+        self._outdir = outdir
         self._stage("validate")
         self.cfg = validate(cfg, on_cpu=env.on_cpu())
         self.check_names = check_checks(self.cfg, checks)
@@ -90,6 +93,9 @@ class Run:
 
     # -- plumbing
     def _stage(self, name: str) -> None:
+        if self._outdir and os.path.isdir(self._outdir):
+            rundir.write_json(os.path.join(self._outdir, STAGE_FILE), {
+                "stage": name, "elapsed_s": round(time.perf_counter() - self._t0, 2)})
         if self.on_stage is not None:
             self.on_stage(name, time.perf_counter() - self._t0)
 
