@@ -44,7 +44,7 @@ def _from_model(model: str) -> Decode | None:
     from workbook.core import models
 
     try:
-        path = models.build(model) if models.is_tiny(model) else model
+        path = models.build(model) if models.is_builtin(model) else model
         tj = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tj):
             return None
