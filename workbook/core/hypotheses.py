@@ -118,11 +118,12 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "reasoning state than the rule (start lost / count restarted)",
                "device state refreshed (marker caches reset) before apply",
                {**_MRV2, "state": "honored", "markers": "violated", "alone": "violated"}),
-    Hypothesis("H-j", "device state", "forcing depends on batch composition",
-               "the kernel was not handed this request's rows with its own slot and local "
-               "positions, or its rows are forced alone but not in this batch",
-               "row->slot mapping / local positions / drafts handed to the kernel != the "
-               "batch's; or the batch-of-1 probe honored while the batch violated",
+    Hypothesis("H-j", "device state", "forcing depends on batch composition (the kernel "
+               "did not get this request's rows)",
+               "the kernel was not handed this request's rows mapped to its own slot, or its "
+               "rows are forced alone but not in this batch",
+               "row->slot mapping handed to the kernel != the batch's; or the batch-of-1 probe "
+               "honored while the batch violated",
                "batch of 1 vs batch of several mixed budgets",
                {**_MRV2, **_BUDGET_STATE, "alone": "honored"}),
     Hypothesis("H-d-kernel", "kernel", "budget kernel did not force a due row though its "

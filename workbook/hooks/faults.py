@@ -195,7 +195,7 @@ MARKER_ATTRS = ("reasoning_start_token_ids", "reasoning_end_token_ids",
 CACHE_ATTRS = ("cached_last_start", "cached_last_end")
 
 
-def _raw_alias(t):
+def raw_alias(t):
     """A tensor on ``t``'s storage that PyTorch does not know as ``t``: writes through it
     leave ``t._version`` (and ``t.data_ptr()``) unchanged, as an out-of-band writer would."""
     import torch
@@ -215,7 +215,7 @@ def _h_i(ps, hp):
             t = getattr(state, name)
             saved.append((state, name, t.detach().clone()))
             with torch.inference_mode():
-                _raw_alias(t).zero_()
+                raw_alias(t).zero_()
 
     def make(orig):
         def add_requests(runner, *a, **k):
@@ -228,7 +228,7 @@ def _h_i(ps, hp):
     def restore():
         with torch.inference_mode():
             for state, name, vals in saved:
-                _raw_alias(getattr(state, name)).copy_(vals)
+                raw_alias(getattr(state, name)).copy_(vals)
         saved.clear()
 
     ps.wrap(hp.runner, "add_requests", make)

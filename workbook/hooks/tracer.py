@@ -1,8 +1,9 @@
 """Per-step tracer of MRV2 sampling internals: what vLLM did with the thinking budget.
 
-``Tracer().install()`` patches (``workbook.vllm.patching`` layer "trace", i.e. outermost) the hook
-points of ``workbook.vllm.hookpoints`` and records, for every real engine step (warm-up and dummy runs
-never enter ``sample_tokens`` with a request and are ignored):
+``Tracer().install()`` patches (``workbook.vllm.patching`` layer "trace", i.e. outermost) the
+hook points of ``workbook.vllm.hookpoints`` (and vLLM's two budget kernels' launches, the
+functions that consume the processed logits) and records, for every real engine step (warm-up
+and dummy runs never enter ``sample_tokens`` with a request and are ignored):
 
 - **steps**: step index, path (``Sampler`` / ``RejectionSampler``), number of requests, logits
   rows and draft tokens, tokens the guard replaced (if the guard is installed).
@@ -66,14 +67,62 @@ from workbook.vllm import hookpoints, patching
 FORCED_THRESHOLD = 1e8
 
 
-KERNEL_ARGS = ("logits", "req_ids", "expanded_idx_mapping", "thinking_token_budget",
-               "all_token_ids", "total_len", "input_ids", "expanded_local_pos",
-               "cached_last_start", "cached_last_end", "cached_scan_pos",
-               "reasoning_start_token_ids", "natural_reasoning_end_token_ids",
-               "reasoning_end_token_ids")  # vLLM's apply_thinking_budget (0.28-0.32)
 MARKER_ATTRS = ("reasoning_start_token_ids", "reasoning_end_token_ids",
                 "natural_reasoning_end_token_ids")  # ThinkingBudgetState, this order
 MARKER_KEYS = ("start", "end", "natural_end")
+SCAN_KERNEL = "_update_committed_marker_cache_kernel"  # vLLM's two budget kernels (0.28-0.32)
+FORCE_KERNEL = "_thinking_budget_kernel"
+MARKER_ARGS = {"reasoning_start_token_ids": "reasoning_start_token_ids_ptr",
+               "reasoning_end_token_ids": "reasoning_end_token_ids_ptr",
+               "natural_reasoning_end_token_ids": "natural_reasoning_end_token_ids_ptr"}
+STATE_ARGS = {"thinking_token_budget_ptr": "budget", "all_token_ids_ptr": "all_token_ids",
+              "total_len_ptr": "total_len", "cached_last_start_ptr": "cached_last_start",
+              "cached_last_end_ptr": "cached_last_end", "cached_scan_pos_ptr": "cached_scan_pos",
+              **{v: k for k, v in MARKER_ARGS.items()}}  # kernel argument -> the state's tensor
+CALL_ARGS = {"expanded_idx_mapping_ptr": "expanded_idx_mapping", "input_ids_ptr": "input_ids",
+             "expanded_local_pos_ptr": "expanded_local_pos", "req_ids_ptr": "req_ids"}
+
+
+def _state_tensor(state, key: str):
+    if key == "budget":
+        return state.thinking_token_budget.gpu
+    if key in ("all_token_ids", "total_len"):
+        return getattr(state.req_states, key).gpu
+    return getattr(state, key)
+
+
+class _LaunchProxy:
+    """Stands in for one of vLLM's Triton budget kernels (a module global, looked up at each
+    launch): ``kernel[grid](*args)`` tells the tracer what the launch really received (and,
+    when it was not ``apply``'s logits, what it wrote), then launches the original."""
+
+    def __init__(self, fn, name: str, tracer: "Tracer"):
+        self._fn, self._name, self._tracer = fn, name, tracer
+
+    def __getitem__(self, grid):
+        launch = self._fn[grid]
+
+        def run(*a, **k):
+            t = self._tracer
+            logits = None
+            try:
+                named = dict(zip(self._fn.arg_names, a))
+                named.update(k)
+                logits = t._on_launch(self._name, named)
+            except Exception as e:  # the tracer must never break the engine
+                t._error(f"launch:{self._name}", e)
+            out = launch(*a, **k)
+            if logits is not None:
+                try:
+                    t._after_launch(logits)
+                except Exception as e:
+                    t._error(f"launch:{self._name}", e)
+            return out
+
+        return run
+
+    def __getattr__(self, name):
+        return getattr(self._fn, name)
 
 
 @dataclass
@@ -184,6 +233,9 @@ class Tracer:
         tb_mod = importlib.import_module(hp.budget.__module__)
         if hasattr(tb_mod, "apply_thinking_budget"):
             ps.wrap(tb_mod, "apply_thinking_budget", self._w_kernel_launch)
+        for kernel in (SCAN_KERNEL, FORCE_KERNEL):  # the Triton launches themselves
+            if hasattr(getattr(tb_mod, kernel, None), "arg_names"):
+                ps.wrap(tb_mod, kernel, self._w_triton(kernel))
         # where the processed logits are consumed: the Sampler's sampling functions and the
         # rejection sampler's verification (module-level names, looked up at call time)
         for mod, names in ((importlib.import_module(hp.sampler.__module__),
@@ -325,20 +377,18 @@ class Tracer:
             rec = call.apply
             call.apply_called = True
             logits = args.logits
-            rec["enabled"] = bool(state.enabled)
-            rec["a_ptr"] = logits.data_ptr()
+            rec.update(state=state, enabled=bool(state.enabled), a_ptr=logits.data_ptr(),
+                       launched=False, substituted=[], idx=args.idx_mapping)
             rec["before"] = logits[:, ends].detach().float().clone()
-            rec["launched"] = False
             full_before = None
             if state.enabled:
-                idx = args.idx_mapping.long()
                 rec["use"] = np.array(state.use_thinking_budget[slots_np], copy=True)
                 rec["budget_host"] = np.array(state.thinking_token_budget.np[slots_np], copy=True)
-                rec["budget_dev"] = state.thinking_token_budget.gpu[idx].detach().clone()
-                tracer._state_before(state, idx, rec)
-                rec["expect"] = tracer._state_ptrs(state, logits, call)
                 full_before = logits.detach().clone()
-            out = orig(state, *a, **k)
+            try:
+                out = orig(state, *a, **k)
+            finally:
+                rec.pop("state", None)
             rec["after"] = logits[:, ends].detach().float().clone()
             if full_before is not None:
                 import torch
@@ -349,6 +399,13 @@ class Tracer:
                 del d, full_before
             if state.enabled:
                 idx = args.idx_mapping.long()
+                if "markers_dev" not in rec:  # no kernel ran: what the kernels would read
+                    tracer._read_markers(rec, [getattr(state, n) for n in MARKER_ATTRS])
+                if "cache_before" not in rec:
+                    tracer._read_state(rec, idx, state.thinking_token_budget.gpu,
+                                       state.req_states.all_token_ids.gpu,
+                                       state.req_states.total_len.gpu, state.cached_last_start,
+                                       state.cached_last_end, state.cached_scan_pos)
                 rec["last_start"] = state.cached_last_start[idx].detach().clone()
                 rec["last_end"] = state.cached_last_end[idx].detach().clone()
                 rec["scan_pos"] = state.cached_scan_pos[idx].detach().clone()
@@ -357,22 +414,26 @@ class Tracer:
 
         return apply
 
-    def _state_before(self, state, idx, rec: dict) -> None:
-        """Device clones of what the kernel will read, before ``apply`` (no sync)."""
+    # -- the kernels' own launches: what they really read and wrote --------------------------
+    def _read_markers(self, rec: dict, ms: list) -> None:
         import torch
 
-        ms = [getattr(state, n) for n in MARKER_ATTRS]
-        rec["markers_dev"] = torch.cat([m.detach().reshape(-1) for m in ms]).clone()
-        rec["markers_meta"] = [(m.data_ptr(), int(m._version), int(m.numel())) for m in ms]
-        if self._marker_ptrs is None:
+        rec["markers_meta"] = [(m.data_ptr(), _version(m), int(m.numel())) for m in ms]
+        rec["markers_dev"] = torch.cat([m.detach().reshape(-1) for m in ms])  # a new tensor
+        if self._marker_ptrs is None and "state_markers" not in rec:
             self._marker_ptrs = [m.data_ptr() for m in ms]
-        rec["cache_before"] = torch.stack([state.cached_last_start[idx],
-                                           state.cached_last_end[idx],
-                                           state.cached_scan_pos[idx]]).detach().clone()
-        rs = state.req_states
-        total = rs.total_len.gpu[idx].detach()
-        rec["total_len_dev"] = total.clone()
-        rec["hist_sum_dev"] = self._device_checksum(rs.all_token_ids.gpu, idx, total)
+
+    def _read_state(self, rec: dict, idx, budget_t, all_tok, total_len, last_start, last_end,
+                    scan_pos) -> None:
+        """Device clones of the per-slot state a kernel reads (no sync)."""
+        import torch
+
+        # advanced indexing copies: no extra clone needed (each line one or two launches)
+        rec["cache_before"] = torch.stack([last_start, last_end, scan_pos]).detach()[:, idx]
+        rec["budget_dev"] = budget_t.detach()[idx]
+        total = total_len.detach()[idx]
+        rec["total_len_dev"] = total
+        rec["hist_sum_dev"] = self._device_checksum(all_tok, idx, total)
 
     def _device_checksum(self, all_tok, idx, total):
         """Σ token·(pos+1) over ``all_token_ids[slot, :total_len]`` per slot, on the device."""
@@ -386,59 +447,86 @@ class Tracer:
             self._weights = torch.arange(1, int(all_tok.shape[1]) + 1, dtype=torch.int64,
                                          device=all_tok.device)
         w = self._weights[:width]
-        rows = all_tok[idx, :width].long()
-        return (rows * w * (w <= total.long().unsqueeze(1))).sum(-1)
+        wm = torch.where(w <= total.long().unsqueeze(1), w, 0)  # [reqs, width]
+        return (all_tok.detach()[idx, :width].long() * wm).sum(-1)
 
-    @staticmethod
-    def _state_ptrs(state, logits, call) -> dict:
-        """The tensors ``apply`` should hand the kernel: name -> (data_ptr, numel)."""
-        rs = state.req_states
-        exp = {"logits": _ptr(logits), "thinking_token_budget": _ptr(
-            state.thinking_token_budget.gpu), "all_token_ids": _ptr(rs.all_token_ids.gpu),
-            "total_len": _ptr(rs.total_len.gpu), "cached_last_start": _ptr(
-                state.cached_last_start), "cached_last_end": _ptr(state.cached_last_end),
-            "cached_scan_pos": _ptr(state.cached_scan_pos)}
-        exp.update({n: _ptr(getattr(state, n)) for n in MARKER_ATTRS})
-        exp.update(call.ptrs)
-        return exp
+    def _substituted(self, rec: dict, call: _Call, named: dict) -> list[str]:
+        """Kernel pointer arguments that are not the state's / the batch's tensors."""
+        state = rec.get("state")
+        out = []
+        for arg, key in STATE_ARGS.items():
+            if arg in named and state is not None and \
+                    _ptr(named[arg]) != _ptr(_state_tensor(state, key)):
+                out.append(key)
+        for arg, key in CALL_ARGS.items():
+            if arg in named and key in call.ptrs and _ptr(named[arg]) != call.ptrs[key]:
+                out.append(key)
+        if "logits_ptr" in named and named["logits_ptr"].data_ptr() != rec.get("a_ptr"):
+            out.append("logits")
+        return out
+
+    def _w_triton(self, kernel: str):
+        tracer = self
+
+        def make(orig):
+            return _LaunchProxy(orig, kernel, tracer)
+
+        return make
+
+    def _on_launch(self, kernel: str, named: dict) -> Any:
+        call = self._call
+        if call is None or self._step is None:
+            return None
+        rec = call.apply
+        state = rec.get("state")
+        subst = self._substituted(rec, call, named)
+        rec["substituted"] = sorted(set(rec.get("substituted", [])) | set(subst))
+        if kernel == SCAN_KERNEL and "cache_before" not in rec:
+            idx = rec["idx"].long()  # the batch's slots (the kernel's own req_ids may differ)
+            self._read_state(rec, idx, named["thinking_token_budget_ptr"],
+                             named["all_token_ids_ptr"], named["total_len_ptr"],
+                             named["cached_last_start_ptr"], named["cached_last_end_ptr"],
+                             named["cached_scan_pos_ptr"])
+            if state is not None and "budget" in subst:
+                rec["state_budget_dev"] = state.thinking_token_budget.gpu[idx].detach().clone()
+            if state is not None and ("total_len" in subst or "all_token_ids" in subst):
+                t = state.req_states.total_len.gpu[idx].detach()
+                rec["state_total_len"] = t.clone()
+                rec["state_hist_sum"] = self._device_checksum(
+                    state.req_states.all_token_ids.gpu, idx, t)
+            return None
+        if kernel != FORCE_KERNEL:
+            return None
+        rec["launched"] = True
+        ms = [named[MARKER_ARGS[n]] for n in MARKER_ATTRS]
+        if state is not None and any(n in subst for n in MARKER_ATTRS):
+            import torch
+
+            own = [getattr(state, n) for n in MARKER_ATTRS]
+            rec["state_markers"] = torch.cat([m.detach().reshape(-1) for m in own]).clone()
+            rec["state_markers_len"] = [int(m.numel()) for m in own]
+        self._read_markers(rec, ms)
+        if any(n in subst for n in ("expanded_idx_mapping", "input_ids", "expanded_local_pos")):
+            rec["k_mapping"] = named["expanded_idx_mapping_ptr"].detach().clone()
+            rec["k_local_pos"] = named["expanded_local_pos_ptr"].detach().clone()
+            rec["k_input_ids"] = named["input_ids_ptr"].detach().clone()
+        logits = named.get("logits_ptr")
+        rec["k_ptr"] = None if logits is None else logits.data_ptr()
+        return logits if "logits" in subst else None
+
+    def _after_launch(self, logits) -> None:
+        call = self._call
+        if call is not None and logits is not None:
+            call.apply["k_end"] = logits[:, self._end_col()].detach().float().clone()
 
     def _w_kernel_launch(self, orig):
         tracer = self
 
         def apply_thinking_budget(*a, **k):
             call = tracer._call
-            if call is None:
-                return orig(*a, **k)
-            rec = call.apply
-            rec["launched"] = True
-            kargs = dict(zip(KERNEL_ARGS, a))
-            kargs.update(k)
-            logits = kargs.get("logits")
-            expect = rec.get("expect") or {}
-            subst = [n for n, p in expect.items()
-                     if n in kargs and _ptr(kargs[n]) != p]
-            rec["substituted"] = subst
-            if subst:  # clone what the kernel really got (rare: only when not the state's)
-                import torch
-
-                mp = kargs.get("expanded_idx_mapping")
-                if any(n in subst for n in ("expanded_idx_mapping", "expanded_local_pos",
-                                            "input_ids")):
-                    rec["k_mapping"] = mp.detach().clone()
-                    rec["k_local_pos"] = kargs["expanded_local_pos"].detach().clone()
-                    rec["k_input_ids"] = kargs["input_ids"].detach().clone()
-                if any(n in subst for n in MARKER_ATTRS):
-                    rec["k_markers"] = torch.cat([kargs[n].detach().reshape(-1)
-                                                  for n in MARKER_ATTRS]).clone()
-                    rec["k_markers_len"] = [int(kargs[n].numel()) for n in MARKER_ATTRS]
-                if "thinking_token_budget" in subst:
-                    rec["k_budget"] = kargs["thinking_token_budget"][
-                        kargs["req_ids"].long()].detach().clone()
-            out = orig(*a, **k)
-            if logits is not None and logits.data_ptr() != rec.get("a_ptr"):
-                rec["k_end"] = logits[:, tracer._end_col()].detach().float().clone()
-                rec["k_top"] = tracer._topk(logits, 2)
-            return out
+            if call is not None:
+                call.apply["launched"] = True
+            return orig(*a, **k)
 
         return apply_thinking_budget
 
@@ -609,8 +697,11 @@ class Tracer:
                    else None,
                    "proposed": [int(t) for t in proposed[i]] if proposed is not None else []}
             if "use" in ap and slot in set(int(x) for x in ap["slots"]):
-                self._state_evidence(rec, ap, int(np.nonzero(ap["slots"] == slot)[0][0]),
-                                     req_id, hist)
+                try:
+                    self._state_evidence(rec, ap, int(np.nonzero(ap["slots"] == slot)[0][0]),
+                                         req_id, hist)
+                except Exception as e:  # evidence missing is no reason to lose the step
+                    self._error("state-evidence", e)
             drafts = []
             if call is not None:
                 rows = self._rows_of(step, call, slot, req_id, i, sampled, num_sampled,
@@ -634,6 +725,10 @@ class Tracer:
         meta = ap["markers_meta"]
         lens = [m[2] for m in meta]
         parts = [md[sum(lens[:q]):sum(lens[:q + 1])] for q in range(3)]
+        if "state_markers" in ap:  # the kernel got other marker tensors than the state's
+            rec["kernel_markers"] = dict(zip(MARKER_KEYS, parts))
+            sm, sl = [int(x) for x in _host(ap["state_markers"])], ap["state_markers_len"]
+            parts = [sm[sum(sl[:q]):sum(sl[:q + 1])] for q in range(3)]
         truth_start = rec["truth_start"]
         ref = budget.scan_marker_cache(hist, sp_b, ls_b, le_b, M)
         dev_len = int(_host(ap["total_len_dev"])[k])
@@ -653,13 +748,15 @@ class Tracer:
                    and [m[0] for m in meta] != self._marker_ptrs,
                    total_len_dev=dev_len, history_ok=dev_len == len(hist)
                    and dev_sum == self._checksum.get(req_id))
-        if "k_markers" in ap:
-            km = [int(x) for x in _host(ap["k_markers"])]
-            kl = ap["k_markers_len"]
-            rec["kernel_markers"] = dict(zip(MARKER_KEYS, [km[sum(kl[:q]):sum(kl[:q + 1])]
-                                                            for q in range(3)]))
-        if "k_budget" in ap:
-            rec["kernel_budget"] = int(_host(ap["k_budget"])[k])
+        if "state_budget_dev" in ap:  # the kernel read another budget tensor
+            rec["kernel_budget"] = rec["budget_device"]
+            rec["budget_device"] = int(_host(ap["state_budget_dev"])[k])
+        if "state_total_len" in ap:  # the kernel read another history view
+            rec["kernel_history_ok"] = rec["history_ok"]
+            rec["kernel_total_len"] = dev_len
+            sl_, ss_ = int(_host(ap["state_total_len"])[k]), int(_host(ap["state_hist_sum"])[k])
+            rec["total_len_dev"] = sl_
+            rec["history_ok"] = sl_ == len(hist) and ss_ == self._checksum.get(req_id)
 
     def _rows_of(self, step, call, slot, req_id, i, sampled, num_sampled, sampled_vllm, ns_v,
                  off, n, hist, rec):
@@ -679,16 +776,20 @@ class Tracer:
         top_s = (h(call.top_s[0]), h(call.top_s[1])) if call.top_s is not None else None
         ns = int(num_sampled[i]) if num_sampled is not None else 0
         rows = list(range(off, min(off + n, len(slots))))
-        # the batch's own mapping for these rows, as apply_sampling_params and the kernel got it
-        mapping_ok = bool(all(int(slots[r]) == slot for r in rows)
-                          and [int(local[r]) for r in rows] == list(range(len(rows))))
-        if "k_mapping" in ap:
+        # the batch's own mapping for these rows, as apply_sampling_params and the kernel got
+        # it: rows -> this request's slot (mapping_ok), local positions and drafts
+        # (positions_ok)
+        mapping_ok = bool(all(int(slots[r]) == slot for r in rows))
+        positions_ok = [int(local[r]) for r in rows] == list(range(len(rows)))
+        if "k_mapping" in ap:  # the kernel got another mapping than apply_sampling_params
             km, kl, ki = h(ap["k_mapping"]), h(ap["k_local_pos"]), h(ap["k_input_ids"])
             mapping_ok = mapping_ok and len(km) == len(slots) and bool(
-                all(int(km[r]) == slot for r in rows)
-                and [int(kl[r]) for r in rows] == list(range(len(rows)))
-                and all(int(ki[r]) == int(inputs[r]) for r in rows))
+                all(int(km[r]) == slot for r in rows))
+            positions_ok = positions_ok and len(kl) == len(slots) and len(ki) == len(slots) \
+                and [int(kl[r]) for r in rows] == list(range(len(rows))) \
+                and all(int(ki[r]) == int(inputs[r]) for r in rows[1:])
         rec["mapping_ok"] = mapping_ok
+        rec["positions_ok"] = positions_ok
         drafts = [int(inputs[r]) for r in rows[1:]]
         b = self._budget.get(req_id)
         a_ptr = ap.get("a_ptr")
@@ -723,6 +824,8 @@ class Tracer:
                    else float(end_s[r, e]),
                    "sampled_top": None if top_s is None or r >= len(top_s[1])
                    else int(top_s[1][r, 0]),
+                   "sampled_top_logit": None if top_s is None or r >= len(top_s[0])
+                   else float(top_s[0][r, 0]),
                    "sampled_is_biased": None if call.s_ptr is None or a_ptr is None
                    else call.s_ptr == a_ptr,
                    "returned_is_biased": None if call.out_ptr is None or a_ptr is None
@@ -763,9 +866,10 @@ class Tracer:
         return budget.reasoning_count(hist, self._rule_markers)
 
     def _error(self, where: str, e: Exception) -> None:
-        self._steps.append({"step": -1, "path": f"tracer-error:{where}:{type(e).__name__}:{e}"[:300],
-                           "num_reqs": 0, "num_logits": 0, "num_draft_tokens": 0,
-                           "guard_fixed": None})
+        self._steps.append({"step": -1,
+                            "path": f"tracer-error:{where}:{type(e).__name__}:{e}"[:300],
+                            "num_reqs": 0, "num_logits": 0, "num_draft_tokens": 0,
+                            "guard_fixed": None})
 
     # ---- output ------------------------------------------------------------------------------
     def frames(self) -> dict[str, Any]:
@@ -790,6 +894,14 @@ class Tracer:
     def flush(self) -> None:
         if self.flush_dir:
             self.save(self.flush_dir)
+
+
+def _version(t) -> int | None:
+    """``t._version`` (None for an inference tensor, which tracks no version)."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return None
 
 
 def _ptr(t) -> tuple[int, int] | None:

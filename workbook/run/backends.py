@@ -13,6 +13,7 @@ down), ``save_files(outdir)`` (its own evidence: ``server.log``), ``timings`` an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 
@@ -41,8 +42,11 @@ class InProcess:
 
     def start(self) -> None:
         if self.engine is None:
-            self.engine = engine.shared(self.cfg)
-            self.timings.update(self.engine.timings)
+            shared = engine.shared(self.cfg)
+            self.timings.update(shared.timings)
+            # the shared vLLM engine, seen with this run's request parameters (budget, prompt,
+            # sampling): a shared engine keeps the configuration it was started with
+            self.engine = dataclasses.replace(shared, cfg=self.cfg)
         self.hooks, self.tracer = hooks.install(self.cfg, engine=self.engine)
 
     def effective(self) -> dict:

@@ -170,9 +170,9 @@ class Ctx:
         return list(self.markers.end)[0] if self.markers.end else None
 
 
-def _cause(hyp: str, saw: str, **extra) -> dict:
+def _cause(hyp: str, saw: str, stage: str | None = None, **extra) -> dict:
     h = HYPOTHESES[hyp]
-    return {"hypothesis": hyp, "title": h.title, "stage": h.stage, "saw": saw,
+    return {"hypothesis": hyp, "title": h.title, "stage": stage or h.stage, "saw": saw,
             "confirm": h.confirm, **extra}
 
 
@@ -208,14 +208,24 @@ def _rule_gate(c: Ctx) -> list[dict]:
     if st.get("gate") is None and st.get("path") is not None:
         return [_cause("H-a", "apply_sampling_params never ran for this request at step "
                               f"{st['step']} ({st['path']}): logits processing skipped")]
-    if st.get("gate") is False or st.get("fast_path") is True:
+    if st.get("gate") is False:
         return [_cause("H-a", f"per-slot gate={st.get('gate')}, fast path="
-                              f"{st.get('fast_path')} at step {st['step']}: "
-                              "apply_sampling_params returned the logits unprocessed")]
-    if st.get("apply_called") is False:
+                              f"{st.get('fast_path')} at step {st['step']}: the budgeted slot "
+                              "is not marked for logits processing")]
+    # the slot's gate is on, yet the decision skipped it: taken for the whole batch
+    if st.get("fast_path") is True:
+        causes = [_cause("H-a", f"per-slot gate=True, yet apply_sampling_params took its fast "
+                                f"path at step {st['step']} (batch of {st.get('batch_size')}): "
+                                "the logits went unprocessed")]
+    elif st.get("apply_called") is False:
         return [_cause("H-a", f"logits processing ran at step {st['step']} but never called "
                               "ThinkingBudgetState.apply for the budgeted slot")]
-    return []
+    else:
+        return []
+    batch = _batch_dependence(c, "processed")  # the fast path is decided per batch
+    if batch:
+        causes.append(_cause("H-j", batch))
+    return causes
 
 
 def _rule_launch(c: Ctx) -> list[dict]:
@@ -225,10 +235,9 @@ def _rule_launch(c: Ctx) -> list[dict]:
         causes = [_cause("H-f", f"ThinkingBudgetState.apply ran at step {st['step']} for a "
                                 f"budgeted, enabled slot (batch of {st.get('batch_size')}) "
                                 "but launched no kernel")]
-        pat = _pattern(c, "kernels_launched", lambda s: True)
-        if pat and pat["kind"] == "batch":
-            causes.append(_cause("H-j", f"kernels launched for budgeted requests only when "
-                                        f"{pat['text']}"))
+        batch = _batch_dependence(c, "launched")
+        if batch:
+            causes.append(_cause("H-j", batch))
         return causes
     return []
 
@@ -238,9 +247,10 @@ def _rule_device_state(c: Ctx) -> list[dict]:
     if st.get("markers_ok") is False:
         md = st.get("markers_dev") or {}
         ver = st.get("markers_version")
-        oob = ("; storage unchanged and _version " + str(ver) + " — no PyTorch write put them "
-               "there (an out-of-band write)") if not st.get("markers_moved") and ver is not None \
-            and all(int(v) == 0 for v in ver) else \
+        untouched = not st.get("markers_moved") and ver is not None and all(
+            v is not None and int(v) == 0 for v in ver)
+        oob = (f"; storage unchanged and _version {ver} — no tracked PyTorch write put them "
+               "there (an out-of-band write, or one through an alias)") if untouched else \
             f"; _version {ver}, storage {'moved' if st.get('markers_moved') else 'unchanged'}"
         out.append(_cause("H-i", f"at step {st['step']} the state's device marker ids read "
                                  f"start={md.get('start')} end={md.get('end')} natural_end="
@@ -257,8 +267,7 @@ def _rule_device_state(c: Ctx) -> list[dict]:
     if st.get("mapping_ok") is False:
         out.append(_cause("H-j", f"at step {st['step']} (batch of {st.get('batch_size')}, "
                                  f"request at position {st.get('batch_pos')}) the kernel was "
-                                 "not handed this request's rows with its own slot / local "
-                                 "positions / drafts"))
+                                 "not handed this request's rows mapped to its own slot"))
     if st.get("cache_before_ok") is False and st.get("markers_ok") is not False and \
             st.get("history_ok") is not False and (bd is None or int(bd) >= 0):
         prev = _previous_apply(c)
@@ -297,38 +306,38 @@ def _previous_apply(c: Ctx) -> dict | None:
 
 def _inputs_right(s: dict) -> bool:
     return (s.get("markers_ok") is not False and s.get("history_ok") is not False
-            and s.get("mapping_ok") is not False and s.get("cache_before_ok") is not False
+            and s.get("mapping_ok") is not False and s.get("positions_ok") is not False
+            and s.get("cache_before_ok") is not False
             and (s.get("budget_device") is None or s.get("budget_host") is None
                  or int(s["budget_device"]) == int(s["budget_host"])))
+
+
+def _substituted(c: Ctx) -> list[str]:
+    """What apply handed the kernel that is not the state's and holds wrong values."""
+    st, bad = c.st, []
+    km, kb = st.get("kernel_markers"), st.get("kernel_budget")
+    if km and {k: list(v) for k, v in km.items()} != c.config_markers:
+        bad.append(f"marker ids {km}")
+    if kb is not None and st.get("budget_host") is not None and int(kb) != int(st["budget_host"]):
+        bad.append(f"budget {kb} (host {st['budget_host']})")
+    if st.get("kernel_history_ok") is False:
+        bad.append(f"a history view of total_len {st.get('kernel_total_len')} (committed "
+                   f"{st.get('total_len_before')})")
+    if st.get("positions_ok") is False:
+        bad.append("local positions / drafts that are not the batch's")
+    return bad
 
 
 def _rule_kernel(c: Ctx) -> list[dict]:
     st, row = c.st, c.row
     if row is None:
         return []
-    subst = [n for n in (st.get("kernel_substituted") or []) if n != "logits"]
-    km = st.get("kernel_markers")
-    kb = st.get("kernel_budget")
-    bad = []
-    if km and {k: list(v) for k, v in km.items()} != c.config_markers:
-        bad.append(f"marker ids {km}")
-    if kb is not None and st.get("budget_host") is not None and int(kb) != int(st["budget_host"]):
-        bad.append(f"budget {kb} (host {st['budget_host']})")
-    if subst and bad:
-        return [_cause("H-d-kernel", f"at step {st['step']} apply handed the kernel "
-                                     f"{', '.join(subst)} that are not the state's: "
-                                     f"{'; '.join(bad)}")]
-    if st.get("cache_after_ok") is False and st.get("cache_before_ok") is not False and \
-            _inputs_right(st) and row.get("due") and not _forced(row):
-        return [_cause("H-d-kernel", f"from a right cache, the marker scan at step "
-                                     f"{st['step']} produced last_start={st.get('last_start')} "
-                                     f"last_end={st.get('last_end')}; the history's reasoning "
-                                     f"starts at {st.get('truth_start')}")]
-    if not row.get("due") or _forced(row):
-        cols = [int(x) for x in (row.get("bias_cols") or [])]
-        emitted = row.get("emitted_token")
-        if _forced(row) and emitted is not None and int(emitted) in cols and \
-                int(emitted) != c.due_token:
+    cols = [int(x) for x in (row.get("bias_cols") or [])]
+    emitted = row.get("emitted_token")
+    if not row.get("due"):
+        return []
+    if _forced(row):
+        if emitted is not None and int(emitted) in cols and int(emitted) != c.due_token:
             return [_cause("H-d-column", f"row {row['row']} (local_pos {row['local_pos']}) got "
                                          f"+1e9 in columns {cols}, not only the due "
                                          f"{c.due_token}; token {emitted} won the tie")]
@@ -340,12 +349,24 @@ def _rule_kernel(c: Ctx) -> list[dict]:
                               f"{c.due_token}, into a tensor that is not the one apply was "
                               "given (nor the one sampled): apply's logits kept "
                               f"{_fmt(row.get('due_logit_after_apply'))} there")]
-    cols = [int(x) for x in (row.get("bias_cols") or [])]
+    bad = _substituted(c)
+    handed = (f"; apply handed the kernel {', '.join(bad)}, not the state's tensors"
+              if bad else "")
     if cols:
         return [_cause("H-d-column", f"row {row['row']} (local_pos {row['local_pos']}, "
                                      f"count {row.get('count_host')} >= budget {c.budget}) got "
                                      f"+1e9 in column(s) {cols}, not in the due {c.due_token} "
-                                     f"(left at {_fmt(row.get('due_logit_after_apply'))})")]
+                                     f"(left at {_fmt(row.get('due_logit_after_apply'))})"
+                                     f"{handed}")]
+    if bad:
+        return [_cause("H-d-kernel", f"at step {st['step']} apply handed the kernel "
+                                     f"{'; '.join(bad)} instead of the state's tensors")]
+    if st.get("cache_after_ok") is False and st.get("cache_before_ok") is not False and \
+            _inputs_right(st) and st.get("kernels_launched"):
+        return [_cause("H-d-kernel", f"from a right cache, the marker scan at step "
+                                     f"{st['step']} produced last_start={st.get('last_start')} "
+                                     f"last_end={st.get('last_end')}; the history's reasoning "
+                                     f"starts at {st.get('truth_start')}")]
     if not _inputs_right(st) or st.get("kernels_launched") is not True:
         return []
     where = "a draft row" if row["local_pos"] > 0 else "the first row"
@@ -353,15 +374,52 @@ def _rule_kernel(c: Ctx) -> list[dict]:
            f"budget {st.get('budget_device')}, history and caches right, yet {where} "
            f"(row {row['row']}, local_pos {row['local_pos']}, count {row.get('count_host')} "
            f">= budget {c.budget}) got no +1e9 in any column")
+    pat = _pattern(c, "forced")
+    if pat and pat["kind"] == "position":
+        saw += f"; due rows were forced only when {pat['text']}"
     causes = [_cause("H-d-kernel", saw)]
-    pat = _pattern(c, "forced", lambda r: True)
-    if pat:
-        if pat["kind"] == "batch":
-            causes.append(_cause("H-j", f"due rows with right inputs were forced only when "
-                                        f"{pat['text']}"))
-        else:
-            causes[0]["saw"] += f"; due rows were forced only when {pat['text']}"
+    batch = _batch_dependence(c, "forced")
+    if batch:
+        causes.append(_cause("H-j", batch))
     return causes
+
+
+def _batch_dependence(c: Ctx, what: str) -> str | None:
+    """Why batch composition stays a candidate for a failure seen only as an absence (no
+    launch / no +1e9 with right inputs): the violating step batched several requests and no
+    success was seen at the same place in a batch of the same size. None when excluded."""
+    st = c.st
+    size, pos = st.get("batch_size") or 1, st.get("batch_pos") or 0
+    if size <= 1:
+        return None
+    if what == "forced":
+        by_key = {(s["req_id"], s["step"]): s for s in c.steps}
+        same = [r for r in c.rows if r.get("due") and _forced(r)
+                and (by_key.get((r["req_id"], r["step"])) or {}).get("batch_size") == size
+                and (by_key.get((r["req_id"], r["step"])) or {}).get("batch_pos") == pos]
+        if same:
+            return None
+        pat = _pattern(c, "forced")
+        why = f"; due rows were forced only when {pat['text']}" if pat and \
+            pat["kind"] == "batch" else ""
+        return (f"the violating step batched {size} requests (this one at position {pos}) and "
+                f"no due row at that place in a batch of {size} was forced{why}: batch "
+                "composition is not excluded")
+    if what == "processed":
+        ok = [s for s in c.steps if s.get("batch_size") == size and s.get("fast_path") is False
+              and s.get("apply_called")]
+        if ok:
+            return None
+        return (f"the budgeted slot was skipped in every step with {size} requests: batch "
+                "composition is not excluded")
+    same = [s for s in c.steps if s.get("use_thinking_budget") and s.get("kernels_launched")
+            and s.get("batch_size") == size]
+    if same:
+        return None
+    return (f"no kernel launched in any step with {size} requests"
+            + (f", while launches happened in other batches" if any(
+                s.get("kernels_launched") for s in c.steps) else "")
+            + ": batch composition is not excluded")
 
 
 def _rule_sampling(c: Ctx) -> list[dict]:
@@ -377,6 +435,12 @@ def _rule_sampling(c: Ctx) -> list[dict]:
     else:
         where = f"the tensor the {sampler} consumed"
     if ds is not None and ds < FORCED:
+        top, top_v = row.get("sampled_top"), row.get("sampled_top_logit")
+        if top is not None and top_v is not None and top_v >= FORCED and int(top) != due:
+            return [_cause("H-d-column", f"apply forced row {row['row']} at the due column "
+                                         f"{due}, but in {where} the +1e9 sits in column {top} "
+                                         f"({_fmt(top_v)}; {due} holds {_fmt(ds)}): moved "
+                                         "between apply and sampling", stage="sampling")]
         ident = row.get("sampled_is_biased")
         if ident is None:
             ident = row.get("returned_is_biased")
@@ -444,7 +508,7 @@ def _fmt(v) -> str:
     return "?" if v is None else f"{v:.3g}"
 
 
-def _pattern(c: Ctx, what: str, _sel) -> dict | None:
+def _pattern(c: Ctx, what: str) -> dict | None:
     """Does the outcome (``forced`` for due rows with right inputs, or ``kernels_launched``
     for budgeted request-steps) track a feature of the row's place in the batch? Returns the
     feature that separates successes from failures perfectly (both non-empty), preferring the
@@ -479,7 +543,7 @@ def _pattern(c: Ctx, what: str, _sel) -> dict | None:
 
 def classify(c: Ctx) -> list[dict]:
     """The causes of the first stage whose contract is broken at the violating row."""
-    for _stage, rule in RULES:
+    for _stage_name, rule in RULES:
         causes = rule(c)
         if causes:
             return _dedupe(causes)
@@ -544,8 +608,11 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
             hit("device state", "history", s, f"device total_len {s.get('total_len_dev')} / "
                                               f"host {s.get('total_len_before')}")
         if s.get("mapping_ok") is False:
-            hit("device state", "mapping", s, "rows / slots / local positions handed to the "
-                                              "kernel differ from the batch's")
+            hit("device state", "mapping", s, "rows / slots handed to the kernel differ from "
+                                              "the batch's")
+        if s.get("positions_ok") is False:
+            hit("device state", "positions", s, "local positions / drafts handed to the "
+                                                "kernel differ from the batch's")
         if s.get("cache_before_ok") is False:
             hit("device state", "cache before apply", s, _cache_saw(s))
         if s.get("cache_after_ok") is False and s.get("cache_before_ok") is not False and \
@@ -600,7 +667,6 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
 def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> dict[str, Any]:
     frames = frames or {}
     markers = _markers(frames, effective)
-    end = list(markers.end)
     reqs = traced_requests(frames, markers)
     result: dict[str, Any] = {"verdict": "inconclusive", "hypothesis": None,
                               "hypothesis_title": None, "summary": "", "first_violation": None,
