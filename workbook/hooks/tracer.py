@@ -391,12 +391,8 @@ class Tracer:
                 rec.pop("state", None)
             rec["after"] = logits[:, ends].detach().float().clone()
             if full_before is not None:
-                import torch
-
-                d = logits.detach().float() - full_before.float()
-                vals, ids = torch.topk(d, min(2, d.shape[-1]), dim=-1)
-                rec["delta"] = (vals, ids, (d >= FORCED_THRESHOLD).sum(-1))
-                del d, full_before
+                tracer._bias_delta(rec, logits, full_before)
+                del full_before
             if state.enabled:
                 idx = args.idx_mapping.long()
                 if "markers_dev" not in rec:  # no kernel ran: what the kernels would read
@@ -413,6 +409,16 @@ class Tracer:
             return out
 
         return apply
+
+    @staticmethod
+    def _bias_delta(rec: dict, logits, before) -> None:
+        """Per row: the two columns that rose most across ``apply`` and how many rose by
+        >= 1e8 (device ops only)."""
+        import torch
+
+        d = logits.detach().float() - before.float()
+        vals, ids = torch.topk(d, min(2, d.shape[-1]), dim=-1)
+        rec["delta"] = (vals, ids, (d >= FORCED_THRESHOLD).sum(-1))
 
     # -- the kernels' own launches: what they really read and wrote --------------------------
     def _read_markers(self, rec: dict, ms: list) -> None:
@@ -530,6 +536,12 @@ class Tracer:
 
         return apply_thinking_budget
 
+    def _consumed(self, call: _Call, logits) -> None:
+        """What the sampler consumed: its storage, the end columns and its top-2 per row."""
+        call.s_ptr = logits.data_ptr()
+        call.end_s = logits[:, self._end_col()].detach().float().clone()
+        call.top_s = self._topk(logits, 2)
+
     def _w_consume(self, orig):
         tracer = self
 
@@ -542,9 +554,7 @@ class Tracer:
                                              None)
                 if call.s_ptr is None and logits is not None and logits.dim() == 2:
                     try:
-                        call.s_ptr = logits.data_ptr()
-                        call.end_s = logits[:, tracer._end_col()].detach().float().clone()
-                        call.top_s = tracer._topk(logits, 2)
+                        tracer._consumed(call, logits)
                     except Exception as e:
                         tracer._error("consume", e)
             return orig(*a, **k)
