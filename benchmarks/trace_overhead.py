@@ -12,6 +12,10 @@ engine's path: ``Tracer.materialize``), and the bytes of trace per logits row (p
         '{"gdn_prefill_backend": "triton"}' --kv-cache-bytes 1073741824   # GPU
 
 Absolute times mean something only on the GPU; on the CPU (Triton interpreter) read the ratio.
+``--budget`` (default 8) gives every request a thinking budget, so that the budget's kernels
+run every step and the tracer reads what they read (device markers, marker caches, budget,
+history checksum, bias columns, the tensor sampled); ``--budget -1`` sends no budget (the
+logits-processing fast path: what results before issue #12 measured).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--topk", type=int, default=5)
+    ap.add_argument("--budget", type=int, default=8, help="thinking budget (-1: none)")
     ap.add_argument("--kv-cache-bytes", type=int, default=64 << 20)
     ap.add_argument("--engine-kwargs", default="{}")
     ap.add_argument("--json-out")
@@ -48,14 +53,15 @@ def main() -> None:
                     kv_cache_bytes=a.kv_cache_bytes, max_tokens=a.max_tokens,
                     engine_kwargs=json.loads(a.engine_kwargs), max_num_seqs=max(8, a.batch))
     eng = engine.start(cfg)
+    budget = None if a.budget < 0 else a.budget
 
     def once(tracer=None):
         t0 = time.perf_counter()
         if tracer is None:
-            request.run_reported(eng, budget=None, n=a.batch)
+            request.run_reported(eng, budget=budget, n=a.batch)
         else:
             with tracer:
-                request.run_reported(eng, budget=None, n=a.batch)
+                request.run_reported(eng, budget=budget, n=a.batch)
         return time.perf_counter() - t0
 
     once()  # warm-up (first-call compilation, caches)
@@ -77,7 +83,8 @@ def main() -> None:
     rows = max(1, len(last.rows))
     p_med, t_med = statistics.median(plain), statistics.median(traced)
     res = {"benchmark": "trace_overhead", "device": _device(), "model": a.model, "spec": a.spec,
-           "k": a.k, "batch": a.batch, "steps_per_generate": steps, "reps": a.reps,
+           "k": a.k, "batch": a.batch, "budget": budget, "steps_per_generate": steps,
+           "reps": a.reps,
            "untraced_ms_per_step": 1e3 * p_med / steps, "traced_ms_per_step": 1e3 * t_med / steps,
            "ratio_traced_over_untraced": t_med / p_med,
            "added_us_per_step": 1e6 * (t_med - p_med) / steps,

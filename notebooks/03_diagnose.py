@@ -15,12 +15,20 @@
 # ---
 
 # %% [markdown]
-# # 03 — Diagnose: where is the budget lost?
+# # 03 — Diagnose: why was the budget lost?
 #
-# The reported request, traced and diagnosed by `workbook.run.diagnose` (rules over the trace,
-# written from first principles; it never reads which fault, if any, was injected), then the
-# decisive A/B checks the report implies — MTP on/off, greedy vs sampled, eager vs CUDA graphs,
-# V2 vs V1, ngram — side by side in one table.
+# The reported request, traced and diagnosed by `workbook.run.diagnose`. Each stage of Model
+# Runner V2 has a contract (registration sets the budget, the gate lets the slot through, apply
+# launches, the kernel writes +1e9 into exactly the due `</think>` column of exactly the rows
+# whose reasoning count reached the budget, the device state it reads equals the host truth, the
+# sampler samples the biased tensor, the rejection sampler accepts no draft past a forced row,
+# the committed token is the sampled one). The tracer reads the live objects; the host truth of
+# every row comes from the committed history and the reasoning configuration alone. A cause is
+# named only from positive evidence at the violating row: several fitting causes are all listed,
+# none fitting is "unclassified" with the strongest anomalies. With `probes=True` the checks
+# that separate the remaining causes (batch of 1, markers re-uploaded, device state refreshed,
+# guard on, MTP off ...) are run and fed back. The rules never read which fault, if any, was
+# injected.
 
 # %% tags=["parameters"]
 model: str = "tiny-mimo-mtp"  # built-in model (workbook.core.models.names()) or a checkpoint folder
@@ -33,8 +41,10 @@ kv_cache_bytes: int = 67108864  # KV cache size in bytes
 engine_kwargs: dict = {}  # extra keyword arguments for vllm.LLM
 thinking_token_budget: int = 1  # reasoning-token budget (-1: none)
 max_tokens: int = 32  # completion length limit
-fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults), e.g. H-b
+fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults), e.g. H-i
 guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
+zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process only)
+probes: bool = True  # after a violation, run the probes that confirm its cause (in-process)
 variants: list = []  # A/B variants to run: names of workbook.run.experiments.VARIANTS (empty: all)
 outdir: str = ""  # folder for the evidence files (empty: memory only)
 
@@ -46,31 +56,71 @@ from IPython.display import Markdown, display
 
 from workbook.core import hypotheses
 from workbook.core.config import RunConfig
-from workbook.run import experiments, pipeline
+from workbook.run import diagnose, experiments, pipeline
 
 cfg = RunConfig.from_params(globals())
 
 # %% [markdown]
-# ## The reported request: verdict and evidence
+# ## The reported request: verdict and the chain behind it
 
 # %%
 res = pipeline.run(cfg, outdir or None)
 v = res.verdict
-display(Markdown(f"### {v['verdict']} — hypothesis `{v['hypothesis']}`"
+display(Markdown(f"### {v['verdict']} — `{v['hypothesis']}`"
                  f"{' (' + v['hypothesis_title'] + ')' if v['hypothesis_title'] else ''}\n\n"
                  f"{v['summary']}"))
 pd.DataFrame([v["first_violation"] or {}])
 
 # %% [markdown]
-# Evidence rows: the request-step and the logits row at the violation (empty when honored).
+# The chain, one row per cause (and per candidate a probe refuted): the stage whose contract
+# broke → what the trace saw there → the cause → what would confirm it → the probes' results
+# (✓ as the cause predicts, ✗ against it). `diagnose.chain_rows(verdict)` builds it (the
+# report shows the same rows).
 
 # %%
-pd.DataFrame(v["evidence"] or [])
+pd.DataFrame(diagnose.chain_rows(v), columns=["stage", "anomaly", "cause", "confirm", "result",
+                                              "status"])
+
+# %% [markdown]
+# The probes that ran (each the violating request re-sent with one switch) and every violated
+# request with its own first violation and causes; then the offset pattern (expected vs actual
+# end index of every budgeted request) and the batch of the violating step.
+
+# %%
+pd.DataFrame([{"probe": n, **{k: p.get(k) for k in ("switch", "ran", "verdict", "budgets",
+                                                      "hypothesis", "why", "seconds")}}
+              for n, p in (res.probes or {}).items()])
+
+# %%
+pd.DataFrame([{"req_id": x["req_id"], "budget": x["budget"],
+               "step": x["first_violation"]["step"],
+               "local_pos": x["first_violation"]["local_pos"],
+               "hypothesis": x["hypothesis"],
+               "causes": [c["hypothesis"] for c in x["causes"]]}
+              for x in v.get("violations") or []])
+
+# %%
+display(pd.DataFrame(v.get("offsets") or []))
+pd.DataFrame((v["first_violation"] or {}).get("batch") or [])
+
+# %% [markdown]
+# Every contract break anywhere in the trace (empty on healthy vLLM), by stage, and the evidence
+# rows at the violation: the request-step (device markers, caches before/after apply vs the
+# rule, budget views, history, mapping) and the logits row (due token, bias columns, the due
+# column after apply and in the tensor sampled).
+
+# %%
+display(pd.DataFrame(v.get("anomalies") or [], columns=["stage", "check", "count", "saw",
+                                                          "first"]))
+pd.DataFrame(v["evidence"] or []).T
 
 # %% [markdown]
 # ## The hypotheses
 # The catalogue (`workbook.core.hypotheses`): the stage each lives in, the evidence that
-# confirms it in the trace, and the A/B check that separates it from the others.
+# confirms it in the trace, the A/B check that separates it, and what each probe must show.
+
+# %%
+pd.DataFrame([{"stage": s, "contract": c} for s, c in hypotheses.STAGES.items()])
 
 # %%
 pd.DataFrame(hypotheses.table())
@@ -81,7 +131,7 @@ pd.DataFrame(hypotheses.table())
 # engine. On the reporter's Thor: MTP on → violated; MTP off → honored; ngram "worked" on V1.
 
 # %%
-ab = experiments.run_variants(cfg, variants or None)
+ab = experiments.run_variants(cfg.replace(probes=False), variants or None)
 if outdir:
     ab.to_csv(os.path.join(outdir, "ab_checks.csv"), index=False)
 ab

@@ -2,7 +2,7 @@
 
     workbook run ENV [--only NAME ...] [--timeout S] [--out outputs] [--set KEY=VALUE ...]
                      [--no-report] [--in-process] [--hide-code] [--no-notebook-html]
-                                                    # prints the report's path, then the folder
+                     [--probes]                     # prints the report's path, then the folder
     workbook validate ENV [--set KEY=VALUE ...]     # check every run, start nothing
     workbook verify RUN_DIR                          # SHA256SUMS; exit 1 on any mismatch
     workbook report [RUN_DIR ...] [-o FILE] [--out outputs]
@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="KEY=VALUE", help="override a RunConfig field for every run (YAML)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--no-report", action="store_true", help="no report.html in the run folder")
+    r.add_argument("--probes", action="store_true",
+                   help="after a violation, run the probes that confirm its cause (sets "
+                        "probes=true for every run)")
     r.add_argument("--in-process", action="store_true",
                    help="all runs in this process, engines shared, no papermill "
                         "(executor in-process; e.g. a GPU host without the notebook stack)")
@@ -73,7 +76,10 @@ def cmd_run(args) -> int:
     from workbook import batch
     from workbook.core import rundir
 
-    env = batch.load_environment(args.env, dict(args.overrides), notebooks=not args.in_process)
+    overrides = dict(args.overrides)
+    if args.probes:
+        overrides["probes"] = True
+    env = batch.load_environment(args.env, overrides, notebooks=not args.in_process)
     batch.select(env, args.only)
     run_dir = batch.execute(env, out=args.out, only=args.only, timeout=args.timeout,
                             progress=not args.no_progress, report=not args.no_report,

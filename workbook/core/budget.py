@@ -180,3 +180,82 @@ def forced_token(history: Sequence[int], markers: Markers) -> int:
         if len(history) >= pl and list(history[len(history) - pl:]) == end[:pl]:
             p = pl
     return end[p]
+
+
+# ---- per-row truth and the marker cache: what the budget stage must produce --------------
+#
+# The diagnosis judges each stage of MRV2 against these host-side truths, computed from the
+# committed history alone (never from vLLM's device state).
+
+def last_start(history: Sequence[int], markers: Markers) -> int:
+    """Position of the start marker that opens the reasoning section at the end of
+    ``history``; -1 when the history is not in reasoning (the rule's state, as a position)."""
+    s = last_index_of(history, markers.start)
+    if s < 0 or last_index_of(history, markers.natural_end, start=s) >= 0:
+        return -1
+    return s
+
+
+@dataclass(frozen=True)
+class RowTruth:
+    count: int | None  # reasoning tokens before the row's token (None: not in reasoning)
+    due: bool  # the budget binds at this row: the kernel must force it
+    token: int | None  # the end-marker token due at this row (None when not due)
+
+
+def row_truth(history: Sequence[int], drafts: Sequence[int], local_pos: int,
+              budget_value: int | None, markers: Markers) -> RowTruth:
+    """What the budget kernel must do at logits row ``local_pos`` of a request whose committed
+    history is ``history`` and whose drafts this step are ``drafts`` (row ``j`` sees the
+    history plus drafts ``[:j]``): force ``token`` iff ``due``."""
+    markers = Markers.of(markers)
+    h = list(history) + list(drafts[:local_pos])
+    n = reasoning_count(h, markers) if markers.complete else None
+    due = budget_value is not None and budget_value >= 0 and n is not None and n >= budget_value
+    return RowTruth(n, due, forced_token(h, markers) if due else None)
+
+
+def scan_marker_cache(history: Sequence[int], scan_pos: int, last_start_pos: int,
+                      last_end_pos: int, markers: Markers,
+                      block: int = 1024) -> tuple[int, int, int]:
+    """vLLM's marker-cache update (``_update_committed_marker_cache_kernel``, 0.28–0.32) on the
+    host: from the cache ``(scan_pos, last_start, last_end)`` and the committed ``history``,
+    the cache after the update ``(last_start, last_end, scan_pos)``. The reference a device
+    cache is checked against: a right cache entering ``apply`` must come out of this update
+    holding the rule's ``last_start``."""
+    markers = Markers.of(markers)
+    st, ne = list(markers.start), list(markers.natural_end)
+    n = len(history)
+    ls, le, sp = int(last_start_pos), int(last_end_pos), int(scan_pos)
+
+    def at(i: int, sub: list) -> bool:
+        return i + len(sub) <= n and list(history[i:i + len(sub)]) == sub
+
+    if sp > n:
+        sp, ls, le = 0, -1, -1
+    if sp == 0 and ls < 0 and le < 0:  # cold scan, backwards by blocks
+        hi = n
+        while hi > 0 and ls < 0 and le < 0:
+            lo = max(0, hi - block)
+            ls = max([i for i in range(lo, hi) if at(i, st)], default=-1)
+            le = max([i for i in range(lo, hi) if at(i, ne)], default=-1)
+            hi = lo
+    else:
+        for i in range(max(sp, 0), n):
+            if at(i, st):
+                ls = i
+            if at(i, ne):
+                le = i
+    return ls, le, max(0, n - (max(len(st), len(ne)) - 1))
+
+
+def cache_start(last_start_pos: int, last_end_pos: int) -> int:
+    """The reasoning state a marker cache encodes (vLLM: in reasoning iff
+    ``last_start > last_end``), as ``last_start``'s position; -1 when not in reasoning."""
+    return int(last_start_pos) if last_start_pos >= 0 and last_start_pos > last_end_pos else -1
+
+
+def history_checksum(history: Sequence[int]) -> int:
+    """Σ token·(position+1) over the history: the tracer computes the same sum on the device
+    over ``all_token_ids[slot, :total_len]`` to prove the device history is the host's."""
+    return int(sum(int(t) * (i + 1) for i, t in enumerate(history)))

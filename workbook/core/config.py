@@ -66,6 +66,7 @@ class RunConfig:
     fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults)
     guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
     trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
+    probes: bool = False  # after a violation, re-run the request with one switch per remaining cause (batch of 1, markers re-uploaded, guard on ...; in-process) and feed the results back into the verdict
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -166,6 +167,9 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None) -> RunConfig:
         _check(version < (0, 34, 0),
                f"runner='v1' is gone in vLLM {'.'.join(map(str, version))} (removed in 0.34); "
                "use runner='v2'")
+    if cfg.probes:
+        _check(cfg.trace, "probes=True needs trace=True (the probes confirm a cause the trace "
+                          "named)")
     if cfg.mode == "server" and cfg.zero_lm_head:
         raise ConfigError("zero_lm_head=True edits the model weights inside the engine: "
                           "use mode='in-process'")

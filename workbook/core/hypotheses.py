@@ -1,8 +1,10 @@
 """The hypothesis catalogue: every way the budget can be lost, and the fault that injects it.
 
-One entry per hypothesis: its id, the pipeline stage it lives in, a title, what it means, the
-evidence in the trace that confirms it (what ``workbook.run.diagnose`` looks for), and the A/B
-check or probe that would confirm it independently. ``FAULTS`` lists the removable faults of
+One entry per hypothesis: its id, the pipeline stage it lives in (``STAGES``, in pipeline order,
+each with what it must do), a title, what it means, the evidence in the trace that confirms it
+(what ``workbook.run.diagnose`` looks for), the A/B check or probe that would confirm it
+independently, and what each automatic probe (``workbook.run.probes``) must show if it is the
+cause. ``FAULTS`` lists the removable faults of
 ``workbook.hooks.faults``, each tied to the hypothesis it reproduces in healthy vLLM.
 
 Read by validation (``RunConfig.fault``), the faults, the diagnosis, the notebooks and the
@@ -11,17 +13,20 @@ report. Deliberately not here: how a fault is built or how a rule decides (their
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
 class Hypothesis:
     id: str
-    stage: str  # the pipeline stage where the budget is lost
+    stage: str  # the pipeline stage where the budget is lost (STAGES)
     title: str
     meaning: str
     evidence: str  # what in the trace / effective configuration confirms it
     confirm: str  # the A/B check or probe that separates it from the others
+    # the verdict of the violating request each probe (workbook.run.probes.PROBES) must give
+    # if this hypothesis is the cause: "honored" / "violated"; absent: no prediction
+    predicts: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -35,6 +40,27 @@ class Fault:
     at_engine_start: bool = False  # applied to the process environment before vLLM starts
 
 
+# The stages a budgeted logits row goes through, in pipeline order, and what each must do.
+STAGES: dict[str, str] = {
+    "configuration": "the run is served by Model Runner V2",
+    "state": "ThinkingBudgetState is enabled in the worker (all three marker id lists)",
+    "registration": "add_request sets use_thinking_budget[slot] and the host budget",
+    "gate": "the per-slot gate lets the budgeted slot through: logits processing runs and "
+            "calls ThinkingBudgetState.apply",
+    "launch": "apply launches its kernels when a slot of the batch has a budget",
+    "device state": "what the kernels read equals the host truth: marker ids, budget view, "
+                    "committed history, marker caches, the batch's row->slot mapping",
+    "kernel": "with right inputs, +1e9 lands in exactly the due end column of exactly the "
+              "rows whose reasoning count reached the budget (budget.row_truth)",
+    "sampling": "the sampler samples from the tensor apply biased, and a forced row yields "
+                "the forced token",
+    "acceptance": "the rejection sampler accepts no draft past a forced row",
+    "commit": "the token committed is the token sampled",
+}
+
+_BUDGET_STATE = {"markers": "violated", "state": "violated"}
+_MRV2 = {"guard": "honored", "v1": "honored"}
+
 HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
     Hypothesis("H-h", "configuration", "not MRV2: the run was served by the V1 runner",
                "V2 was asked for, but vLLM silently fell back to the V1 runner",
@@ -43,33 +69,100 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
     Hypothesis("H-b", "state", "ThinkingBudgetState disabled in the worker",
                "ThinkingBudgetState.enabled is False (a marker id list missing in the worker)",
                "enabled=False at registration or apply",
-               "effective reasoning_*_token_ids; V1 (which does not need natural-end ids)"),
+               "effective reasoning_*_token_ids; V1 (which does not need natural-end ids)",
+               {**_MRV2, **_BUDGET_STATE, "alone": "violated", "batched": "violated"}),
     Hypothesis("H-c", "registration", "request budget not registered",
                "the request's thinking_token_budget never reached the per-slot state",
                "use_thinking_budget False or host budget != the request's budget",
-               "batch of 1 vs several; re-send the request"),
+               "batch of 1 vs several; re-send the request",
+               {**_MRV2, **_BUDGET_STATE}),
     Hypothesis("H-a", "gate", "gate bypass: logits processing skipped for this request",
-               "apply_sampling_params took its fast path: the per-slot gate lacks the budget",
-               "gate False or fast path True for a budgeted slot",
-               "greedy vs sampled (the fast path is greedy-only), pre/post vLLM #52329"),
-    Hypothesis("H-d", "kernel", "budget kernel never forced the row (stale device budget or "
-               "kernel)",
-               "apply launched its kernels for a budgeted slot, yet the row was not forced",
-               "device budget != host budget, or launched and end logit not raised",
-               "eager vs CUDA graphs; markers re-uploaded; batch of 1"),
+               "apply_sampling_params took its fast path or never called the budget's apply: "
+               "the per-slot gate lacks the budget",
+               "gate False, fast path True, or apply not called for a budgeted slot",
+               "greedy vs sampled (the fast path is greedy-only), pre/post vLLM #52329",
+               {**_MRV2, **_BUDGET_STATE, "alone": "violated"}),
     Hypothesis("H-f", "launch", "launch decision frozen: apply ran but launched no kernel",
                "a Python-side decision captured once (graph capture / warm-up) never re-taken",
                "apply ran for a budgeted, enabled slot but launched no kernel",
-               "eager vs CUDA graphs (enforce_eager=True)"),
-    Hypothesis("H-e", "sampling", "row forced, but the token was sampled from other logits",
-               "the forced logits were not the ones the sampler used",
-               "forced after apply, not forced in the logits handed to sampling, or a forced "
-               "row emitted another token with no accepted draft explaining it",
-               "MTP on/off; greedy vs sampled"),
+               "eager vs CUDA graphs (enforce_eager=True); batch of 1",
+               {**_MRV2, **_BUDGET_STATE, "alone": "violated", "batched": "violated",
+                "eager": "honored"}),
+    Hypothesis("H-i", "device state", "the state's device marker ids were overwritten",
+               "the marker id tensors of ThinkingBudgetState hold values no PyTorch write put "
+               "there (an out-of-band writer: another kernel overwrote them during start-up "
+               "profiling or later); the kernel then finds no <think> and never forces",
+               "device start/end/natural-end ids != the configured ids, with storage and "
+               "_version unchanged",
+               "markers re-uploaded from the host config; V1 (no device markers); "
+               "compute-sanitizer memcheck of a start-up",
+               {**_MRV2, "markers": "honored", "state": "violated", "alone": "violated",
+                "batched": "violated", "no_spec": "violated"}),
+    Hypothesis("H-d", "device state", "stale device view of the budget (device != host)",
+               "the device copy of the per-slot budget the kernel reads differs from the host "
+               "copy (a UVA / staged write that never reached the device)",
+               "budget_device != budget_host for the slot",
+               "device state refreshed before apply; batch of 1",
+               {**_MRV2, "state": "honored", "markers": "violated", "alone": "violated"}),
+    Hypothesis("H-d-history", "device state", "device view of the committed history is wrong",
+               "the committed tokens / length the kernel reads on the device differ from the "
+               "tokens committed (all_token_ids / total_len)",
+               "total_len or the checksum of all_token_ids[slot, :total_len] != the host history",
+               "batch of 1; eager vs CUDA graphs",
+               {"guard": "honored", "markers": "violated"}),
+    Hypothesis("H-d-cache", "device state", "marker cache corrupted between steps",
+               "the cached last <think> / </think> / scan position entering apply do not "
+               "describe the committed history: the start marker was lost or moved (the "
+               "reasoning count restarted) or the scan skipped it",
+               "the marker cache before apply, replayed over the history, gives another "
+               "reasoning state than the rule (start lost / count restarted)",
+               "device state refreshed (marker caches reset) before apply",
+               {**_MRV2, "state": "honored", "markers": "violated", "alone": "violated"}),
+    Hypothesis("H-j", "device state", "forcing depends on batch composition (the kernel "
+               "did not get this request's rows)",
+               "the kernel was not handed this request's rows mapped to its own slot, or its "
+               "rows are forced alone but not in this batch",
+               "row->slot mapping handed to the kernel != the batch's; or the batch-of-1 probe "
+               "honored while the batch violated",
+               "batch of 1 vs batch of several mixed budgets",
+               {**_MRV2, **_BUDGET_STATE, "alone": "honored"}),
+    Hypothesis("H-d-kernel", "kernel", "budget kernel did not force a due row though its "
+               "inputs were right",
+               "apply launched its kernels with the state's own tensors, all equal to the host "
+               "truth, yet the due row was not forced (or the marker scan came out wrong): a "
+               "defect or miscompile of the kernel / apply",
+               "launched, markers/budget/history/caches/mapping right, due row without +1e9",
+               "eager vs CUDA graphs; MTP off (draft rows only?); batch of 1",
+               {**_MRV2, **_BUDGET_STATE, "alone": "violated"}),
+    Hypothesis("H-d-column", "kernel", "forcing bias written into another column",
+               "the due row received +1e9, but in a column other than the due end token",
+               "bias_cols of the due row do not include the due token",
+               "multi-token end ids; batch of 1",
+               {**_MRV2, **_BUDGET_STATE, "alone": "violated"}),
+    Hypothesis("H-e", "sampling", "forced, but not in the tensor the sampler used",
+               "the +1e9 went into a tensor that was not the one sampled (a copy), or was "
+               "removed from it before sampling",
+               "apply's (or the kernel's) tensor forced at the due column, the tensor the "
+               "sampler consumed not (its storage differs, or the value was overwritten)",
+               "MTP off; greedy vs sampled",
+               {**_MRV2, **_BUDGET_STATE, "alone": "violated"}),
+    Hypothesis("H-e-sample", "sampling", "the sampler drew another token from a forced row",
+               "the tensor the sampler consumed held +1e9 at the due column, yet the row's own "
+               "sample was another token: the sampler ignores the processed logits",
+               "due_logit_sampled >= 1e8 and the row's own sample (not a draft) != due token",
+               "greedy vs sampled; MTP off",
+               {**_MRV2, **_BUDGET_STATE, "alone": "violated"}),
     Hypothesis("H-g", "acceptance", "a draft was accepted over the forced end token",
                "the rejection sampler accepted a draft without checking the forced target row",
-               "forced row, next row's draft (not </think>) accepted",
-               "rejection_sample_method; MTP k=1; drafts rejected (random weights)"),
+               "forced in the sampled tensor, the position's token came from an accepted draft "
+               "!= the forced token, while forced rows sampled on their own did yield it",
+               "rejection_sample_method; MTP off / k=1; drafts rejected (random weights)",
+               {**_MRV2, **_BUDGET_STATE, "alone": "violated", "no_spec": "honored"}),
+    Hypothesis("H-k", "commit", "the token was changed after sampling",
+               "the sampler produced the forced token, but another one was emitted / committed",
+               "sampled_vllm == due token, emitted token != it, no guard fix",
+               "guard on; batch of 1",
+               {**_BUDGET_STATE, "alone": "violated"}),
 ]}
 
 FAULTS: dict[str, Fault] = {f.name: f for f in [
@@ -77,11 +170,21 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("H-b", "H-b", "ThinkingBudgetState disabled in the worker"),
     Fault("H-c", "H-c", "request's budget never registered"),
     Fault("H-d", "H-d", "device copy of the budget stale while the host copy is right"),
-    Fault("H-d-draft", "H-d", "budget kernel never forces draft rows"),
+    Fault("H-d-draft", "H-d-kernel", "budget kernel never forces draft rows"),
     Fault("H-e", "H-e", "row forced but token sampled from unprocessed logits"),
     Fault("H-f", "H-f", "launch decision frozen at the first (warm-up) step"),
     Fault("H-g", "H-g", "synthetic acceptance of drafts"),
     Fault("H-h", "H-h", "V2 run silently served by V1", at_engine_start=True),
+    Fault("H-i", "H-i", "the reporter's state: device marker ids and marker caches zeroed in "
+          "place after start through a raw alias (storage and _version unchanged)"),
+    Fault("H-d-cache", "H-d-cache", "marker cache loses the start marker after each commit"),
+    Fault("H-d-restart", "H-d-cache", "marker cache moves the start to the last committed "
+          "token after each commit (the reasoning count restarts)"),
+    Fault("H-d-column", "H-d-column", "the budget's +1e9 lands in the column after </think>"),
+    Fault("H-e-copy", "H-e", "the budget forces a copy of the logits that is never sampled"),
+    Fault("H-e-sample", "H-e-sample", "the sampler masks out forced columns before sampling"),
+    Fault("H-j", "H-j", "the budget kernel is launched with the first request's rows only"),
+    Fault("H-k", "H-k", "the end token is replaced after sampling, before commit"),
 ]}
 
 FAULT_CHOICES = ("none", *FAULTS)
@@ -92,6 +195,8 @@ def title(hyp: str | None) -> str | None:
         return None
     if hyp == "unclassified":
         return "violation that no rule explains"
+    if hyp == "ambiguous":
+        return "several causes fit the evidence"
     h = HYPOTHESES.get(hyp)
     return h.title if h else None
 

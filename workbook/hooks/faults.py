@@ -24,6 +24,24 @@ it would see a broken vLLM) and is removed with ``.remove()``:
 - ``H-h``  a V2 run silently served by V1: an environment fault, applied by
            ``workbook.vllm.env.vllm_env`` before vLLM starts (``VLLM_USE_V2_MODEL_RUNNER=0``
            while the configuration asks for V2). ``inject("H-h")`` only checks it was applied.
+- ``H-i``  the reporter's measured state: right after start (at the first ``add_requests``),
+           the state's three marker id tensors and its marker caches are zeroed in place
+           through a raw alias on the same storage (``torch.Tensor.set_``), as an out-of-band
+           writer would: storage and ``_version`` unchanged. Removal writes the saved values
+           back the same way.
+- ``H-d-cache``   after each commit, the marker cache of every budgeted slot of the batch
+           forgets the start marker (``last_start = last_end = -1``, ``scan_pos = total_len``).
+- ``H-d-restart`` after each commit, the marker cache moves the start to the last committed
+           token (``last_start = total_len - 1``): the reasoning count restarts.
+- ``H-d-column``  the budget's +1e9 lands in the column after the end token (the end column
+           keeps its value).
+- ``H-e-copy``    ``ThinkingBudgetState.apply`` forces a copy of the logits, never sampled.
+- ``H-e-sample``  the sampler (gumbel) and the rejection sampler mask out every column holding
+           >= 1e8 before sampling: forced rows yield their runner-up.
+- ``H-j``  the budget kernels are launched with the batch's first request only (rows, slots,
+           local positions cut to it): forcing depends on batch composition.
+- ``H-k``  after sampling (before the guard, the commit and the speculator), every sampled
+           end token becomes token 0.
 
 Not here: any knowledge used by the diagnosis (it never reads which fault was injected).
 """
@@ -172,5 +190,182 @@ def _h_h(ps, hp):
                            "injected into a running engine")
 
 
+MARKER_ATTRS = ("reasoning_start_token_ids", "reasoning_end_token_ids",
+                "natural_reasoning_end_token_ids")
+CACHE_ATTRS = ("cached_last_start", "cached_last_end")
+
+
+def raw_alias(t):
+    """A tensor on ``t``'s storage that PyTorch does not know as ``t``: writes through it
+    leave ``t._version`` (and ``t.data_ptr()``) unchanged, as an out-of-band writer would."""
+    import torch
+
+    with torch.inference_mode():
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+
+def _h_i(ps, hp):
+    import torch
+
+    saved: list = []  # (state, attr, original values)
+
+    def corrupt(state):
+        for name in MARKER_ATTRS + CACHE_ATTRS:
+            t = getattr(state, name)
+            saved.append((state, name, t.detach().clone()))
+            with torch.inference_mode():
+                raw_alias(t).zero_()
+
+    def make(orig):
+        def add_requests(runner, *a, **k):
+            st = getattr(getattr(runner, "sampler", None), "thinking_budget_state", None)
+            if not saved and st is not None and getattr(st, "enabled", False):
+                corrupt(st)
+            return orig(runner, *a, **k)
+        return add_requests
+
+    def restore():
+        with torch.inference_mode():
+            for state, name, vals in saved:
+                raw_alias(getattr(state, name)).copy_(vals)
+        saved.clear()
+
+    ps.wrap(hp.runner, "add_requests", make)
+    ps.on_remove(restore)
+
+
+def _budgeted_slots(runner, idx_mapping):
+    """Slots of ``idx_mapping`` with a budget (host arrays only), as a device index."""
+    import numpy as np
+    import torch
+
+    st = runner.sampler.thinking_budget_state
+    if not getattr(st, "enabled", False):
+        return None, st
+    slots = [int(s) for s in np.asarray(idx_mapping.cpu()) if s >= 0
+             and st.use_thinking_budget[int(s)]]
+    if not slots:
+        return None, st
+    return torch.tensor(slots, dtype=torch.long, device=st.cached_last_start.device), st
+
+
+def _cache_fault(ps, hp, restart: bool):
+    def make(orig):
+        def postprocess_sampled(runner, idx_mapping, *a, **k):
+            out = orig(runner, idx_mapping, *a, **k)
+            idx, st = _budgeted_slots(runner, idx_mapping)
+            if idx is not None:
+                total = runner.req_states.total_len.gpu[idx].to(st.cached_scan_pos.dtype)
+                st.cached_last_start[idx] = (total - 1) if restart else -1
+                st.cached_last_end[idx] = -1
+                st.cached_scan_pos[idx] = total
+            return out
+        return postprocess_sampled
+    ps.wrap(hp.runner, "postprocess_sampled", make)
+
+
+def _h_d_cache(ps, hp):
+    _cache_fault(ps, hp, restart=False)
+
+
+def _h_d_restart(ps, hp):
+    _cache_fault(ps, hp, restart=True)
+
+
+def _h_d_column(ps, hp):
+    def make(orig):
+        def apply(state, *a, **k):
+            if not getattr(state, "enabled", False):
+                return orig(state, *a, **k)
+            args = hookpoints.budget_apply_args(hp.generation, a, k)
+            end = state.reasoning_end_token_ids.long()[:1]
+            logits = args.logits
+            before = logits[:, end].clone()
+            out = orig(state, *a, **k)
+            hit = (logits[:, end] >= 1e8) & (before < 1e8)  # [rows, 1]
+            other = (end + 1) % logits.shape[-1]
+            rows = hit[:, 0].nonzero().flatten()
+            if rows.numel():
+                logits[rows, other] = 1e9
+                logits[rows, end] = before[rows, 0]
+            return out
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def _h_e_copy(ps, hp):
+    def make(orig):
+        def apply(state, logits, *a, **k):
+            return orig(state, logits.clone(), *a, **k)  # forced: a copy nobody samples
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def _h_e_sample(ps, hp):
+    import importlib
+
+    def masked(logits):
+        return logits.masked_fill(logits >= 1e8, float("-inf"))
+
+    def make_first_arg(orig):
+        def fn(logits, *a, **k):
+            return orig(masked(logits), *a, **k)
+        return fn
+
+    smod = importlib.import_module(hp.sampler.__module__)
+    rmod = importlib.import_module(hp.rejection.__module__)
+    for mod, name in ((smod, "gumbel_sample"), (smod, "flashinfer_sample"),
+                      (smod, "xpu_sample"), (rmod, "rejection_sample")):
+        if callable(getattr(mod, name, None)):
+            ps.wrap(mod, name, make_first_arg)
+
+
+def _h_j(ps, hp):
+    import numpy as np
+
+    def make(orig):
+        def apply(state, *a, **k):
+            args = hookpoints.budget_apply_args(hp.generation, a, k)
+            idx_np = np.asarray(args.idx_mapping_np)
+            if idx_np.shape[0] <= 1 or not getattr(state, "enabled", False):
+                return orig(state, *a, **k)
+            # rows of the first request only: the grid sized from a batch of one
+            n0 = int((args.expanded_idx_mapping == args.idx_mapping[0]).sum().item())
+            cut = dict(logits=args.logits[:n0], expanded_idx_mapping=args.expanded_idx_mapping[
+                :n0], idx_mapping=args.idx_mapping[:1], idx_mapping_np=idx_np[:1],
+                input_ids=args.input_ids[:n0], expanded_local_pos=args.expanded_local_pos[:n0])
+            if hp.generation == "0.31":
+                import dataclasses
+
+                ctx = a[1] if len(a) > 1 else k["ctx"]
+                ctx2 = dataclasses.replace(ctx, **{f: cut[f] for f in (
+                    "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "input_ids",
+                    "expanded_local_pos")})
+                return orig(state, cut["logits"], ctx2)
+            return orig(state, cut["logits"], cut["expanded_idx_mapping"], cut["idx_mapping"],
+                        cut["idx_mapping_np"], cut["input_ids"], cut["expanded_local_pos"])
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def _h_k(ps, hp):
+    def make(orig):
+        def sample(runner, *a, **k):
+            out = orig(runner, *a, **k)
+            st = getattr(getattr(runner, "sampler", None), "thinking_budget_state", None)
+            if getattr(st, "enabled", False):
+                ids = out[0].sampled_token_ids
+                end = st.reasoning_end_token_ids[:1].to(ids.dtype)
+                ids.masked_fill_(ids == end, 0)
+            return out
+        return sample
+    ps.wrap(hp.runner, "sample", make)
+
+
 _BUILDERS = {"H-a": _h_a, "H-b": _h_b, "H-c": _h_c, "H-d": _h_d, "H-d-draft": _h_d_draft,
-             "H-e": _h_e, "H-f": _h_f, "H-g": _h_g, "H-h": _h_h}
+             "H-e": _h_e, "H-f": _h_f, "H-g": _h_g, "H-h": _h_h,
+             # issue #12: the causes H-d was a catch-all for, and the reporter's state (H-i)
+             "H-i": _h_i, "H-d-cache": _h_d_cache, "H-d-restart": _h_d_restart,
+             "H-d-column": _h_d_column, "H-e-copy": _h_e_copy, "H-e-sample": _h_e_sample,
+             "H-j": _h_j, "H-k": _h_k}

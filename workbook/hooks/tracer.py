@@ -1,8 +1,9 @@
 """Per-step tracer of MRV2 sampling internals: what vLLM did with the thinking budget.
 
-``Tracer().install()`` patches (``workbook.vllm.patching`` layer "trace", i.e. outermost) the hook
-points of ``workbook.vllm.hookpoints`` and records, for every real engine step (warm-up and dummy runs
-never enter ``sample_tokens`` with a request and are ignored):
+``Tracer().install()`` patches (``workbook.vllm.patching`` layer "trace", i.e. outermost) the
+hook points of ``workbook.vllm.hookpoints`` (and vLLM's two budget kernels' launches, the
+functions that consume the processed logits) and records, for every real engine step (warm-up
+and dummy runs never enter ``sample_tokens`` with a request and are ignored):
 
 - **steps**: step index, path (``Sampler`` / ``RejectionSampler``), number of requests, logits
   rows and draft tokens, tokens the guard replaced (if the guard is installed).
@@ -18,6 +19,27 @@ never enter ``sample_tokens`` with a request and are ignored):
   draft j at j), the end-token logit raw / before ``apply`` / after ``apply`` / after all
   processing, forced (after ``apply`` >= 1e8), top-k ids and values before and after, the token
   vLLM sampled at the row, whether the row's draft was accepted, whether its token was emitted.
+
+Evidence per budgeted request and step, read from the live objects and checked (when the trace
+is read) against a host-side truth computed from the committed history and the reasoning
+configuration with the one budget rule (``workbook.core.budget``):
+
+- the state's device marker ids (start, end, natural end) as the kernel reads them, their
+  storage address and ``_version``, vs the configured ids (``markers_ok``);
+- the marker caches (last start, last end, scan position) BEFORE and after ``apply``, vs the
+  rule's last start and vs vLLM's cache update replayed on the host
+  (``budget.scan_marker_cache``): ``cache_before_ok``, ``cache_after_ok``;
+- the device view of the committed history (``total_len``, a checksum of
+  ``all_token_ids[slot, :total_len]``) vs the host history (``history_ok``);
+- host vs device budget, ``enabled``, registration, gate, fast path, kernels launched, whether
+  the kernels were handed the state's own tensors (``kernel_substituted``) and the batch's own
+  row→slot mapping and local positions (``mapping_ok``);
+- per row: the rule's truth (``due``, ``due_token``, ``count_host``), the columns whose value
+  jumped by >= 1e8 across ``apply`` (``bias_cols``), the due column after ``apply``, in the
+  tensor the kernel wrote (when it is not ``apply``'s) and in the tensor the sampler / rejection
+  sampler actually consumed (``due_logit_sampled``, its top-1), and whether those tensors are
+  the storage ``apply`` biased (``sampled_is_biased``); where the emitted token came from
+  (``from_draft``).
 
 Processing order inside one step (MRV2): ``sample_tokens`` → ``sample`` → ``Sampler.__call__``
 or ``RejectionSampler.__call__`` → ``apply_sampling_params`` (per chunk) →
@@ -45,9 +67,72 @@ from workbook.vllm import hookpoints, patching
 FORCED_THRESHOLD = 1e8
 
 
+MARKER_ATTRS = ("reasoning_start_token_ids", "reasoning_end_token_ids",
+                "natural_reasoning_end_token_ids")  # ThinkingBudgetState, this order
+MARKER_KEYS = ("start", "end", "natural_end")
+SCAN_KERNEL = "_update_committed_marker_cache_kernel"  # vLLM's two budget kernels (0.28-0.32)
+FORCE_KERNEL = "_thinking_budget_kernel"
+MARKER_ARGS = {"reasoning_start_token_ids": "reasoning_start_token_ids_ptr",
+               "reasoning_end_token_ids": "reasoning_end_token_ids_ptr",
+               "natural_reasoning_end_token_ids": "natural_reasoning_end_token_ids_ptr"}
+STATE_ARGS = {"thinking_token_budget_ptr": "budget", "all_token_ids_ptr": "all_token_ids",
+              "total_len_ptr": "total_len", "cached_last_start_ptr": "cached_last_start",
+              "cached_last_end_ptr": "cached_last_end", "cached_scan_pos_ptr": "cached_scan_pos",
+              **{v: k for k, v in MARKER_ARGS.items()}}  # kernel argument -> the state's tensor
+CALL_ARGS = {"expanded_idx_mapping_ptr": "expanded_idx_mapping", "input_ids_ptr": "input_ids",
+             "expanded_local_pos_ptr": "expanded_local_pos", "req_ids_ptr": "req_ids"}
+
+
+def _state_tensor(state, key: str):
+    if key == "budget":
+        return state.thinking_token_budget.gpu
+    if key in ("all_token_ids", "total_len"):
+        return getattr(state.req_states, key).gpu
+    return getattr(state, key)
+
+
+class _LaunchProxy:
+    """Stands in for one of vLLM's Triton budget kernels (a module global, looked up at each
+    launch): ``kernel[grid](*args)`` tells the tracer what the launch really received (and,
+    when it was not ``apply``'s logits, what it wrote), then launches the original."""
+
+    def __init__(self, fn, name: str, tracer: "Tracer"):
+        self._fn, self._name, self._tracer = fn, name, tracer
+
+    def __getitem__(self, grid):
+        launch = self._fn[grid]
+
+        def run(*a, **k):
+            t = self._tracer
+            logits = None
+            try:
+                named = dict(zip(self._fn.arg_names, a))
+                named.update(k)
+                logits = t._on_launch(self._name, named)
+            except Exception as e:  # the tracer must never break the engine
+                t._error(f"launch:{self._name}", e)
+            out = launch(*a, **k)
+            if logits is not None:
+                try:
+                    t._after_launch(logits)
+                except Exception as e:
+                    t._error(f"launch:{self._name}", e)
+            return out
+
+        return run
+
+    def __getattr__(self, name):
+        return getattr(self._fn, name)
+
+
 @dataclass
 class _Call:
     """One ``apply_sampling_params`` call (a step may have several: chunks)."""
+    ptrs: dict = field(default_factory=dict)  # data_ptr/numel of its mapping inputs
+    out_ptr: int | None = None  # the tensor apply_sampling_params returned
+    s_ptr: int | None = None  # the tensor the sampler / rejection sampler consumed
+    end_s: Any = None  # [rows, E] end columns of that tensor
+    top_s: Any = None  # (vals, ids) [rows, 2]
     slots: Any = None  # [rows] expanded_idx_mapping
     local_pos: Any = None  # [rows]
     input_ids: Any = None  # [rows]
@@ -106,6 +191,13 @@ class Tracer:
         self.max_pending = max_pending
         self.markers: dict[str, list[int]] | None = None  # the runner's, as a dict (trace meta)
         self._rule_markers = budget.Markers()
+        self._config_markers: list[list[int]] = [[], [], []]  # raw reasoning_config lists
+        self._end_cols: list[int] = [0]
+        self._budget: dict[str, int | None] = {}  # req_id -> thinking_token_budget asked for
+        self._checksum: dict[str, int] = {}  # req_id -> budget.history_checksum(history)
+        self._len_ub: dict[str, int] = {}  # req_id -> upper bound of its committed length
+        self._marker_ptrs: list | None = None  # marker storage addresses when first seen
+        self._weights = None  # device arange(1..max_len) for the history checksum
         self.dropped_steps = 0
 
     # ---- install / remove ---------------------------------------------------------------
@@ -141,6 +233,18 @@ class Tracer:
         tb_mod = importlib.import_module(hp.budget.__module__)
         if hasattr(tb_mod, "apply_thinking_budget"):
             ps.wrap(tb_mod, "apply_thinking_budget", self._w_kernel_launch)
+        for kernel in (SCAN_KERNEL, FORCE_KERNEL):  # the Triton launches themselves
+            if hasattr(getattr(tb_mod, kernel, None), "arg_names"):
+                ps.wrap(tb_mod, kernel, self._w_triton(kernel))
+        # where the processed logits are consumed: the Sampler's sampling functions and the
+        # rejection sampler's verification (module-level names, looked up at call time)
+        for mod, names in ((importlib.import_module(hp.sampler.__module__),
+                            ("gumbel_sample", "flashinfer_sample", "xpu_sample")),
+                           (importlib.import_module(hp.rejection.__module__),
+                            ("rejection_sample",))):
+            for name in names:
+                if callable(getattr(mod, name, None)):
+                    ps.wrap(mod, name, self._w_consume)
         return ps
 
     # ---- wrappers -------------------------------------------------------------------------
@@ -236,6 +340,10 @@ class Tracer:
             call = _Call()
             tracer._call = call
             ends = tracer._end_col()
+            call.ptrs = {n: _ptr(t) for n, t in (
+                ("expanded_idx_mapping", args.expanded_idx_mapping),
+                ("req_ids", args.idx_mapping), ("input_ids", args.input_ids),
+                ("expanded_local_pos", args.expanded_local_pos))}
             call.slots = args.expanded_idx_mapping.detach().clone()
             call.local_pos = args.expanded_local_pos.detach().clone()
             call.input_ids = args.input_ids.detach().clone()
@@ -248,6 +356,7 @@ class Tracer:
             finally:
                 tracer._call = None
             call.fast_path = out is args.logits
+            call.out_ptr = out.data_ptr()
             call.end_final = out[:, ends].detach().float().clone()
             call.top_final = tracer._topk(out)
             step.calls.append(call)
@@ -267,18 +376,32 @@ class Tracer:
             slots_np = np.asarray(args.idx_mapping_np)
             rec = call.apply
             call.apply_called = True
-            rec["enabled"] = bool(state.enabled)
-            rec["before"] = args.logits[:, ends].detach().float().clone()
-            rec["launched"] = False
+            logits = args.logits
+            rec.update(state=state, enabled=bool(state.enabled), a_ptr=logits.data_ptr(),
+                       launched=False, substituted=[], idx=args.idx_mapping)
+            rec["before"] = logits[:, ends].detach().float().clone()
+            full_before = None
             if state.enabled:
                 rec["use"] = np.array(state.use_thinking_budget[slots_np], copy=True)
                 rec["budget_host"] = np.array(state.thinking_token_budget.np[slots_np], copy=True)
-                rec["budget_dev"] = state.thinking_token_budget.gpu[
-                    args.idx_mapping.long()].detach().clone()
-            out = orig(state, *a, **k)
-            rec["after"] = args.logits[:, ends].detach().float().clone()
+                full_before = logits.detach().clone()
+            try:
+                out = orig(state, *a, **k)
+            finally:
+                rec.pop("state", None)
+            rec["after"] = logits[:, ends].detach().float().clone()
+            if full_before is not None:
+                tracer._bias_delta(rec, logits, full_before)
+                del full_before
             if state.enabled:
                 idx = args.idx_mapping.long()
+                if "markers_dev" not in rec:  # no kernel ran: what the kernels would read
+                    tracer._read_markers(rec, [getattr(state, n) for n in MARKER_ATTRS])
+                if "cache_before" not in rec:
+                    tracer._read_state(rec, idx, state.thinking_token_budget.gpu,
+                                       state.req_states.all_token_ids.gpu,
+                                       state.req_states.total_len.gpu, state.cached_last_start,
+                                       state.cached_last_end, state.cached_scan_pos)
                 rec["last_start"] = state.cached_last_start[idx].detach().clone()
                 rec["last_end"] = state.cached_last_end[idx].detach().clone()
                 rec["scan_pos"] = state.cached_scan_pos[idx].detach().clone()
@@ -287,15 +410,156 @@ class Tracer:
 
         return apply
 
+    @staticmethod
+    def _bias_delta(rec: dict, logits, before) -> None:
+        """Per row: the two columns that rose most across ``apply`` and how many rose by
+        >= 1e8 (device ops only)."""
+        import torch
+
+        d = logits.detach().float() - before.float()
+        vals, ids = torch.topk(d, min(2, d.shape[-1]), dim=-1)
+        rec["delta"] = (vals, ids, (d >= FORCED_THRESHOLD).sum(-1))
+
+    # -- the kernels' own launches: what they really read and wrote --------------------------
+    def _read_markers(self, rec: dict, ms: list) -> None:
+        import torch
+
+        rec["markers_meta"] = [(m.data_ptr(), _version(m), int(m.numel())) for m in ms]
+        rec["markers_dev"] = torch.cat([m.detach().reshape(-1) for m in ms])  # a new tensor
+        if self._marker_ptrs is None and "state_markers" not in rec:
+            self._marker_ptrs = [m.data_ptr() for m in ms]
+
+    def _read_state(self, rec: dict, idx, budget_t, all_tok, total_len, last_start, last_end,
+                    scan_pos) -> None:
+        """Device clones of the per-slot state a kernel reads (no sync)."""
+        import torch
+
+        # advanced indexing copies: no extra clone needed (each line one or two launches)
+        rec["cache_before"] = torch.stack([last_start, last_end, scan_pos]).detach()[:, idx]
+        rec["budget_dev"] = budget_t.detach()[idx]
+        total = total_len.detach()[idx]
+        rec["total_len_dev"] = total
+        rec["hist_sum_dev"] = self._device_checksum(all_tok, idx, total)
+
+    def _device_checksum(self, all_tok, idx, total):
+        """Σ token·(pos+1) over ``all_token_ids[slot, :total_len]`` per slot, on the device."""
+        import torch
+
+        step = self._step
+        ub = max((self._len_ub.get(r, 0) for r in step.req_ids), default=0) if step else 0
+        width = min(int(all_tok.shape[1]), max(int(ub), 1))
+        if self._weights is None or self._weights.shape[0] < width or \
+                self._weights.device != all_tok.device:
+            self._weights = torch.arange(1, int(all_tok.shape[1]) + 1, dtype=torch.int64,
+                                         device=all_tok.device)
+        w = self._weights[:width]
+        wm = torch.where(w <= total.long().unsqueeze(1), w, 0)  # [reqs, width]
+        return (all_tok.detach()[idx, :width].long() * wm).sum(-1)
+
+    def _substituted(self, rec: dict, call: _Call, named: dict) -> list[str]:
+        """Kernel pointer arguments that are not the state's / the batch's tensors."""
+        state = rec.get("state")
+        out = []
+        for arg, key in STATE_ARGS.items():
+            if arg in named and state is not None and \
+                    _ptr(named[arg]) != _ptr(_state_tensor(state, key)):
+                out.append(key)
+        for arg, key in CALL_ARGS.items():
+            if arg in named and key in call.ptrs and _ptr(named[arg]) != call.ptrs[key]:
+                out.append(key)
+        if "logits_ptr" in named and named["logits_ptr"].data_ptr() != rec.get("a_ptr"):
+            out.append("logits")
+        return out
+
+    def _w_triton(self, kernel: str):
+        tracer = self
+
+        def make(orig):
+            return _LaunchProxy(orig, kernel, tracer)
+
+        return make
+
+    def _on_launch(self, kernel: str, named: dict) -> Any:
+        call = self._call
+        if call is None or self._step is None:
+            return None
+        rec = call.apply
+        state = rec.get("state")
+        subst = self._substituted(rec, call, named)
+        rec["substituted"] = sorted(set(rec.get("substituted", [])) | set(subst))
+        if kernel == SCAN_KERNEL and "cache_before" not in rec:
+            idx = rec["idx"].long()  # the batch's slots (the kernel's own req_ids may differ)
+            self._read_state(rec, idx, named["thinking_token_budget_ptr"],
+                             named["all_token_ids_ptr"], named["total_len_ptr"],
+                             named["cached_last_start_ptr"], named["cached_last_end_ptr"],
+                             named["cached_scan_pos_ptr"])
+            if state is not None and "budget" in subst:
+                rec["state_budget_dev"] = state.thinking_token_budget.gpu[idx].detach().clone()
+            if state is not None and ("total_len" in subst or "all_token_ids" in subst):
+                t = state.req_states.total_len.gpu[idx].detach()
+                rec["state_total_len"] = t.clone()
+                rec["state_hist_sum"] = self._device_checksum(
+                    state.req_states.all_token_ids.gpu, idx, t)
+            return None
+        if kernel != FORCE_KERNEL:
+            return None
+        rec["launched"] = True
+        ms = [named[MARKER_ARGS[n]] for n in MARKER_ATTRS]
+        if state is not None and any(n in subst for n in MARKER_ATTRS):
+            import torch
+
+            own = [getattr(state, n) for n in MARKER_ATTRS]
+            rec["state_markers"] = torch.cat([m.detach().reshape(-1) for m in own]).clone()
+            rec["state_markers_len"] = [int(m.numel()) for m in own]
+        self._read_markers(rec, ms)
+        if any(n in subst for n in ("expanded_idx_mapping", "input_ids", "expanded_local_pos")):
+            rec["k_mapping"] = named["expanded_idx_mapping_ptr"].detach().clone()
+            rec["k_local_pos"] = named["expanded_local_pos_ptr"].detach().clone()
+            rec["k_input_ids"] = named["input_ids_ptr"].detach().clone()
+        logits = named.get("logits_ptr")
+        rec["k_ptr"] = None if logits is None else logits.data_ptr()
+        return logits if "logits" in subst else None
+
+    def _after_launch(self, logits) -> None:
+        call = self._call
+        if call is not None and logits is not None:
+            call.apply["k_end"] = logits[:, self._end_col()].detach().float().clone()
+
     def _w_kernel_launch(self, orig):
         tracer = self
 
         def apply_thinking_budget(*a, **k):
-            if tracer._call is not None:
-                tracer._call.apply["launched"] = True
+            call = tracer._call
+            if call is not None:
+                call.apply["launched"] = True
             return orig(*a, **k)
 
         return apply_thinking_budget
+
+    def _consumed(self, call: _Call, logits) -> None:
+        """What the sampler consumed: its storage, the end columns and its top-2 per row."""
+        call.s_ptr = logits.data_ptr()
+        call.end_s = logits[:, self._end_col()].detach().float().clone()
+        call.top_s = self._topk(logits, 2)
+
+    def _w_consume(self, orig):
+        tracer = self
+
+        def consume(*a, **k):
+            step = tracer._step
+            if step is not None and step.calls:
+                call = step.calls[-1]
+                logits = a[0] if a else next((k[n] for n in ("logits", "target_logits",
+                                                             "processed_logits") if n in k),
+                                             None)
+                if call.s_ptr is None and logits is not None and logits.dim() == 2:
+                    try:
+                        tracer._consumed(call, logits)
+                    except Exception as e:
+                        tracer._error("consume", e)
+            return orig(*a, **k)
+
+        return consume
 
     # ---- step bookkeeping -------------------------------------------------------------------
     def _on_add_requests(self, runner, scheduler_output) -> None:
@@ -309,8 +573,11 @@ class Tracer:
             slot = runner.req_states.req_id_to_index.get(req_id)
             tokens = [int(t) for t in (new.prefill_token_ids or [])]
             self._history[req_id] = tokens
+            self._checksum[req_id] = budget.history_checksum(tokens)
+            self._len_ub[req_id] = len(tokens)
             self._prompt_len[req_id] = int(getattr(new, "prompt_len", len(tokens)) or len(tokens))
             sp = new.sampling_params
+            self._budget[req_id] = getattr(sp, "thinking_token_budget", None)
             reg = {"req_id": req_id, "slot": slot, "prompt_len": self._prompt_len[req_id],
                    "prompt_tail": tokens[-8:],
                    "budget_param": getattr(sp, "thinking_token_budget", None),
@@ -340,6 +607,10 @@ class Tracer:
                      idx_mapping_dev=batch.idx_mapping,
                      cu_num_logits=np.array(batch.cu_num_logits_np, copy=True),
                      num_draft_tokens=int(batch.num_draft_tokens))
+        n_logits = np.diff(step.cu_num_logits)
+        for r, n in zip(req_ids, n_logits):  # committed length grows by <= its logits rows
+            if r in self._len_ub:
+                self._len_ub[r] += int(n)
         self._nsteps += 1
         self._step = step
         return step
@@ -392,10 +663,14 @@ class Tracer:
         total_after = h(step.total_len_after)
         proposed = h(step.proposed)
         fixed = h(step.guard_fixed)
-        req_calls: dict[int, tuple[_Call, int]] = {}
+        n_logits_of = {int(s): int(step.cu_num_logits[i + 1] - step.cu_num_logits[i])
+                       for i, s in enumerate(step.idx_mapping)}
+        req_calls: dict[int, tuple[_Call, int, int]] = {}  # slot -> (call, j, first row)
         for call in step.calls:
+            off = 0
             for j, s in enumerate(call.gate_slots):
-                req_calls[int(s)] = (call, j)
+                req_calls[int(s)] = (call, j, off)
+                off += n_logits_of.get(int(s), 1)
         self._steps.append({"step": step.index, "path": step.path, "num_reqs": len(step.req_ids),
                            "num_logits": int(step.cu_num_logits[-1]),
                            "num_draft_tokens": step.num_draft_tokens,
@@ -404,7 +679,7 @@ class Tracer:
             slot = int(step.idx_mapping[i])
             hist = self._history.setdefault(req_id, [])
             n_logits = int(step.cu_num_logits[i + 1] - step.cu_num_logits[i])
-            call, j = req_calls.get(slot, (None, None))
+            call, j, off = req_calls.get(slot, (None, None, None))
             ap = call.apply if call is not None else {}
             ns = int(num_sampled[i]) if num_sampled is not None else 0
             ns_v = int(ns_vllm[i]) if ns_vllm is not None else ns
@@ -415,52 +690,124 @@ class Tracer:
                    "phase": "prefill" if len(hist) <= self._prompt_len.get(req_id, 0)
                    else "decode",
                    "path": step.path, "num_logits": n_logits, "num_drafts": n_logits - 1,
+                   "batch_pos": i, "batch_size": len(step.req_ids),
                    "total_len_before": len(hist),
                    "reasoning_count": self._reasoning_count(hist),
+                   "truth_start": budget.last_start(hist, self._rule_markers),
                    "gate": None if call is None else bool(call.gate[j]),
                    "fast_path": None if call is None else call.fast_path,
                    "apply_called": None if call is None else call.apply_called,
                    "enabled": ap.get("enabled"),
                    "kernels_launched": ap.get("launched"),
+                   "kernel_substituted": ap.get("substituted"),
                    "num_sampled_vllm": ns_v, "num_sampled": ns,
                    "num_rejected": int(num_rejected[i]) if num_rejected is not None else None,
                    "sampled_vllm": vllm_tokens, "emitted": emitted,
                    "total_len_after": int(total_after[slot]) if total_after is not None
                    else None,
                    "proposed": [int(t) for t in proposed[i]] if proposed is not None else []}
-            if "use" in ap:
-                k = int(np.nonzero(ap["slots"] == slot)[0][0])
-                rec.update(use_thinking_budget=bool(ap["use"][k]),
-                           budget_host=int(ap["budget_host"][k]),
-                           budget_device=int(_host(ap["budget_dev"])[k]),
-                           last_start=int(_host(ap["last_start"])[k]),
-                           last_end=int(_host(ap["last_end"])[k]),
-                           scan_pos=int(_host(ap["scan_pos"])[k]))
+            if "use" in ap and slot in set(int(x) for x in ap["slots"]):
+                try:
+                    self._state_evidence(rec, ap, int(np.nonzero(ap["slots"] == slot)[0][0]),
+                                         req_id, hist)
+                except Exception as e:  # evidence missing is no reason to lose the step
+                    self._error("state-evidence", e)
             drafts = []
             if call is not None:
                 rows = self._rows_of(step, call, slot, req_id, i, sampled, num_sampled,
-                                     sampled_vllm, ns_v)
+                                     sampled_vllm, ns_v, off, n_logits, hist, rec)
                 drafts = [r["input_token"] for r in rows if r["local_pos"] > 0]
                 self._rows.extend(rows)
             rec["draft_tokens"] = drafts
             self._requests.append(rec)
-            hist.extend(emitted)
+            for t in emitted:
+                self._checksum[req_id] = self._checksum.get(req_id, 0) + t * (len(hist) + 1)
+                hist.append(t)
         return None
 
-    def _rows_of(self, step, call, slot, req_id, i, sampled, num_sampled, sampled_vllm, ns_v):
+    def _state_evidence(self, rec: dict, ap: dict, k: int, req_id: str, hist: list) -> None:
+        """The device state the kernel read for this request vs the host truth."""
+        M = self._rule_markers
+        cb = _host(ap["cache_before"])[:, k]
+        ls_b, le_b, sp_b = (int(x) for x in cb)
+        ls_a, le_a = int(_host(ap["last_start"])[k]), int(_host(ap["last_end"])[k])
+        md = [int(x) for x in _host(ap["markers_dev"])]
+        meta = ap["markers_meta"]
+        lens = [m[2] for m in meta]
+        parts = [md[sum(lens[:q]):sum(lens[:q + 1])] for q in range(3)]
+        if "state_markers" in ap:  # the kernel got other marker tensors than the state's
+            rec["kernel_markers"] = dict(zip(MARKER_KEYS, parts))
+            sm, sl = [int(x) for x in _host(ap["state_markers"])], ap["state_markers_len"]
+            parts = [sm[sum(sl[:q]):sum(sl[:q + 1])] for q in range(3)]
+        truth_start = rec["truth_start"]
+        ref = budget.scan_marker_cache(hist, sp_b, ls_b, le_b, M)
+        dev_len = int(_host(ap["total_len_dev"])[k])
+        dev_sum = int(_host(ap["hist_sum_dev"])[k])
+        rec.update(use_thinking_budget=bool(ap["use"][k]),
+                   budget_host=int(ap["budget_host"][k]),
+                   budget_device=int(_host(ap["budget_dev"])[k]),
+                   last_start=ls_a, last_end=le_a, scan_pos=int(_host(ap["scan_pos"])[k]),
+                   last_start_before=ls_b, last_end_before=le_b, scan_pos_before=sp_b,
+                   cache_ref_start=budget.cache_start(ref[0], ref[1]),
+                   cache_before_ok=budget.cache_start(ref[0], ref[1]) == truth_start,
+                   cache_after_ok=budget.cache_start(ls_a, le_a) == truth_start,
+                   markers_dev=dict(zip(MARKER_KEYS, parts)),
+                   markers_ok=parts == self._config_markers,
+                   markers_version=[m[1] for m in meta],
+                   markers_moved=self._marker_ptrs is not None
+                   and [m[0] for m in meta] != self._marker_ptrs,
+                   total_len_dev=dev_len, history_ok=dev_len == len(hist)
+                   and dev_sum == self._checksum.get(req_id))
+        if "state_budget_dev" in ap:  # the kernel read another budget tensor
+            rec["kernel_budget"] = rec["budget_device"]
+            rec["budget_device"] = int(_host(ap["state_budget_dev"])[k])
+        if "state_total_len" in ap:  # the kernel read another history view
+            rec["kernel_history_ok"] = rec["history_ok"]
+            rec["kernel_total_len"] = dev_len
+            sl_, ss_ = int(_host(ap["state_total_len"])[k]), int(_host(ap["state_hist_sum"])[k])
+            rec["total_len_dev"] = sl_
+            rec["history_ok"] = sl_ == len(hist) and ss_ == self._checksum.get(req_id)
+
+    def _rows_of(self, step, call, slot, req_id, i, sampled, num_sampled, sampled_vllm, ns_v,
+                 off, n, hist, rec):
         h = _host
         slots = h(call.slots)
         local = h(call.local_pos)
         inputs = h(call.input_ids)
+        ap = call.apply
         end_in, end_final = h(call.end_in), h(call.end_final)
-        before = h(call.apply.get("before"))
-        after = h(call.apply.get("after"))
+        before = h(ap.get("before"))
+        after = h(ap.get("after"))
         tv_in, ti_in = (h(call.top_in[0]), h(call.top_in[1]))
         tv_out, ti_out = (h(call.top_final[0]), h(call.top_final[1]))
+        delta = tuple(h(x) for x in ap["delta"]) if "delta" in ap else None
+        k_end = h(ap.get("k_end"))
+        end_s = h(call.end_s)
+        top_s = (h(call.top_s[0]), h(call.top_s[1])) if call.top_s is not None else None
         ns = int(num_sampled[i]) if num_sampled is not None else 0
+        rows = list(range(off, min(off + n, len(slots))))
+        # the batch's own mapping for these rows, as apply_sampling_params and the kernel got
+        # it: rows -> this request's slot (mapping_ok), local positions and drafts
+        # (positions_ok)
+        mapping_ok = bool(all(int(slots[r]) == slot for r in rows))
+        positions_ok = [int(local[r]) for r in rows] == list(range(len(rows)))
+        if "k_mapping" in ap:  # the kernel got another mapping than apply_sampling_params
+            km, kl, ki = h(ap["k_mapping"]), h(ap["k_local_pos"]), h(ap["k_input_ids"])
+            mapping_ok = mapping_ok and len(km) == len(slots) and bool(
+                all(int(km[r]) == slot for r in rows))
+            positions_ok = positions_ok and len(kl) == len(slots) and len(ki) == len(slots) \
+                and [int(kl[r]) for r in rows] == list(range(len(rows))) \
+                and all(int(ki[r]) == int(inputs[r]) for r in rows[1:])
+        rec["mapping_ok"] = mapping_ok
+        rec["positions_ok"] = positions_ok
+        drafts = [int(inputs[r]) for r in rows[1:]]
+        b = self._budget.get(req_id)
+        a_ptr = ap.get("a_ptr")
+        ends = self._end_cols
         out = []
-        for r in np.nonzero(slots == slot)[0]:
-            lp = int(local[r])
+        for lp, r in enumerate(rows):
+            truth = budget.row_truth(hist, drafts, lp, b, self._rule_markers)
+            e = ends.index(truth.token) if truth.due and truth.token in ends else None
             row = {"step": step.index, "req_id": req_id, "slot": slot, "row": int(r),
                    "local_pos": lp, "input_token": int(inputs[r]),
                    "end_logit_raw": float(end_in[r, 0]),
@@ -476,7 +823,26 @@ class Tracer:
                    "emitted_token": int(sampled[i, lp]) if sampled is not None and lp < ns
                    else None,
                    "draft_accepted": (lp >= 1 and lp < ns) if lp >= 1 else None,
-                   "emitted": lp < ns}
+                   "emitted": lp < ns,
+                   "from_draft": (lp < ns_v - 1) if lp < ns_v else None,
+                   "count_host": truth.count, "due": truth.due, "due_token": truth.token,
+                   "due_logit_after_apply": None if after is None or e is None
+                   else float(after[r, e]),
+                   "due_logit_kernel": None if k_end is None or e is None
+                   else float(k_end[r, e]),
+                   "due_logit_sampled": None if end_s is None or e is None or r >= len(end_s)
+                   else float(end_s[r, e]),
+                   "sampled_top": None if top_s is None or r >= len(top_s[1])
+                   else int(top_s[1][r, 0]),
+                   "sampled_top_logit": None if top_s is None or r >= len(top_s[0])
+                   else float(top_s[0][r, 0]),
+                   "sampled_is_biased": None if call.s_ptr is None or a_ptr is None
+                   else call.s_ptr == a_ptr,
+                   "returned_is_biased": None if call.out_ptr is None or a_ptr is None
+                   else call.out_ptr == a_ptr,
+                   "bias_cols": None if delta is None else
+                   [int(c) for v, c in zip(delta[0][r], delta[1][r]) if v >= FORCED_THRESHOLD],
+                   "n_bias_cols": None if delta is None else int(delta[2][r])}
             row["forced"] = (row["end_logit_after_apply"] is not None
                              and row["end_logit_after_apply"] >= FORCED_THRESHOLD)
             row["forced_final"] = row["end_logit_final"] >= FORCED_THRESHOLD
@@ -490,16 +856,19 @@ class Tracer:
         rc = getattr(runner.vllm_config, "reasoning_config", None)
         self._rule_markers = budget.Markers.of(rc)
         self.markers = self._rule_markers.to_dict()
+        self._config_markers = [[int(t) for t in (getattr(rc, n, None) or [])]
+                                for n in MARKER_ATTRS]
+        self._end_cols = list(dict.fromkeys(self._rule_markers.end))[:4] or [0]
 
     def _end_col(self) -> list[int]:
-        """The logits column(s) recorded: the first reasoning-end token."""
-        ends = (self.markers or {}).get("end") or []
-        return ends[:1] or [0]
+        """The logits columns recorded: the distinct reasoning-end tokens (the first is the
+        ``end_logit_*`` column)."""
+        return self._end_cols
 
-    def _topk(self, logits):
+    def _topk(self, logits, k: int | None = None):
         import torch
 
-        k = min(self.topk, logits.shape[-1])
+        k = min(k or self.topk, logits.shape[-1])
         vals, ids = torch.topk(logits.detach().float(), k, dim=-1)
         return vals, ids
 
@@ -507,9 +876,10 @@ class Tracer:
         return budget.reasoning_count(hist, self._rule_markers)
 
     def _error(self, where: str, e: Exception) -> None:
-        self._steps.append({"step": -1, "path": f"tracer-error:{where}:{type(e).__name__}:{e}"[:300],
-                           "num_reqs": 0, "num_logits": 0, "num_draft_tokens": 0,
-                           "guard_fixed": None})
+        self._steps.append({"step": -1,
+                            "path": f"tracer-error:{where}:{type(e).__name__}:{e}"[:300],
+                            "num_reqs": 0, "num_logits": 0, "num_draft_tokens": 0,
+                            "guard_fixed": None})
 
     # ---- output ------------------------------------------------------------------------------
     def frames(self) -> dict[str, Any]:
@@ -534,6 +904,19 @@ class Tracer:
     def flush(self) -> None:
         if self.flush_dir:
             self.save(self.flush_dir)
+
+
+def _version(t) -> int | None:
+    """``t._version`` (None for an inference tensor, which tracks no version)."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return None
+
+
+def _ptr(t) -> tuple[int, int] | None:
+    """(data_ptr, numel) of a tensor: its identity as a kernel argument."""
+    return (t.data_ptr(), t.numel()) if hasattr(t, "data_ptr") else None
 
 
 def _host(t):

@@ -13,6 +13,7 @@ down), ``save_files(outdir)`` (its own evidence: ``server.log``), ``timings`` an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 
@@ -42,9 +43,12 @@ class InProcess:
 
     def start(self) -> None:
         if self.engine is None:
-            self.engine = engine.shared(self.cfg, log=os.path.join(self.outdir, "vllm.log")
-                                        if self.outdir else None)
-            self.timings.update(self.engine.timings)
+            shared = engine.shared(self.cfg, log=os.path.join(self.outdir, "vllm.log")
+                                   if self.outdir else None)
+            self.timings.update(shared.timings)
+            # the shared vLLM engine, seen with this run's request parameters (budget, prompt,
+            # sampling): a shared engine keeps the configuration it was started with
+            self.engine = dataclasses.replace(shared, cfg=self.cfg)
         self.hooks, self.tracer = hooks.install(self.cfg, engine=self.engine)
 
     def effective(self) -> dict:

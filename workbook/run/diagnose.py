@@ -1,4 +1,4 @@
-"""Where was the thinking budget lost? A verdict and a hypothesis from the trace alone.
+"""Why was the thinking budget lost? A verdict and its cause, from the trace's direct evidence.
 
 ``diagnose(frames, effective, outcomes=None, cfg=None)`` reads the tracer's tables
 (``workbook.hooks.tracer``) and the effective configuration (``workbook.vllm.effective``) and
@@ -9,27 +9,54 @@ returns a JSON-able dict:
   (``workbook.core.budget.judge_from_count``): the request's output is the concatenation of the
   tokens emitted per step; the reasoning section open at its first step holds ``r0`` tokens
   (the tracer's own host-side count of the prompt).
-- ``first_violation``: the step, request, logits row and local position that emitted the wrong
-  token there, the expected and the emitted token.
-- ``hypothesis`` (``workbook.core.hypotheses``) with ``evidence``: the rules below, evaluated in pipeline order on the
-  violating request-step and row; the first that fires names the stage where the budget was
-  lost. ``unclassified`` (with the evidence rows) when none fits.
+- ``violations``: per violated request, the first violation (step, logits row, local position,
+  expected and emitted token) and the ``causes`` that fit it; ``first_violation`` is the
+  earliest of them.
+- ``causes``: a list of ``{hypothesis, title, stage, saw, confirm, requests}`` — every rule that
+  fired, over all violated requests; ``hypothesis`` is the single cause when exactly one fits,
+  ``"ambiguous"`` when several do (all listed with their evidence), ``"unclassified"`` when
+  none does (``anomalies`` then lists the strongest contract breaks seen): never a name by
+  elimination.
+- ``chain``: one row per cause, stage → anomaly seen → cause → what would confirm it → its
+  result (``chain_rows(verdict)`` for tables: notebook 03, the report).
+- ``probes``: results of the automatic checks (``workbook.run.probes``, filled by
+  ``with_probes``); ``anomalies``: every contract break of the trace (``contract_breaks``),
+  empty on healthy vLLM.
 
-  ======  ==========================================================================
-  H-h     the effective runner is not MRV2 although V2 was asked for (or no MRV2 step
-          was traced while requests ran)
-  H-b     ``ThinkingBudgetState.enabled`` is False in the worker
-  H-c     the request's budget did not register (``use_thinking_budget`` False, or the
-          host budget differs from the request's)
-  H-a     registered, but the per-slot gate is off / ``apply_sampling_params`` took its
-          fast path
-  H-d     the device copy of the budget differs from the host copy
-  H-f     ``apply`` ran with a budgeted slot, enabled, but launched no kernel
-  H-d     the kernels ran but did not force the row (draft rows: ``local_pos`` > 0)
-  H-e     the row was forced after ``apply`` but not in the logits sampling used, or the
-          forced row's token is not the end token and no draft explains it
-  H-g     the forced row's draft was accepted over the forced end token
-  ======  ==========================================================================
+The rules. Each stage of MRV2 has a contract (``workbook.core.hypotheses.STAGES``); the host
+truth of every budgeted row is computed by the tracer from the committed history and the
+reasoning configuration with the one budget rule (``budget.row_truth``: is the row due, which
+end token is due). Stages are checked in pipeline order at the violating row; a rule fires only
+when the evidence shows its stage's contract broken there (positive evidence), and the stages
+before it held. All rules of the first broken stage are listed.
+
+  ==============  ============  ================================================================
+  stage           hypothesis    fires when (at the violating request / step / row)
+  ==============  ============  ================================================================
+  configuration   H-h           the effective runner is not MRV2 although V2 was asked for
+  state           H-b           ``ThinkingBudgetState.enabled`` is False
+  registration    H-c           ``use_thinking_budget`` False, or host budget != the request's
+  gate            H-a           gate off, fast path taken, or ``apply`` never called
+  launch          H-f           ``apply`` ran for a budgeted slot, launched no kernel
+  device state    H-i           the state's device marker ids != the configured ids
+                  H-d           device budget != host budget
+                  H-d-history   device ``total_len`` / history checksum != the host history
+                  H-j           the kernel got other rows / slots / local positions than the
+                                batch's
+                  H-d-cache     the marker cache entering ``apply`` (replayed over the history)
+                                gives another reasoning state than the rule, while the previous
+                                ``apply`` had left it right (markers and history right)
+  kernel          H-d-kernel    right inputs, yet the due row got no +1e9 (or the marker scan
+                                came out wrong, or ``apply`` handed the kernel other tensors);
+                                H-j listed too when forcing tracks the batch composition
+                  H-d-column    the due row got +1e9 in another column than the due token
+                  H-e           the kernel biased a tensor that is not ``apply``'s
+  sampling        H-e           ``apply``'s tensor forced, the tensor sampled not
+                  H-e-sample    forced in the tensor sampled, the row's own sample another token
+  acceptance      H-g           the position's token is an accepted draft over a forced row,
+                                while forced rows sampled on their own did yield the forced token
+  commit          H-k           the sampler produced the due token, another was emitted
+  ==============  ============  ================================================================
 
 It never reads which fault was injected (``cfg`` is used only for the runner that was asked
 for); ``outcomes`` (what the client saw) only cross-check the trace and stand in for it when
@@ -39,12 +66,16 @@ MRV2 was not traced at all.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from workbook.core import budget, tracefiles
-from workbook.core.hypotheses import title
+from workbook.core.hypotheses import HYPOTHESES, STAGES, title
+
+FORCED = 1e8  # a logit at or above this is the budget's +1e9
+
 
 def _markers(frames, effective) -> budget.Markers:
     """The runner's markers as the tracer read them; the effective configuration's otherwise."""
@@ -55,7 +86,16 @@ def _markers(frames, effective) -> budget.Markers:
 def _records(df: pd.DataFrame | None) -> list[dict]:
     if df is None or len(df) == 0:
         return []
-    return [{k: _py(v) for k, v in r.items()} for r in df.to_dict("records")]
+    return [{k: _decode(k, _py(v)) for k, v in r.items()} for r in df.to_dict("records")]
+
+
+def _decode(k, v):
+    if k in tracefiles.JSON_COLUMNS and isinstance(v, str):
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return v
 
 
 def _py(v):
@@ -64,6 +104,10 @@ def _py(v):
     if isinstance(v, float) and v != v:  # NaN
         return None
     return v
+
+
+def _int(v):
+    return None if v is None else int(v)
 
 
 def traced_requests(frames: dict, markers: budget.Markers) -> list[dict]:
@@ -82,6 +126,7 @@ def traced_requests(frames: dict, markers: budget.Markers) -> list[dict]:
         j = budget.judge_from_count(r0, output, b, markers)
         out.append({"req_id": rid, "budget": b, "r0": r0, "output": output,
                     "expected_end_index": j.expected_end_index, "honored": j.honored,
+                    "actual_end_index": j.actual_end_index,
                     "prompt_len": reg.get("prompt_len"), "registration": reg, "steps": steps})
     return out
 
@@ -98,106 +143,677 @@ def locate(req: dict) -> tuple[dict | None, int | None]:
     return None, None
 
 
-def _row(frames, step: int, req_id: str, local_pos: int) -> dict | None:
-    rows = frames.get("rows")
-    if rows is None or len(rows) == 0:
-        return None
-    sel = rows[(rows["step"] == step) & (rows["req_id"] == req_id)]
-    recs = _records(sel)
-    by_pos = {r["local_pos"]: r for r in recs}
-    return by_pos.get(local_pos), by_pos
+# ---- the evidence a rule reads ------------------------------------------------------------
+
+@dataclass
+class Ctx:
+    """Everything the rules may read about one violation."""
+    req: dict  # traced request (registration, steps, output, budget)
+    st: dict  # the request-step that emitted the violating position
+    lp: int | None  # its local position
+    row: dict | None  # the logits row at that position
+    rows_by_pos: dict  # local_pos -> row of that request-step
+    rows: list  # every traced row (all requests)
+    steps: list  # every traced request-step (all requests)
+    markers: budget.Markers
+    config_markers: dict  # the configured ids (start, end, natural_end)
+    path_of: dict = field(default_factory=dict)  # step -> path
+
+    @property
+    def budget(self):
+        return self.req["budget"]
+
+    @property
+    def due_token(self):
+        if self.row is not None and self.row.get("due_token") is not None:
+            return int(self.row["due_token"])
+        return list(self.markers.end)[0] if self.markers.end else None
 
 
-def classify(req: dict, st: dict, row: dict | None, rows_by_pos: dict, end: list[int]):
-    """First rule (pipeline order) that explains the violation; (hypothesis, reason)."""
-    reg = req["registration"]
-    budget = req["budget"]
+def _cause(hyp: str, saw: str, stage: str | None = None, **extra) -> dict:
+    h = HYPOTHESES[hyp]
+    return {"hypothesis": hyp, "title": h.title, "stage": stage or h.stage, "saw": saw,
+            "confirm": h.confirm, **extra}
+
+
+def _tok(t) -> str:
+    return "?" if t is None else str(int(t))
+
+
+# ---- rules, stage by stage (each returns the causes it sees; [] = the stage held) ---------
+
+def _rule_state(c: Ctx) -> list[dict]:
+    reg, st = c.req["registration"], c.st
     if reg.get("enabled") is False or st.get("enabled") is False:
-        return "H-b", "ThinkingBudgetState.enabled is False in the worker"
-    if reg.get("use_thinking_budget") is False or (
-            reg.get("budget_host") is not None and reg["budget_host"] != budget):
-        return "H-c", (f"registered use_thinking_budget={reg.get('use_thinking_budget')}, "
-                       f"host budget={reg.get('budget_host')} for a request with budget {budget}")
-    if st.get("gate") is False or st.get("fast_path") is True:
-        return "H-a", (f"per-slot gate={st.get('gate')}, fast path={st.get('fast_path')}: "
-                       "apply_sampling_params returned the logits unprocessed")
-    if st.get("budget_device") is not None and st.get("budget_host") is not None \
-            and st["budget_device"] != st["budget_host"]:
-        return "H-d", (f"device budget {st['budget_device']} != host budget "
-                       f"{st['budget_host']}")
-    if st.get("apply_called") and st.get("use_thinking_budget") and \
-            st.get("kernels_launched") is False:
-        return "H-f", "ThinkingBudgetState.apply ran for a budgeted slot but launched no kernel"
-    if row is None:
-        return "unclassified", "no logits row was traced for the violating position"
-    if not row.get("forced"):
-        where = "a draft row" if row["local_pos"] > 0 else "the first row"
-        return "H-d", (f"the kernels ran but did not force {where} (local_pos="
-                       f"{row['local_pos']}, end logit after apply "
-                       f"{row.get('end_logit_after_apply')})")
-    if not row.get("forced_final"):
-        return "H-e", ("the row was forced after apply (end logit "
-                       f"{row.get('end_logit_after_apply'):.3g}) but the logits handed to "
-                       f"sampling had {row.get('end_logit_final'):.3g}")
-    nxt = rows_by_pos.get(row["local_pos"] + 1)
-    if nxt is not None and nxt.get("draft_accepted") and nxt.get("input_token") != end[0]:
-        return "H-g", (f"draft {nxt['input_token']} at local_pos {nxt['local_pos']} was "
-                       "accepted although the target row forced the end token")
-    return "H-e", ("the forced row emitted a token other than the end token, and no accepted "
-                   "draft explains it: sampling ignored the processed logits")
+        where = "registration" if reg.get("enabled") is False else f"step {st['step']}'s apply"
+        return [_cause("H-b", f"ThinkingBudgetState.enabled=False at {where}, although the "
+                              f"configured marker ids are {c.config_markers}")]
+    return []
 
+
+def _rule_registration(c: Ctx) -> list[dict]:
+    reg, st, b = c.req["registration"], c.st, c.budget
+    use = reg.get("use_thinking_budget")
+    host = reg.get("budget_host")
+    if use is False or st.get("use_thinking_budget") is False or (
+            host is not None and b is not None and int(host) != int(b)):
+        return [_cause("H-c", f"registered use_thinking_budget={use} (at the violating step: "
+                              f"{st.get('use_thinking_budget')}), host budget={host} for a "
+                              f"request with budget {b}")]
+    return []
+
+
+def _rule_gate(c: Ctx) -> list[dict]:
+    st = c.st
+    if st.get("gate") is None and st.get("path") is not None:
+        return [_cause("H-a", "apply_sampling_params never ran for this request at step "
+                              f"{st['step']} ({st['path']}): logits processing skipped")]
+    if st.get("gate") is False:
+        return [_cause("H-a", f"per-slot gate={st.get('gate')}, fast path="
+                              f"{st.get('fast_path')} at step {st['step']}: the budgeted slot "
+                              "is not marked for logits processing")]
+    # the slot's gate is on, yet the decision skipped it: taken for the whole batch
+    if st.get("fast_path") is True:
+        causes = [_cause("H-a", f"per-slot gate=True, yet apply_sampling_params took its fast "
+                                f"path at step {st['step']} (batch of {st.get('batch_size')}): "
+                                "the logits went unprocessed")]
+    elif st.get("apply_called") is False:
+        return [_cause("H-a", f"logits processing ran at step {st['step']} but never called "
+                              "ThinkingBudgetState.apply for the budgeted slot")]
+    else:
+        return []
+    batch = _batch_dependence(c, "processed")  # the fast path is decided per batch
+    if batch:
+        causes.append(_cause("H-j", batch))
+    return causes
+
+
+def _rule_launch(c: Ctx) -> list[dict]:
+    st = c.st
+    if st.get("apply_called") and st.get("enabled") and st.get("use_thinking_budget") and \
+            st.get("kernels_launched") is False:
+        causes = [_cause("H-f", f"ThinkingBudgetState.apply ran at step {st['step']} for a "
+                                f"budgeted, enabled slot (batch of {st.get('batch_size')}) "
+                                "but launched no kernel")]
+        batch = _batch_dependence(c, "launched")
+        if batch:
+            causes.append(_cause("H-j", batch))
+        return causes
+    return []
+
+
+def _rule_device_state(c: Ctx) -> list[dict]:
+    st, out = c.st, []
+    if st.get("markers_ok") is False:
+        md = st.get("markers_dev") or {}
+        ver = st.get("markers_version")
+        untouched = not st.get("markers_moved") and ver is not None and all(
+            v is not None and int(v) == 0 for v in ver)
+        oob = (f"; storage unchanged and _version {ver} — no tracked PyTorch write put them "
+               "there (an out-of-band write, or one through an alias)") if untouched else \
+            f"; _version {ver}, storage {'moved' if st.get('markers_moved') else 'unchanged'}"
+        out.append(_cause("H-i", f"at step {st['step']} the state's device marker ids read "
+                                 f"start={md.get('start')} end={md.get('end')} natural_end="
+                                 f"{md.get('natural_end')}, configured {c.config_markers}{oob}"))
+    bd, bh = st.get("budget_device"), st.get("budget_host")
+    if bd is not None and bh is not None and int(bd) != int(bh):
+        out.append(_cause("H-d", f"device budget {bd} != host budget {bh} for slot "
+                                 f"{st.get('slot')} at step {st['step']}"))
+    if st.get("history_ok") is False:
+        out.append(_cause("H-d-history", f"at step {st['step']} the device holds total_len="
+                                         f"{st.get('total_len_dev')} for a committed history "
+                                         f"of {st.get('total_len_before')} tokens (or its "
+                                         "tokens differ: checksum mismatch)"))
+    if st.get("mapping_ok") is False:
+        out.append(_cause("H-j", f"at step {st['step']} (batch of {st.get('batch_size')}, "
+                                 f"request at position {st.get('batch_pos')}) the kernel was "
+                                 "not handed this request's rows mapped to its own slot"))
+    if st.get("cache_before_ok") is False and st.get("markers_ok") is not False and \
+            st.get("history_ok") is not False and (bd is None or int(bd) >= 0):
+        prev = _previous_apply(c)
+        if prev is not None and prev.get("cache_after_ok") is False:
+            out.append(_cause("H-d-kernel", f"the marker scan at step {prev['step']} left "
+                                            f"last_start={prev.get('last_start')} last_end="
+                                            f"{prev.get('last_end')}, the history's reasoning "
+                                            f"starts at {prev.get('truth_start')}"))
+        else:
+            out.append(_cause("H-d-cache", _cache_saw(st) + (
+                "" if prev is None else f"; step {prev['step']}'s apply had left it right")))
+    return out
+
+
+def _cache_saw(st: dict) -> str:
+    truth, ref = st.get("truth_start"), st.get("cache_ref_start")
+    cache = (f"(last_start={st.get('last_start_before')}, last_end={st.get('last_end_before')}"
+             f", scan_pos={st.get('scan_pos_before')})")
+    if truth is not None and truth >= 0 and (ref is None or ref < 0):
+        what = f"the start marker at {truth} is lost: the cache says not in reasoning"
+    elif truth is not None and truth >= 0 and ref is not None and ref > truth:
+        n_host = int(st.get("total_len_before") or 0) - (truth + 1)
+        n_dev = int(st.get("total_len_before") or 0) - (ref + 1)
+        what = (f"the start moved from {truth} to {ref}: the reasoning count restarted "
+                f"({n_dev} instead of {n_host})")
+    else:
+        what = f"it encodes start {ref}, the history's reasoning state is {truth}"
+    return f"at step {st['step']} the marker cache entering apply {cache} — {what}"
+
+
+def _previous_apply(c: Ctx) -> dict | None:
+    prev = [s for s in c.req["steps"] if s["step"] < c.st["step"]
+            and s.get("cache_after_ok") is not None]
+    return prev[-1] if prev else None
+
+
+def _inputs_right(s: dict) -> bool:
+    return (s.get("markers_ok") is not False and s.get("history_ok") is not False
+            and s.get("mapping_ok") is not False and s.get("positions_ok") is not False
+            and s.get("cache_before_ok") is not False
+            and (s.get("budget_device") is None or s.get("budget_host") is None
+                 or int(s["budget_device"]) == int(s["budget_host"])))
+
+
+def _substituted(c: Ctx) -> list[str]:
+    """What apply handed the kernel that is not the state's and holds wrong values."""
+    st, bad = c.st, []
+    km, kb = st.get("kernel_markers"), st.get("kernel_budget")
+    if km and {k: list(v) for k, v in km.items()} != c.config_markers:
+        bad.append(f"marker ids {km}")
+    if kb is not None and st.get("budget_host") is not None and int(kb) != int(st["budget_host"]):
+        bad.append(f"budget {kb} (host {st['budget_host']})")
+    if st.get("kernel_history_ok") is False:
+        bad.append(f"a history view of total_len {st.get('kernel_total_len')} (committed "
+                   f"{st.get('total_len_before')})")
+    if st.get("positions_ok") is False:
+        bad.append("local positions / drafts that are not the batch's")
+    return bad
+
+
+def _rule_kernel(c: Ctx) -> list[dict]:
+    st, row = c.st, c.row
+    if row is None:
+        return []
+    cols = [int(x) for x in (row.get("bias_cols") or [])]
+    emitted = row.get("emitted_token")
+    if not row.get("due"):
+        return []
+    if _forced(row):
+        if emitted is not None and int(emitted) in cols and int(emitted) != c.due_token:
+            return [_cause("H-d-column", f"row {row['row']} (local_pos {row['local_pos']}) got "
+                                         f"+1e9 in columns {cols}, not only the due "
+                                         f"{c.due_token}; token {emitted} won the tie")]
+        return []
+    # the row was due and apply's tensor is not forced at the due column
+    dk = row.get("due_logit_kernel")
+    if dk is not None and dk >= FORCED:
+        return [_cause("H-e", f"the kernel wrote +1e9 at row {row['row']}, column "
+                              f"{c.due_token}, into a tensor that is not the one apply was "
+                              "given (nor the one sampled): apply's logits kept "
+                              f"{_fmt(row.get('due_logit_after_apply'))} there")]
+    bad = _substituted(c)
+    handed = (f"; apply handed the kernel {', '.join(bad)}, not the state's tensors"
+              if bad else "")
+    if cols:
+        return [_cause("H-d-column", f"row {row['row']} (local_pos {row['local_pos']}, "
+                                     f"count {row.get('count_host')} >= budget {c.budget}) got "
+                                     f"+1e9 in column(s) {cols}, not in the due {c.due_token} "
+                                     f"(left at {_fmt(row.get('due_logit_after_apply'))})"
+                                     f"{handed}")]
+    if bad:
+        return [_cause("H-d-kernel", f"at step {st['step']} apply handed the kernel "
+                                     f"{'; '.join(bad)} instead of the state's tensors")]
+    if st.get("cache_after_ok") is False and st.get("cache_before_ok") is not False and \
+            _inputs_right(st) and st.get("kernels_launched"):
+        return [_cause("H-d-kernel", f"from a right cache, the marker scan at step "
+                                     f"{st['step']} produced last_start={st.get('last_start')} "
+                                     f"last_end={st.get('last_end')}; the history's reasoning "
+                                     f"starts at {st.get('truth_start')}")]
+    if not _inputs_right(st) or st.get("kernels_launched") is not True:
+        return []
+    where = "a draft row" if row["local_pos"] > 0 else "the first row"
+    saw = (f"kernels launched at step {st['step']} with the state's own tensors, markers, "
+           f"budget {st.get('budget_device')}, history and caches right, yet {where} "
+           f"(row {row['row']}, local_pos {row['local_pos']}, count {row.get('count_host')} "
+           f">= budget {c.budget}) got no +1e9 in any column")
+    pat = _pattern(c, "forced")
+    if pat and pat["kind"] == "position":
+        saw += f"; due rows were forced only when {pat['text']}"
+    causes = [_cause("H-d-kernel", saw)]
+    batch = _batch_dependence(c, "forced")
+    if batch:
+        causes.append(_cause("H-j", batch))
+    return causes
+
+
+def _batch_dependence(c: Ctx, what: str) -> str | None:
+    """Why batch composition stays a candidate for a failure seen only as an absence (no
+    launch / no +1e9 with right inputs): the violating step batched several requests and no
+    success was seen at the same place in a batch of the same size. None when excluded."""
+    st = c.st
+    size, pos = st.get("batch_size") or 1, st.get("batch_pos") or 0
+    if size <= 1:
+        return None
+    if what == "forced":
+        by_key = {(s["req_id"], s["step"]): s for s in c.steps}
+        same = [r for r in c.rows if r.get("due") and _forced(r)
+                and (by_key.get((r["req_id"], r["step"])) or {}).get("batch_size") == size
+                and (by_key.get((r["req_id"], r["step"])) or {}).get("batch_pos") == pos]
+        if same:
+            return None
+        pat = _pattern(c, "forced")
+        why = f"; due rows were forced only when {pat['text']}" if pat and \
+            pat["kind"] == "batch" else ""
+        return (f"the violating step batched {size} requests (this one at position {pos}) and "
+                f"no due row at that place in a batch of {size} was forced{why}: batch "
+                "composition is not excluded")
+    if what == "processed":
+        ok = [s for s in c.steps if s.get("batch_size") == size and s.get("fast_path") is False
+              and s.get("apply_called")]
+        if ok:
+            return None
+        return (f"the budgeted slot was skipped in every step with {size} requests: batch "
+                "composition is not excluded")
+    same = [s for s in c.steps if s.get("use_thinking_budget") and s.get("kernels_launched")
+            and s.get("batch_size") == size]
+    if same:
+        return None
+    return (f"no kernel launched in any step with {size} requests"
+            + (f", while launches happened in other batches" if any(
+                s.get("kernels_launched") for s in c.steps) else "")
+            + ": batch composition is not excluded")
+
+
+def _rule_sampling(c: Ctx) -> list[dict]:
+    row, st = c.row, c.st
+    if row is None or not _forced(row):
+        return []
+    due = c.due_token
+    ds = row.get("due_logit_sampled")
+    sampler = "rejection sampler" if st.get("path") == "RejectionSampler" else "sampler"
+    if ds is None:  # no consumption traced: the tensor apply_sampling_params returned
+        ds = row.get("end_logit_final") if due == (list(c.markers.end) or [None])[0] else None
+        where = "the tensor apply_sampling_params returned"
+    else:
+        where = f"the tensor the {sampler} consumed"
+    if ds is not None and ds < FORCED:
+        top, top_v = row.get("sampled_top"), row.get("sampled_top_logit")
+        if top is not None and top_v is not None and top_v >= FORCED and int(top) != due:
+            return [_cause("H-d-column", f"apply forced row {row['row']} at the due column "
+                                         f"{due}, but in {where} the +1e9 sits in column {top} "
+                                         f"({_fmt(top_v)}; {due} holds {_fmt(ds)}): moved "
+                                         "between apply and sampling", stage="sampling")]
+        ident = row.get("sampled_is_biased")
+        if ident is None:
+            ident = row.get("returned_is_biased")
+        how = ("another storage than the one apply biased" if ident is False else
+               "the same storage: the +1e9 was overwritten after apply" if ident else
+               "storage unknown")
+        return [_cause("H-e", f"apply forced row {row['row']} (column {due} = "
+                              f"{_fmt(row.get('due_logit_after_apply'))}), but {where} held "
+                              f"{_fmt(ds)} there — {how}")]
+    sv = row.get("sampled_vllm")
+    if sv is None or int(sv) == due:
+        return []
+    if row.get("from_draft") is False:
+        return [_cause("H-e-sample", f"row {row['row']} was forced in {where} ({_fmt(ds)} at "
+                                     f"{due}, its top-1 {row.get('sampled_top')}), yet the "
+                                     f"{sampler} sampled {sv} from it (its own sample, not a "
+                                     "draft)")]
+    if row.get("from_draft"):
+        own = [r for r in c.rows if r.get("from_draft") is False and _forced(r)
+               and (r.get("due_logit_sampled") or 0) >= FORCED and r.get("sampled_vllm")
+               is not None and c.path_of.get(r["step"]) == st.get("path")]
+        ignored = [r for r in own if int(r["sampled_vllm"]) != int(r["due_token"])]
+        if ignored:
+            r = ignored[0]
+            return [_cause("H-e-sample", f"the {sampler} ignores forced rows: step {r['step']} "
+                                         f"row {r['row']} (forced, sampled on its own) gave "
+                                         f"{r['sampled_vllm']}; so at row {row['row']} its "
+                                         f"target pick agreed with the draft {sv}")]
+        saw = (f"row {row['row']} was forced in {where}, yet the draft {sv} at local_pos "
+               f"{row['local_pos'] + 1} was accepted over it")
+        if own:
+            return [_cause("H-g", saw + f"; {len(own)} forced rows sampled on their own did "
+                                        "yield the forced token")]
+        return [_cause("H-g", saw + "; no forced row was sampled on its own to tell"),
+                _cause("H-e-sample", "the same accepted draft fits a sampler that ignores "
+                                     "forced logits (no forced row sampled on its own to "
+                                     "tell them apart)")]
+    return []
+
+
+def _rule_commit(c: Ctx) -> list[dict]:
+    row = c.row
+    if row is None:
+        return []
+    sv, em = row.get("sampled_vllm"), row.get("emitted_token")
+    if sv is not None and em is not None and int(sv) == c.due_token and int(em) != int(sv):
+        return [_cause("H-k", f"the {c.st.get('path')} produced {sv} at row {row['row']}, "
+                              f"but {em} was emitted")]
+    return []
+
+
+RULES = (("state", _rule_state), ("registration", _rule_registration), ("gate", _rule_gate),
+         ("launch", _rule_launch), ("device state", _rule_device_state),
+         ("kernel", _rule_kernel), ("sampling", _rule_sampling), ("commit", _rule_commit))
+
+
+def _forced(row: dict) -> bool:
+    v = row.get("due_logit_after_apply")
+    if v is None:
+        v = row.get("end_logit_after_apply")
+    return v is not None and v >= FORCED
+
+
+def _fmt(v) -> str:
+    return "?" if v is None else f"{v:.3g}"
+
+
+def _pattern(c: Ctx, what: str) -> dict | None:
+    """Does the outcome (``forced`` for due rows with right inputs, or ``kernels_launched``
+    for budgeted request-steps) track a feature of the row's place in the batch? Returns the
+    feature that separates successes from failures perfectly (both non-empty), preferring the
+    row's own position (draft rows) over the batch (composition)."""
+    if what == "forced":
+        by_key = {(s["req_id"], s["step"]): s for s in c.steps}
+        items = []
+        for r in c.rows:
+            s = by_key.get((r["req_id"], r["step"]))
+            if not r.get("due") or s is None or not _inputs_right(s) or \
+                    s.get("kernels_launched") is not True:
+                continue
+            items.append((_forced(r), r["local_pos"] > 0, s.get("batch_pos") or 0,
+                          s.get("batch_size") or 1))
+    else:
+        items = [(bool(s.get("kernels_launched")), False, s.get("batch_pos") or 0,
+                  s.get("batch_size") or 1) for s in c.steps
+                 if s.get("apply_called") and s.get("use_thinking_budget")]
+    ok = [i for i in items if i[0]]
+    bad = [i for i in items if not i[0]]
+    if not ok or not bad:
+        return None
+    feats = [("position", "the row is the request's first (local_pos 0), never a draft row",
+              lambda i: not i[1]),
+             ("batch", "the request is first in its batch", lambda i: i[2] == 0),
+             ("batch", "the request is alone in its batch", lambda i: i[3] == 1)]
+    for kind, text, f in feats:
+        if all(f(i) for i in ok) and not any(f(i) for i in bad):
+            return {"kind": kind, "text": f"{text} ({len(ok)} forced, {len(bad)} not)"}
+    return None
+
+
+def classify(c: Ctx) -> list[dict]:
+    """The causes of the first stage whose contract is broken at the violating row."""
+    for _stage_name, rule in RULES:
+        causes = rule(c)
+        if causes:
+            return _dedupe(causes)
+    return []
+
+
+def _dedupe(causes: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for cse in causes:
+        if cse["hypothesis"] not in seen:
+            seen.add(cse["hypothesis"])
+            out.append(cse)
+    return out
+
+
+# ---- trace-wide contract checks (what "unclassified" lists; empty on healthy vLLM) ---------
+
+def contract_breaks(frames: dict, markers: budget.Markers | None = None,
+                    limit: int = 50) -> list[dict]:
+    """Every budgeted request-step / row where a stage's contract does not hold, grouped by
+    check: ``{stage, check, count, first: {step, req_id, local_pos}, saw}``."""
+    regs = {r["req_id"]: r for r in _records(frames.get("registrations"))}
+    steps = _records(frames.get("requests"))
+    rows = _records(frames.get("rows"))
+    path_of = {s["step"]: s["path"] for s in _records(frames.get("steps"))}
+    found: dict[tuple, dict] = {}
+
+    def hit(stage, check, rec, saw, lp=None):
+        key = (stage, check)
+        if key not in found:
+            found[key] = {"stage": stage, "check": check, "count": 0, "saw": saw,
+                          "first": {"step": rec.get("step"), "req_id": rec.get("req_id"),
+                                    "local_pos": lp}}
+        found[key]["count"] += 1
+
+    budgeted = {rid for rid, r in regs.items() if r.get("budget_param") is not None}
+    for s in steps:
+        if s["req_id"] not in budgeted:
+            continue
+        b = regs[s["req_id"]]["budget_param"]
+        if s.get("enabled") is False:
+            hit("state", "enabled", s, "ThinkingBudgetState.enabled=False")
+        if s.get("use_thinking_budget") is False or (
+                s.get("budget_host") is not None and int(s["budget_host"]) != int(b)):
+            hit("registration", "registered", s,
+                f"use={s.get('use_thinking_budget')} host budget={s.get('budget_host')} "
+                f"for budget {b}")
+        if s.get("gate") is False or s.get("fast_path") is True or s.get("apply_called") is \
+                False:
+            hit("gate", "gate", s, f"gate={s.get('gate')} fast_path={s.get('fast_path')} "
+                                   f"apply_called={s.get('apply_called')}")
+        if s.get("apply_called") and s.get("use_thinking_budget") and \
+                s.get("kernels_launched") is False:
+            hit("launch", "launched", s, "apply ran for a budgeted slot, no kernel launched")
+        if s.get("markers_ok") is False:
+            hit("device state", "markers", s, f"device marker ids {s.get('markers_dev')}")
+        if s.get("budget_device") is not None and s.get("budget_host") is not None and \
+                int(s["budget_device"]) != int(s["budget_host"]):
+            hit("device state", "budget view", s,
+                f"device {s['budget_device']} != host {s['budget_host']}")
+        if s.get("history_ok") is False:
+            hit("device state", "history", s, f"device total_len {s.get('total_len_dev')} / "
+                                              f"host {s.get('total_len_before')}")
+        if s.get("mapping_ok") is False:
+            hit("device state", "mapping", s, "rows / slots handed to the kernel differ from "
+                                              "the batch's")
+        if s.get("positions_ok") is False:
+            hit("device state", "positions", s, "local positions / drafts handed to the "
+                                                "kernel differ from the batch's")
+        if s.get("cache_before_ok") is False:
+            hit("device state", "cache before apply", s, _cache_saw(s))
+        if s.get("cache_after_ok") is False and s.get("cache_before_ok") is not False and \
+                s.get("kernels_launched") and _inputs_right(s) and \
+                int(s.get("budget_device") if s.get("budget_device") is not None else -1) >= 0:
+            hit("kernel", "marker scan", s, f"cache after apply last_start="
+                                            f"{s.get('last_start')} vs {s.get('truth_start')}")
+        if [n for n in (s.get("kernel_substituted") or [])]:
+            hit("kernel", "kernel inputs", s, f"not the state's: {s['kernel_substituted']}")
+    for r in rows:
+        if r["req_id"] not in budgeted:
+            continue
+        cols = [int(x) for x in (r.get("bias_cols") or [])]
+        if r.get("due"):
+            if not _forced(r):
+                if r.get("due_logit_kernel") is not None and r["due_logit_kernel"] >= FORCED:
+                    hit("kernel", "biased tensor", r, "the kernel forced another tensor",
+                        r["local_pos"])
+                elif cols:
+                    hit("kernel", "bias column", r, f"+1e9 in {cols}, due {r.get('due_token')}",
+                        r["local_pos"])
+                else:
+                    hit("kernel", "due row unforced", r, f"count {r.get('count_host')} due, "
+                                                         "no +1e9", r["local_pos"])
+                continue
+            ds = r.get("due_logit_sampled")
+            if ds is not None and ds < FORCED:
+                hit("sampling", "bias reaches the sampler", r, f"sampled tensor held {ds:.3g}",
+                    r["local_pos"])
+                continue
+            sv = r.get("sampled_vllm")
+            if sv is not None and int(sv) != int(r["due_token"]):
+                if r.get("from_draft"):
+                    hit("acceptance", "draft over forced row", r,
+                        f"draft {sv} accepted ({path_of.get(r['step'])})", r["local_pos"])
+                else:
+                    hit("sampling", "forced row sampled", r, f"sampled {sv}", r["local_pos"])
+            em = r.get("emitted_token")
+            if sv is not None and em is not None and int(sv) == int(r["due_token"]) and \
+                    int(em) != int(sv):
+                hit("commit", "committed = sampled", r, f"sampled {sv}, emitted {em}",
+                    r["local_pos"])
+        elif cols:
+            hit("kernel", "non-due row biased", r, f"+1e9 in {cols} at count "
+                                                   f"{r.get('count_host')}", r["local_pos"])
+    order = list(STAGES)
+    return sorted(found.values(), key=lambda a: (order.index(a["stage"]), -a["count"]))[:limit]
+
+
+# ---- the diagnosis --------------------------------------------------------------------------
 
 def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> dict[str, Any]:
     frames = frames or {}
     markers = _markers(frames, effective)
-    end = list(markers.end)
     reqs = traced_requests(frames, markers)
     result: dict[str, Any] = {"verdict": "inconclusive", "hypothesis": None,
                               "hypothesis_title": None, "summary": "", "first_violation": None,
-                              "evidence": [], "requests": [], "markers": markers.to_dict()}
+                              "evidence": [], "requests": [], "markers": markers.to_dict(),
+                              "causes": [], "chain": [], "probes": {}, "violations": [],
+                              "anomalies": []}
     client = [_outcome_dict(o) for o in (outcomes or [])]
     result["requests"] = [{k: r[k] for k in ("req_id", "budget", "r0", "expected_end_index",
-                                             "honored", "output")} for r in reqs]
+                                             "actual_end_index", "honored", "output")}
+                          for r in reqs]
     asked_v2 = cfg is None or getattr(cfg, "runner", "v2") == "v2"
     not_v2 = effective.get("runner_is_v2") is False or (
         asked_v2 and not reqs and client and effective.get("runner_is_v2") is not True)
     judged = reqs if reqs else [{"honored": o.get("honored")} for o in client]
     result["verdict"] = budget.overall([r["honored"] for r in judged])
+    result["anomalies"] = contract_breaks(frames, markers) if reqs else []
     if not_v2 and asked_v2:
-        result["hypothesis"] = "H-h"
-        result["evidence"] = [{k: effective.get(k) for k in
-                               ("runner_class", "runner_is_v2", "use_v2_model_runner",
-                                "env_VLLM_USE_V2_MODEL_RUNNER", "v1_fallback_logged")}]
+        ev = {k: effective.get(k) for k in ("runner_class", "runner_is_v2",
+                                             "use_v2_model_runner",
+                                             "env_VLLM_USE_V2_MODEL_RUNNER",
+                                             "v1_fallback_logged")}
+        saw = (f"V2 asked for, served by {effective.get('runner_class')} "
+               f"(runner_is_v2={effective.get('runner_is_v2')}); no MRV2 step traced"
+               if not reqs else f"served by {effective.get('runner_class')}")
+        result["causes"] = [_cause("H-h", saw)]
+        result["evidence"] = [ev]
         result["summary"] = (f"{result['verdict']} — but on {effective.get('runner_class')}, "
                              "not Model Runner V2: this run says nothing about MRV2")
     elif result["verdict"] == "violated":
-        bad = next(r for r in reqs if r["honored"] is False)
-        st, lp = locate(bad)
-        found = _row(frames, st["step"], bad["req_id"], lp) if st is not None else None
-        row, by_pos = found if found else (None, {})
-        hyp, reason = classify(bad, st or {}, row, by_pos, end)
-        e = bad["expected_end_index"]
-        result["first_violation"] = {
-            "req_id": bad["req_id"], "step": None if st is None else st["step"],
-            "path": None if st is None else st["path"],
-            "row": None if row is None else row["row"], "local_pos": lp,
-            "output_index": e, "expected_token": end[0] if end else None,
-            "emitted_token": bad["output"][e] if e is not None and e < len(bad["output"])
-            else None}
-        result["hypothesis"] = hyp
-        result["evidence"] = [_slim(st or {}), row or {}]
-        result["summary"] = (f"budget {bad['budget']} violated at step {st and st['step']}, "
-                             f"local_pos {lp} ({st and st['path']}): expected "
-                             f"{result['first_violation']['expected_token']}, emitted "
-                             f"{result['first_violation']['emitted_token']} — {hyp}: {reason}")
-        result["reason"] = reason
+        _violations(result, frames, reqs, markers, effective)
     elif result["verdict"] == "honored":
         result["summary"] = "every budget that could bind was honored at the exact position"
     else:
         result["summary"] = "no request's budget could bind within its tokens"
-    result["hypothesis_title"] = title(result["hypothesis"])
+    _name(result)
+    result["chain"] = chain_rows(result)
     result["client_agrees"] = _client_agrees(reqs, client)
     return json.loads(json.dumps(result, default=_py))
+
+
+def _violations(result: dict, frames: dict, reqs: list, markers, effective) -> None:
+    end = list(markers.end)
+    all_steps = _records(frames.get("requests"))
+    all_rows = _records(frames.get("rows"))
+    path_of = {s["step"]: s["path"] for s in _records(frames.get("steps"))}
+    config = {k: list(v) for k, v in zip(("start", "end", "natural_end"), (
+        effective.get("reasoning_start_token_ids") or list(markers.start),
+        effective.get("reasoning_end_token_ids") or list(markers.end),
+        effective.get("natural_reasoning_end_token_ids") or []))}
+    if not config["natural_end"]:
+        config["natural_end"] = list(markers.natural_end)
+    meta_m = tracefiles.markers(frames)
+    if meta_m.get("end"):  # what the tracer read from the runner's reasoning_config
+        config = {k: list(meta_m.get(k) or []) for k in ("start", "end", "natural_end")}
+    vios = []
+    for bad in (r for r in reqs if r["honored"] is False):
+        st, lp = locate(bad)
+        rows_by_pos: dict = {}
+        row = None
+        if st is not None:
+            rows_by_pos = {r["local_pos"]: r for r in all_rows
+                           if r["step"] == st["step"] and r["req_id"] == bad["req_id"]}
+            row = rows_by_pos.get(lp)
+        e = bad["expected_end_index"]
+        fv = {"req_id": bad["req_id"], "budget": bad["budget"],
+              "step": None if st is None else st["step"],
+              "path": None if st is None else st["path"],
+              "row": None if row is None else row["row"], "local_pos": lp,
+              "output_index": e, "expected_token": _int(row.get("due_token")) if row and
+              row.get("due_token") is not None else (end[0] if end else None),
+              "emitted_token": bad["output"][e] if e is not None and e < len(bad["output"])
+              else None,
+              "batch_size": None if st is None else st.get("batch_size"),
+              "batch": [] if st is None else [
+                  {"req_id": s["req_id"], "batch_pos": s.get("batch_pos"),
+                   "budget": s.get("budget_host")} for s in all_steps
+                  if s["step"] == st["step"]]}
+        causes = []
+        if st is not None:
+            c = Ctx(req=bad, st=st, lp=lp, row=row, rows_by_pos=rows_by_pos, rows=all_rows,
+                    steps=all_steps, markers=markers, config_markers=config, path_of=path_of)
+            causes = classify(c)
+        vios.append({"req_id": bad["req_id"], "budget": bad["budget"], "first_violation": fv,
+                     "expected_end_index": e, "actual_end_index": bad["actual_end_index"],
+                     "causes": causes, "hypothesis": _single(causes),
+                     "evidence": [_slim(st or {}), row or {}]})
+    vios.sort(key=lambda v: (v["first_violation"]["step"] is None,
+                             v["first_violation"]["step"] or 0,
+                             v["first_violation"]["local_pos"] or 0))
+    result["violations"] = vios
+    first = vios[0]
+    result["first_violation"] = first["first_violation"]
+    result["evidence"] = first["evidence"]
+    merged: dict[str, dict] = {}
+    for v in vios:
+        for cse in v["causes"]:
+            m = merged.setdefault(cse["hypothesis"], {**cse, "requests": []})
+            m["requests"].append(v["req_id"])
+    result["causes"] = list(merged.values())
+    # the offset pattern: expected vs actual end index of every budgeted request
+    result["offsets"] = [{"req_id": r["req_id"], "budget": r["budget"],
+                          "expected_end_index": r["expected_end_index"],
+                          "actual_end_index": r["actual_end_index"], "honored": r["honored"]}
+                         for r in reqs if r["budget"] is not None]
+
+
+def _single(causes: list[dict]) -> str:
+    hyps = {c["hypothesis"] for c in causes}
+    if len(hyps) == 1:
+        return next(iter(hyps))
+    return "ambiguous" if hyps else "unclassified"
+
+
+def _name(result: dict) -> None:
+    """``hypothesis``, ``hypothesis_title``, ``reason`` and the summary from ``causes``."""
+    causes = result.get("causes") or []
+    if causes and causes[0]["hypothesis"] == "H-h":  # the summary says it already
+        result["hypothesis"] = "H-h"
+        result["hypothesis_title"] = title("H-h")
+        result["reason"] = causes[0]["saw"]
+        return
+    if result["verdict"] != "violated":
+        result["hypothesis"] = None
+        result["hypothesis_title"] = None
+        return
+    hyp = _single(causes)
+    result["hypothesis"] = hyp
+    result["hypothesis_title"] = title(hyp)
+    fv = result.get("first_violation") or {}
+    head = (f"budget {fv.get('budget')} violated at step {fv.get('step')}, local_pos "
+            f"{fv.get('local_pos')} ({fv.get('path')}): expected {fv.get('expected_token')}, "
+            f"emitted {fv.get('emitted_token')}")
+    n_bad = len(result.get("violations") or [])
+    if n_bad > 1:
+        head += f" (and {n_bad - 1} more violated request{'s' if n_bad > 2 else ''})"
+    if hyp == "unclassified":
+        top = result.get("anomalies") or []
+        reason = ("no rule fits; strongest anomalies: " + "; ".join(
+            f"{a['stage']}/{a['check']} ×{a['count']}: {a['saw']}" for a in top[:3])
+            if top else "no rule fits and no contract break was seen")
+    elif hyp == "ambiguous":
+        reason = "several causes fit — " + " | ".join(
+            f"{c['hypothesis']}: {c['saw']}" for c in causes)
+    else:
+        reason = causes[0]["saw"]
+    result["reason"] = reason
+    result["summary"] = f"{head} — {hyp}: {reason}"
 
 
 def _slim(st: dict) -> dict:
@@ -215,3 +831,97 @@ def _client_agrees(reqs, client) -> bool | None:
     traced = [tuple(r["output"]) for r in reqs]
     return all(tuple(c.get("token_ids") or []) in traced for c in client)
 
+
+# ---- probes fed back, and the chain -------------------------------------------------------
+
+# a probe result that is positive evidence on its own: (probe, verdict of the violating
+# request under it) -> the hypothesis it points to, when the original run was violated
+POSITIVE = {("alone", "honored"): "H-j", ("markers", "honored"): "H-i",
+            ("budget", "honored"): "H-d", ("caches", "honored"): "H-d-cache",
+            ("no_spec", "honored"): None, ("v1", "honored"): None}
+
+
+def with_probes(verdict: dict, probes: dict) -> dict:
+    """The verdict with the probes' results fed back: candidates a probe refutes are dropped
+    (each cause records ``confirmed_by`` / ``refuted_by``), causes a probe proves on its own
+    are added, and ``hypothesis`` / ``chain`` / summary recomputed. ``probes`` is
+    ``workbook.run.probes.run``'s result (name -> {verdict, ...})."""
+    v = json.loads(json.dumps(verdict))
+    v["probes"] = probes
+    if v.get("verdict") != "violated":
+        v["chain"] = chain_rows(v)
+        return v
+    results = {n: p for n, p in (probes or {}).items() if p.get("verdict") in ("honored",
+                                                                              "violated")}
+    causes = [dict(c) for c in v.get("causes") or []]
+    for c in causes:
+        pred = HYPOTHESES[c["hypothesis"]].predicts if c["hypothesis"] in HYPOTHESES else {}
+        c["confirmed_by"] = [n for n, p in results.items() if pred.get(n) == p["verdict"]]
+        c["refuted_by"] = [n for n, p in results.items()
+                           if pred.get(n) not in (None, p["verdict"])]
+    kept = [c for c in causes if not c["refuted_by"]]
+    have = {c["hypothesis"] for c in kept}
+    for (name, outcome), hyp in POSITIVE.items():
+        p = results.get(name)
+        if hyp is None or p is None or p["verdict"] != outcome or hyp in have:
+            continue
+        pred = HYPOTHESES[hyp].predicts
+        refuted = [n for n, q in results.items() if pred.get(n) not in (None, q["verdict"])]
+        if refuted:
+            continue
+        new = _cause(hyp, f"probe '{name}' ({p.get('switch')}): {outcome}, while the run "
+                          "itself was violated", from_probe=name,
+                     confirmed_by=[n for n, q in results.items()
+                                   if pred.get(n) == q["verdict"]], refuted_by=[])
+        kept.append(new)
+        have.add(hyp)
+    v["refuted"] = [c for c in causes if c["refuted_by"]]
+    v["causes"] = kept
+    _name(v)
+    if v["hypothesis"] == "unclassified" and v["refuted"]:
+        v["reason"] = ("the probes refute every candidate (" + ", ".join(
+            f"{c['hypothesis']} by {c['refuted_by']}" for c in v["refuted"]) + "); " +
+            (v.get("reason") or ""))
+        v["summary"] = v["summary"].split(" — ")[0] + " — unclassified: " + v["reason"]
+    v["chain"] = chain_rows(v)
+    return v
+
+
+def chain_rows(verdict: dict) -> list[dict]:
+    """One row per cause (and per refuted candidate): stage → anomaly seen → cause → what
+    would confirm it → its result. The table notebook 03 and the report show."""
+    probes = verdict.get("probes") or {}
+    rows = []
+
+    def result_of(c: dict) -> str:
+        if not probes:
+            return "not run (run with probes=True)"
+        parts = []
+        pred = HYPOTHESES[c["hypothesis"]].predicts if c["hypothesis"] in HYPOTHESES else {}
+        for n, p in probes.items():
+            if p.get("verdict") not in ("honored", "violated"):
+                continue
+            want = pred.get(n)
+            mark = "" if want is None else (" ✓" if want == p["verdict"] else " ✗")
+            parts.append(f"{n}: {p['verdict']}{mark}")
+        return ", ".join(parts) or "no probe applied"
+
+    for c in verdict.get("causes") or []:
+        rows.append({"stage": c.get("stage"), "anomaly": c.get("saw"),
+                     "cause": f"{c['hypothesis']}: {c.get('title')}",
+                     "confirm": c.get("confirm"), "result": result_of(c),
+                     "status": "named" if verdict.get("hypothesis") == c["hypothesis"]
+                     else "candidate"})
+    for c in verdict.get("refuted") or []:
+        rows.append({"stage": c.get("stage"), "anomaly": c.get("saw"),
+                     "cause": f"{c['hypothesis']}: {c.get('title')}",
+                     "confirm": c.get("confirm"), "result": result_of(c),
+                     "status": f"refuted by {', '.join(c.get('refuted_by') or [])}"})
+    if verdict.get("hypothesis") == "unclassified" and not rows:
+        for a in (verdict.get("anomalies") or [])[:5]:
+            rows.append({"stage": a["stage"], "anomaly": f"{a['check']} ×{a['count']}: "
+                                                         f"{a['saw']}",
+                         "cause": "unclassified", "confirm": "probes: batch of 1, markers "
+                         "re-uploaded, device state refreshed, guard on",
+                         "result": result_of({"hypothesis": ""}), "status": "anomaly"})
+    return rows

@@ -13,9 +13,13 @@ dies half-way still leaves what it had):
 3. ``request``   the reported request; ``outcome.json`` (an error there is recorded, then raised)
 4. ``checks``    the deterministic checks asked for (A, B); ``checks.json``
 5. ``trace``     the per-step trace of this run's requests; ``trace/*.parquet``
-6. ``diagnose``  verdict, first violation, hypothesis (``workbook.run.diagnose``);
+6. ``diagnose``  verdict, first violation, causes and hypothesis (``workbook.run.diagnose``);
    ``verdict.json``
-7. ``finish``    hooks removed / server stopped; ``timings.json`` and the backend's own files
+7. ``probes``    only with ``cfg.probes`` and a violated verdict: the checks that separate the
+   remaining causes, each a re-run of the violating request with one switch on the in-process
+   engine (``workbook.run.probes``); ``probes.json``, and ``verdict.json`` re-saved with the
+   results fed back (``diagnose.with_probes``)
+8. ``finish``    hooks removed / server stopped; ``timings.json`` and the backend's own files
 
 Adding an evidence file is one edit: a step here that calls ``self.save(name, obj)``.
 ``on_stage(name, elapsed_s)`` is called as each step starts (progress displays), and with an
@@ -47,6 +51,7 @@ class Result:
     checks: dict[str, Any] = field(default_factory=dict)
     frames: dict[str, Any] = field(default_factory=dict)
     verdict: dict[str, Any] = field(default_factory=dict)
+    probes: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     engine: Any = None  # the in-process Engine, or the Server (kept for a notebook to explore)
 
@@ -170,6 +175,26 @@ class Run:
         self.save("verdict", res.verdict)
         return res.verdict
 
+    def probes(self) -> dict:
+        """Confirm the cause: run the probes the verdict calls for and feed them back."""
+        from workbook.run import diagnose, probes
+
+        res = self.result
+        if not self.cfg.probes or res.verdict.get("verdict") != "violated":
+            return res.probes
+        eng = getattr(self.backend, "engine", None)
+        if self.cfg.mode != "in-process" or eng is None:
+            res.probes = {name: {"switch": probes.PROBES[name].switch, "ran": False,
+                                 "why": "probes re-send the request on the in-process engine; "
+                                        f"this run is mode={self.cfg.mode!r}"}
+                          for name in probes.plan(res.verdict, self.cfg)}
+        else:
+            res.probes = self._timed("probes", lambda: probes.run(eng, self.cfg, res.verdict))
+        self.save("probes", res.probes)
+        res.verdict = diagnose.with_probes(res.verdict, res.probes)
+        self.save("verdict", res.verdict)
+        return res.probes
+
     def finish(self) -> Result:
         res = self.result
         self._stage("finish")
@@ -205,6 +230,7 @@ def run(cfg: RunConfig, outdir: str | None = None, *, checks=(), backend=None,
         r.checks()
         r.trace()
         r.diagnose()
+        r.probes()
     return r.result
 
 

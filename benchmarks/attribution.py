@@ -1,0 +1,458 @@
+"""Attribution on faults the catalogue does not hold: is the named cause the real one?
+
+The diagnosis (``workbook.run.diagnose``) was written from the stage contracts; the catalogue
+faults (``workbook.hooks.faults``) prove it on the faults written alongside it. This benchmark
+measures it on *other* faults: written here, outside the catalogue, each breaking a stage in a
+different way or through a different hook point than the catalogue fault of the same cause
+(and several with no catalogue twin at all). Each is injected into healthy vLLM (MRV2 on CPU,
+tiny dense MTP / EAGLE / ngram, k=4, drafts accepted: zeroed ``lm_head``), budgets 1, 3, 6 in
+one batched generate call; every violated request is one case, scored against the cause the
+fault really breaks:
+
+- ``right``: the named hypothesis is the fault's;
+- ``ambiguous``: several causes listed, the fault's among them;
+- ``unclassified``: no name (the strongest anomalies listed);
+- ``wrong``: a single name, another cause, or a list without it.
+
+Each case is scored twice: the trace alone (``probes=False``) and after the automatic probes
+(``workbook.run.probes``, fed back with ``diagnose.with_probes``).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/attribution.py [--methods mtp eagle ngram]
+        [--only NAME ...] [--out benchmarks/attribution.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from workbook.vllm import hookpoints, patching  # noqa: E402
+
+MARKERS = ("reasoning_start_token_ids", "reasoning_end_token_ids",
+           "natural_reasoning_end_token_ids")
+
+
+def _tb_module(hp):
+    return importlib.import_module(hp.budget.__module__)
+
+
+# ---- the held-out faults: name -> (expected hypothesis, builder(ps, hp)) -----------------------
+
+def numpy_marker_write(ps, hp):
+    """The reporter's state through another door: at the first apply, the three marker tensors
+    are zeroed through their numpy views (CPU memory written behind PyTorch's back)."""
+    done = []
+
+    def make(orig):
+        def apply(state, *a, **k):
+            if not done and getattr(state, "enabled", False):
+                for n in MARKERS:
+                    t = getattr(state, n)
+                    done.append((t, t.numpy().copy()))
+                    t.numpy()[:] = 0
+            return orig(state, *a, **k)
+        return apply
+
+    def restore():
+        for t, v in done:
+            t.numpy()[:] = v
+    ps.wrap(hp.budget, "apply", make)
+    ps.on_remove(restore)
+
+
+def end_marker_shifted(ps, hp):
+    """Only the end-marker tensor is overwritten in place (through ``.data``) with another id:
+    the kernel forces a wrong column because its state says so."""
+    saved = []
+
+    def make(orig):
+        def apply(state, *a, **k):
+            if not saved and getattr(state, "enabled", False):
+                t = state.reasoning_end_token_ids
+                saved.append((t, t.clone()))
+                t.data.add_(7)
+            return orig(state, *a, **k)
+        return apply
+
+    def restore():
+        for t, v in saved:
+            t.data.copy_(v)
+    ps.wrap(hp.budget, "apply", make)
+    ps.on_remove(restore)
+
+
+def kernel_end_ids_swapped(ps, hp):
+    """apply hands the kernel an end-id tensor of its own (end + 1): +1e9 in the next column."""
+    mod = _tb_module(hp)
+
+    def make(orig):
+        def apply_thinking_budget(*a, **k):
+            a = list(a)
+            a[13] = a[13] + 1
+            return orig(*a, **k)
+        return apply_thinking_budget
+    ps.wrap(mod, "apply_thinking_budget", make)
+
+
+def bias_moved_after_apply(ps, hp):
+    """After apply_sampling_params, every column >= 1e8 is moved one column down."""
+    def make(orig):
+        def apply_sampling_params(sampler, logits, *a, **k):
+            out = orig(sampler, logits, *a, **k)
+            if out is not logits:
+                hit = out >= 1e8
+                rows, cols = hit.nonzero(as_tuple=True)
+                if rows.numel():
+                    v = out[rows, cols].clone()
+                    out[rows, cols] = 0.0
+                    out[rows, (cols - 1) % out.shape[1]] = v
+            return out
+        return apply_sampling_params
+    ps.wrap(hp.sampler, "apply_sampling_params", make)
+
+
+def kernel_on_clone(ps, hp):
+    """The kernel launch gets a clone of the logits: +1e9 lands in a tensor nobody samples."""
+    mod = _tb_module(hp)
+
+    def make(orig):
+        def apply_thinking_budget(logits, *a, **k):
+            return orig(logits.clone(), *a, **k)
+        return apply_thinking_budget
+    ps.wrap(mod, "apply_thinking_budget", make)
+
+
+def bias_erased_in_place(ps, hp):
+    """apply_sampling_params returns the biased tensor with the +1e9 entries erased in place."""
+    def make(orig):
+        def apply_sampling_params(sampler, logits, *a, **k):
+            out = orig(sampler, logits, *a, **k)
+            if out is not logits:
+                out.masked_fill_(out >= 1e8, 0.0)
+            return out
+        return apply_sampling_params
+    ps.wrap(hp.sampler, "apply_sampling_params", make)
+
+
+def cache_forgets_start_at_staging(ps, hp):
+    """Before each step's sampling (Sampler.apply_staged_writes), the marker cache of every
+    budgeted slot says reasoning ended at the last committed token."""
+    def make(orig):
+        def apply_staged_writes(sampler, *a, **k):
+            out = orig(sampler, *a, **k)
+            st = sampler.thinking_budget_state
+            if getattr(st, "enabled", False) and st.use_thinking_budget.any():
+                import numpy as np
+                import torch
+
+                slots = torch.as_tensor(np.nonzero(st.use_thinking_budget)[0],
+                                        device=st.cached_last_end.device)
+                total = st.req_states.total_len.gpu[slots].to(torch.int32)
+                started = st.cached_scan_pos[slots] > 0  # left alone before the first apply
+                st.cached_last_end[slots] = torch.where(started, total - 1,
+                                                        st.cached_last_end[slots])
+                st.cached_scan_pos[slots] = torch.where(started, total,
+                                                        st.cached_scan_pos[slots])
+            return out
+        return apply_staged_writes
+    ps.wrap(hp.sampler, "apply_staged_writes", make)
+
+
+def count_restarts_at_staging(ps, hp):
+    """Before each step's sampling, the cached start of every budgeted slot jumps to the
+    second-to-last committed token: the reasoning count restarts every step."""
+    def make(orig):
+        def apply_staged_writes(sampler, *a, **k):
+            out = orig(sampler, *a, **k)
+            st = sampler.thinking_budget_state
+            if getattr(st, "enabled", False) and st.use_thinking_budget.any():
+                import numpy as np
+                import torch
+
+                slots = torch.as_tensor(np.nonzero(st.use_thinking_budget)[0],
+                                        device=st.cached_last_start.device)
+                total = st.req_states.total_len.gpu[slots].to(torch.int32)
+                started = st.cached_scan_pos[slots] > 0
+                st.cached_last_start[slots] = torch.where(started, total - 2,
+                                                          st.cached_last_start[slots])
+                st.cached_scan_pos[slots] = torch.where(started, total,
+                                                        st.cached_scan_pos[slots])
+            return out
+        return apply_staged_writes
+    ps.wrap(hp.sampler, "apply_staged_writes", make)
+
+
+def forcing_undone_for_later_requests(ps, hp):
+    """The kernel runs, but only the batch's first request keeps its forcing (the others'
+    end columns are restored): forcing depends on batch composition."""
+    import numpy as np
+
+    def make(orig):
+        def apply(state, *a, **k):
+            args = hookpoints.budget_apply_args(hp.generation, a, k)
+            if not getattr(state, "enabled", False) or np.asarray(args.idx_mapping_np).size < 2:
+                return orig(state, *a, **k)
+            ends = state.reasoning_end_token_ids.long()
+            before = args.logits[:, ends].clone()
+            out = orig(state, *a, **k)
+            later = (args.expanded_idx_mapping != args.idx_mapping[0]).nonzero().flatten()
+            if later.numel():
+                args.logits[later.unsqueeze(1), ends.unsqueeze(0)] = before[later]
+            return out
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def no_launch_when_batched(ps, hp):
+    """apply skips its kernels whenever the batch holds more than one request."""
+    import numpy as np
+
+    def make(orig):
+        def apply(state, *a, **k):
+            args = hookpoints.budget_apply_args(hp.generation, a, k)
+            if np.asarray(args.idx_mapping_np).size > 1:
+                return None
+            return orig(state, *a, **k)
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def last_token_replaced(ps, hp):
+    """The rejection sampler's own last pick (bonus or recovered row) is replaced by token 0
+    when it is the end token: the row was sampled from its forced logits, another token came
+    out."""
+    def make(orig):
+        def __call__(rs, *a, **k):
+            out = orig(rs, *a, **k)
+            end = int(rs.sampler.thinking_budget_state.reasoning_end_token_ids[0])
+            ids, ns = out.sampled_token_ids, out.num_sampled
+            last = (ns.long() - 1).clamp(min=0)
+            rows = ids.new_tensor(range(ids.shape[0])).long()
+            pick = ids[rows, last]
+            ids[rows, last] = ids.new_zeros(()).where(pick == end, pick)
+            return out
+        return __call__
+    ps.wrap(hp.rejection, "__call__", make)
+
+
+def host_budget_inflated(ps, hp):
+    """Registration writes budget + 5 into the host (and device) budget."""
+    def make(orig):
+        def add_request(state, req_idx, sampling_params, *a, **k):
+            out = orig(state, req_idx, sampling_params, *a, **k)
+            if getattr(state, "enabled", False) and sampling_params.thinking_token_budget \
+                    is not None:
+                state.thinking_token_budget.np[req_idx] += 5
+                state._budget_dirty = True
+            return out
+        return add_request
+    ps.wrap(hp.budget, "add_request", make)
+
+
+def budget_apply_shadowed(ps, hp):
+    """apply_sampling_params runs with the state's apply shadowed by a no-op on the instance."""
+    def make(orig):
+        def apply_sampling_params(sampler, *a, **k):
+            st = sampler.thinking_budget_state
+            st.apply = lambda *x, **y: None
+            try:
+                return orig(sampler, *a, **k)
+            finally:
+                del st.apply
+        return apply_sampling_params
+    ps.wrap(hp.sampler, "apply_sampling_params", make)
+
+
+def device_budget_cleared(ps, hp):
+    """Before each step's sampling, the device view of the budget reads -1 (host untouched)."""
+    def make(orig):
+        def apply_staged_writes(sampler, *a, **k):
+            out = orig(sampler, *a, **k)
+            st = sampler.thinking_budget_state
+            if getattr(st, "enabled", False):
+                st.thinking_token_budget.gpu.fill_(-1)
+            return out
+        return apply_staged_writes
+    ps.wrap(hp.sampler, "apply_staged_writes", make)
+
+
+def kernel_total_len_short(ps, hp):
+    """apply hands the kernel a total_len of its own, 3 tokens short (history view wrong)."""
+    mod = _tb_module(hp)
+
+    def make(orig):
+        def apply_thinking_budget(*a, **k):
+            a = list(a)
+            a[5] = (a[5] - 3).clamp(min=0)
+            return orig(*a, **k)
+        return apply_thinking_budget
+    ps.wrap(mod, "apply_thinking_budget", make)
+
+
+def history_marker_erased(ps, hp):
+    """After registration, the prompt's <think> in the device history (all_token_ids) is
+    overwritten; the caches are reset, so the kernel's cold scan finds no start."""
+    def make(orig):
+        def add_requests(runner, scheduler_output, *a, **k):
+            out = orig(runner, scheduler_output, *a, **k)
+            st = runner.sampler.thinking_budget_state
+            if not getattr(st, "enabled", False):
+                return out
+            start = int(st.reasoning_start_token_ids[0])
+            for new in scheduler_output.scheduled_new_reqs:
+                slot = runner.req_states.req_id_to_index[new.req_id]
+                toks = list(new.prefill_token_ids or [])
+                if start in toks:
+                    p = len(toks) - 1 - toks[::-1].index(start)
+                    runner.req_states.all_token_ids.gpu[slot, p] = 0
+            return out
+        return add_requests
+    ps.wrap(hp.runner, "add_requests", make)
+
+
+def accept_all_drafts(ps, hp):
+    """rejection_sample accepts every draft (the last row's own argmax as the bonus)."""
+    rmod = importlib.import_module(hp.rejection.__module__)
+
+    def make(orig):
+        def rejection_sample(target_logits, draft_logits, draft_sampled, cu_num_logits, *a,
+                             **k):
+            sampled, num_sampled = orig(target_logits, draft_logits, draft_sampled,
+                                        cu_num_logits, *a, **k)
+            cu = cu_num_logits.tolist()
+            for i in range(len(cu) - 1):
+                lo, hi = cu[i], cu[i + 1]
+                n = hi - lo
+                if n <= 1:
+                    continue
+                sampled[i, :n - 1] = draft_sampled[lo + 1:hi]
+                sampled[i, n - 1] = target_logits[hi - 1].argmax()
+                num_sampled[i] = n
+            return sampled, num_sampled
+        return rejection_sample
+    ps.wrap(rmod, "rejection_sample", make)
+
+
+HELD_OUT = {
+    "numpy_marker_write": ("H-i", numpy_marker_write),
+    "end_marker_shifted": ("H-i", end_marker_shifted),
+    "kernel_end_ids_swapped": ("H-d-column", kernel_end_ids_swapped),
+    "bias_moved_after_apply": ("H-d-column", bias_moved_after_apply),
+    "kernel_on_clone": ("H-e", kernel_on_clone),
+    "bias_erased_in_place": ("H-e", bias_erased_in_place),
+    "cache_forgets_start_at_staging": ("H-d-cache", cache_forgets_start_at_staging),
+    "count_restarts_at_staging": ("H-d-cache", count_restarts_at_staging),
+    "forcing_undone_for_later_requests": ("H-j", forcing_undone_for_later_requests),
+    "no_launch_when_batched": ("H-j", no_launch_when_batched),
+    "last_token_replaced": ("H-e-sample", last_token_replaced),
+    "host_budget_inflated": ("H-c", host_budget_inflated),
+    "budget_apply_shadowed": ("H-a", budget_apply_shadowed),
+    "device_budget_cleared": ("H-d", device_budget_cleared),
+    "kernel_total_len_short": ("H-d-kernel", kernel_total_len_short),
+    "history_marker_erased": ("H-d-history", history_marker_erased),
+    "accept_all_drafts": ("H-g", accept_all_drafts),
+}
+
+
+@contextlib.contextmanager
+def injected(name: str):
+    hp = hookpoints.resolve()
+    ps = patching.PatchSet(f"held-out:{name}", "fault")
+    HELD_OUT[name][1](ps, hp)
+    ps.install()
+    try:
+        yield ps
+    finally:
+        ps.remove()
+
+
+def score(expected: str, hyp: str | None, causes: list[dict]) -> str:
+    names = {c["hypothesis"] for c in causes}
+    if hyp == expected:
+        return "right"
+    if hyp == "ambiguous" and expected in names:
+        return "ambiguous"
+    if hyp == "unclassified":
+        return "unclassified"
+    return "wrong"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--methods", nargs="+", default=["mtp", "eagle", "ngram"])
+    ap.add_argument("--only", nargs="+")
+    ap.add_argument("--budgets", nargs="+", type=int, default=[1, 3, 6])
+    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--out", default=os.path.join(HERE, "attribution.json"))
+    args = ap.parse_args(argv)
+
+    from workbook.core.config import RunConfig
+    from workbook.hooks.tracer import Tracer
+    from workbook.run import diagnose, probes, request
+    from workbook.vllm import engine as _engine
+
+    cases = []
+    for method in args.methods:
+        eng = _engine.shared(RunConfig(spec_method=method))
+        for name in args.only or list(HELD_OUT):
+            expected = HELD_OUT[name][0]
+            t0 = time.perf_counter()
+            with injected(name):
+                with request.zeroed_lm_head(eng), Tracer() as t:
+                    outs = request.run_budgets(eng, args.budgets, args.max_tokens)
+                v = diagnose.diagnose(t.frames(), eng.effective, outs, eng.cfg)
+                per_req = {x["req_id"]: x for x in v["violations"]}
+                for vi in v["violations"]:
+                    one = {**v, "first_violation": vi["first_violation"],
+                           "causes": vi["causes"], "hypothesis": vi["hypothesis"],
+                           "verdict": "violated"}
+                    res = probes.run(eng, eng.cfg, one, zero_lm_head=True,
+                                     max_tokens=args.max_tokens)
+                    after = diagnose.with_probes(one, res)
+                    cases.append({
+                        "fault": name, "expected": expected, "method": method,
+                        "budget": vi["budget"], "step": vi["first_violation"]["step"],
+                        "local_pos": vi["first_violation"]["local_pos"],
+                        "trace": score(expected, vi["hypothesis"], vi["causes"]),
+                        "named": vi["hypothesis"],
+                        "causes": [c["hypothesis"] for c in vi["causes"]],
+                        "probes": {n: p.get("verdict") for n, p in res.items()},
+                        "with_probes": score(expected, after["hypothesis"], after["causes"]),
+                        "named_after_probes": after["hypothesis"]})
+                if not per_req:
+                    cases.append({"fault": name, "expected": expected, "method": method,
+                                  "budget": None, "trace": "no violation",
+                                  "with_probes": "no violation", "named": v["hypothesis"]})
+            mine = [(c.get("budget"), c["named"], c.get("named_after_probes")) for c in cases
+                    if c["fault"] == name and c["method"] == method]
+            print(f"{method:6s} {name:36s} {expected:11s} {mine} "
+                  f"{time.perf_counter() - t0:.1f}s", flush=True)
+    summary = {}
+    for key in ("trace", "with_probes"):
+        counts: dict = {}
+        for c in cases:
+            counts[c[key]] = counts.get(c[key], 0) + 1
+        summary[key] = counts
+    by_fault = {}
+    for c in cases:
+        f = by_fault.setdefault(c["fault"], {"expected": c["expected"], "trace": {},
+                                             "with_probes": {}})
+        for key in ("trace", "with_probes"):
+            f[key][c[key]] = f[key].get(c[key], 0) + 1
+    with open(args.out, "w") as f:
+        json.dump({"summary": summary, "by_fault": by_fault, "cases": cases}, f, indent=1)
+    print(json.dumps(summary, indent=1))
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
