@@ -33,6 +33,7 @@ class Fault:
     hypothesis: str
     description: str
     at_engine_start: bool = False  # applied to the process environment before vLLM starts
+    before_start: bool = False  # patches installed before the engine starts (start-up faults)
 
 
 HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
@@ -70,6 +71,13 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "the rejection sampler accepted a draft without checking the forced target row",
                "forced row, next row's draft (not </think>) accepted",
                "rejection_sample_method; MTP k=1; drafts rejected (random weights)"),
+    # H-i: minimal entry (issue #13); the attribution issue (#12) owns its full wording.
+    Hypothesis("H-i", "state", "budget state overwritten on the device (out-of-band writer)",
+               "ThinkingBudgetState's device tensors (markers, marker caches, budget view) hold "
+               "values no PyTorch write to them put there: storage and _version unchanged",
+               "the start-up watch (workbook.hooks.watch) saw a watched tensor change outside "
+               "its allowed writers",
+               "start-up watch + localization; compute-sanitizer memcheck; the guard holds"),
 ]}
 
 FAULTS: dict[str, Fault] = {f.name: f for f in [
@@ -82,7 +90,18 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("H-f", "H-f", "launch decision frozen at the first (warm-up) step"),
     Fault("H-g", "H-g", "synthetic acceptance of drafts"),
     Fault("H-h", "H-h", "V2 run silently served by V1", at_engine_start=True),
+    # -- issue #13: out-of-band writers (workbook.hooks.faults, end of _BUILDERS) ------------
+    Fault("H-i-profile", "H-i", "a writer hidden in the target's first MLP zeroes the budget "
+          "state's markers and marker caches through a raw alias of their storage, only during "
+          "the profiling run", before_start=True),
+    Fault("H-i-profile-mtp", "H-i", "the same writer hidden in the MTP drafter's MLP, active "
+          "only during the profiling run's propose (needs MTP)", before_start=True),
+    Fault("H-i-step", "H-i", "the same writer in the target's first MLP, active only at real "
+          "engine step 3 (after start-up); also zeroes replica 0 of the guard's state",
+          before_start=True),
 ]}
+
+PROFILE_FAULTS = ("H-i-profile", "H-i-profile-mtp")  # active only during the profiling run
 
 FAULT_CHOICES = ("none", *FAULTS)
 
@@ -98,7 +117,12 @@ def title(hyp: str | None) -> str | None:
 
 def runtime_faults() -> list[str]:
     """Faults that can be injected into a running engine (not at engine start)."""
-    return [n for n, f in FAULTS.items() if not f.at_engine_start]
+    return [n for n, f in FAULTS.items() if not (f.at_engine_start or f.before_start)]
+
+
+def startup_faults() -> list[str]:
+    """Faults whose patches must be installed before the engine starts."""
+    return [n for n, f in FAULTS.items() if f.before_start]
 
 
 def table() -> list[dict]:

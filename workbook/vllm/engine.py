@@ -99,13 +99,18 @@ def get_runner(llm):
     return inner.model_executor.driver_worker.worker.model_runner
 
 
-def start(cfg: RunConfig) -> Engine:
-    """Validate ``cfg`` and start an in-process vLLM engine."""
+def start(cfg: RunConfig, before_start=None) -> Engine:
+    """Validate ``cfg`` and start an in-process vLLM engine.
+
+    ``before_start()``: called after vLLM is imported and before ``vllm.LLM(...)`` is created
+    (pre-start hooks: ``workbook.hooks.pre_start``, so they see the whole start-up)."""
     validate(cfg, on_cpu=env.on_cpu())
     env.prepare_process(cfg)
     t0 = time.perf_counter()
     import vllm
 
+    if before_start is not None:
+        before_start()
     t1 = time.perf_counter()
     cap = effective.LogCapture()
     vlog = logging.getLogger("vllm")
