@@ -60,16 +60,18 @@ def watch_options(cfg, out_dir: str | None = None, **kw):
 def pre_start(cfg, *, watch_dir: str | None = None):
     """Before ``vllm.LLM(...)`` (vLLM imported, no engine yet): the CPU profiling-run
     emulation, the start-up watch and a start-up fault, as ``cfg`` asks. Returns
-    (patch sets, watch or None); the watch binds to the next runner built in this process."""
+    (patch sets, watch or None, after_start): the watch binds to the next runner built in
+    this process; call ``after_start()`` once that engine is up (it removes what only the
+    start-up needs, so later engines of the process start as vLLM would)."""
     from workbook.core.hypotheses import FAULTS
 
-    sets, w = [], None
+    sets, w, startup_only = [], None, []
     if cfg.cpu_profile_run:
         from workbook.hooks import watch as wmod
 
         ps = wmod.force_cpu_profile_run()
         if ps is not None:
-            sets.append(ps)
+            startup_only.append(ps)
     if cfg.watched:
         from workbook.hooks import watch as wmod
 
@@ -79,4 +81,9 @@ def pre_start(cfg, *, watch_dir: str | None = None):
         from workbook.hooks import faults
 
         sets.append(faults.inject(cfg.fault))
-    return sets, w
+
+    def after_start():
+        for ps in startup_only:
+            ps.remove()
+
+    return sets, w, after_start

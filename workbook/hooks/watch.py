@@ -681,7 +681,10 @@ class _Localization:
         return {"level": self.level, "within": self.w.opts.localize_within or None,
                 "op_stride": self.w.opts.op_stride, "complete": self.done and self.stopped is not
                 None and not self.stopped.startswith("time limit"),
-                "stopped": self.stopped, "checks": self.checks,
+                "stopped": self.stopped or (None if not self.wanted else
+                                            f"still localizing when read (start-up and "
+                                            f"{self.w.step} real step(s) so far)"),
+                "checks": self.checks,
                 "elapsed_s": None if self.started is None else
                 round(time.perf_counter() - self.started, 3),
                 "culprit": self.culprit, "alias_writes": self.alias_writes[:50],

@@ -49,10 +49,22 @@ def own_engine(cfg, outdir=None) -> tuple[_Own, bool]:
     box: dict = {}
 
     def before():
-        box["sets"], box["watch"] = hooks.pre_start(
+        box["sets"], box["watch"], box["after"] = hooks.pre_start(
             cfg, watch_dir=os.path.join(outdir, "watch") if outdir else None)
 
-    eng = engine.start(cfg, before_start=before)
+    try:
+        eng = engine.start(cfg, before_start=before)
+    except BaseException:
+        if box.get("watch") is not None:
+            box["watch"].remove()  # never let it bind to a later engine
+        raise
+    finally:
+        if "after" in box:
+            box["after"]()
+    w = box.get("watch")
+    if w is not None and w.runner is None:  # no MRV2 runner was built (e.g. a V1 fallback)
+        w.error = "no Model Runner V2 was built by this engine: nothing was watched"
+        w.remove()
     own = _OWN[key] = _Own(eng, box.get("watch"), box.get("sets", []), outdir)
     return own, True
 
@@ -195,6 +207,7 @@ class Served:
     running, and the run reads only the traces of the requests it sent."""
 
     name = "server"
+    _effective: dict | None = None  # the worker's effective.json, once read
 
     def __init__(self, cfg, outdir=None, server=None, port=None):
         self.cfg = cfg
