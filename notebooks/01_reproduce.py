@@ -53,6 +53,7 @@ fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults), e.g
 guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
 zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process only)
 trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
+watch: bool = False  # start-up watch of the budget state's device tensors (workbook.hooks.watch)
 outdir: str = ""  # folder for the evidence files (empty: keep them in memory only)
 checks: list = []  # deterministic checks to run as well: A, B
 

@@ -142,20 +142,11 @@ def cmd_watch(args) -> int:
     from workbook.run import watchcmd
     from workbook.vllm import env as wenv
 
-    params: dict = {}
     if args.env:
-        from workbook import batch
-
-        env = batch.load_environment(args.env, dict(args.overrides), notebooks=False)
-        names = [r.name for r in env.runs]
-        name = args.run or ("integrity" if "integrity" in names else None)
-        spec = next((r for r in env.runs if r.name == name), None) if name else None
-        if name and spec is None:
-            print(f"workbook: no run {name!r} in {args.env} ({names})", file=sys.stderr)
-            return 2
-        params = dict(spec.params) if spec else dict(env.raw.get("defaults") or {})
-    params.update(dict(args.overrides))
-    cfg = RunConfig.from_params(params).replace(watch=True)
+        cfg = watchcmd.config_from_environment(args.env, args.run, dict(args.overrides))
+    else:
+        cfg = RunConfig.from_params(dict(args.overrides))
+    cfg = cfg.replace(watch=True)
     if args.localize in ("module", "op", "auto") and not cfg.enforce_eager:
         print("workbook watch: localization runs the engine eager (enforce_eager=True); "
               "#54906 fails eager too", file=sys.stderr)

@@ -29,8 +29,10 @@ def verdict_from_watch(watch: dict | None) -> dict[str, Any]:
     """The watch's reading: was the budget state changed by something not allowed to?"""
     if not watch:
         return {"hypothesis": None, "verdict": "not watched", "saw": "no watch evidence"}
-    if watch.get("error") and not watch.get("state_found"):
-        return {"hypothesis": None, "verdict": "not watched", "saw": watch["error"]}
+    if not watch.get("state_found"):
+        return {"hypothesis": None, "verdict": "not watched",
+                "saw": watch.get("error") or "the engine never created a ThinkingBudgetState "
+                "under the watch (start-up failed, or no Model Runner V2 was built)"}
     ch = _first(watch)
     loc = watch.get("localization") or {}
     alias = loc.get("alias_writes") or []

@@ -35,6 +35,33 @@ from workbook.core import rundir
 from workbook.core.config import RunConfig
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def config_from_environment(name: str, run: str | None, overrides: dict) -> RunConfig:
+    """A ``RunConfig`` from ``environments/<name>.yaml`` (or a path): its ``defaults``, then
+    the entry of ``run`` (default: the run named ``integrity``, if any), then ``overrides``.
+    Keys that are not ``RunConfig`` fields (notebook-only parameters) are ignored."""
+    import yaml
+
+    from workbook.core.config import ConfigError
+
+    path = name if os.path.isfile(name) else next(
+        (p for p in (os.path.join(root, "environments", f"{name}.yaml")
+                     for root in (os.getcwd(), REPO)) if os.path.isfile(p)), None)
+    if path is None:
+        raise ConfigError(f"environment {name!r} not found (environments/{name}.yaml)")
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    runs = {r.get("name"): r for r in raw.get("runs") or []}
+    if run is None and "integrity" in runs:
+        run = "integrity"
+    if run is not None and run not in runs:
+        raise ConfigError(f"{path}: no run {run!r} (runs: {sorted(runs)})")
+    params = {**(raw.get("defaults") or {}), **(runs.get(run) or {}), **overrides}
+    return RunConfig.from_params(params)
+
+
 def _pass_dir(out: str, n: int, level: str) -> str:
     return os.path.join(out, f"pass{n}-{level}")
 
@@ -104,8 +131,9 @@ def print_summary(result: dict, out: str) -> None:
     from workbook.run import integrity
 
     for i, (p, w) in enumerate(zip(result["passes"], result["watches"]), 1):
-        print(f"== pass {i}: {p['outdir']} ({p['seconds']} s"
-              f"{', ' + p['stopped'] if p.get('stopped') else ''})")
+        failed = "" if p.get("rc") == 0 else f", FAILED (exit {p.get('rc')}): see pass.log"
+        stopped = ", " + p["stopped"] if p.get("stopped") else ""
+        print(f"== pass {i}: {p['outdir']} ({p['seconds']} s{stopped}{failed})")
         for line in integrity.summary(w):
             print(line)
     c = result["culprit"]
