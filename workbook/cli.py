@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--timeout", type=float, help="seconds per start-up (the pass keeps what it "
                                                  "narrowed down to)")
     w.add_argument("--out", help="output folder (default: outputs/watch/<time>)")
+    w.add_argument("--checks", nargs="*", choices=["A", "B"], default=None,
+                   help="deterministic checks after the request (default: the run's)")
     return p
 
 
@@ -142,8 +144,11 @@ def cmd_watch(args) -> int:
     from workbook.run import watchcmd
     from workbook.vllm import env as wenv
 
+    checks = args.checks or []
     if args.env:
         cfg = watchcmd.config_from_environment(args.env, args.run, dict(args.overrides))
+        if args.checks is None:
+            checks = watchcmd.checks_from_environment(args.env, args.run)
     else:
         cfg = RunConfig.from_params(dict(args.overrides))
     cfg = cfg.replace(watch=True)
@@ -155,7 +160,7 @@ def cmd_watch(args) -> int:
              on_cpu=wenv.on_cpu())
     out = os.path.abspath(args.out or os.path.join("outputs", "watch",
                                                    time.strftime("%Y%m%d-%H%M%S")))
-    result = watchcmd.run_passes(cfg, out, args.localize, timeout_s=args.timeout)
+    result = watchcmd.run_passes(cfg, out, args.localize, timeout_s=args.timeout, checks=checks)
     watchcmd.print_summary(result, out)
     return 0 if all(p.get("rc") == 0 for p in result["passes"]) else 1
 

@@ -62,15 +62,31 @@ def config_from_environment(name: str, run: str | None, overrides: dict) -> RunC
     return RunConfig.from_params(params)
 
 
+def checks_from_environment(name: str, run: str | None) -> list[str]:
+    """The ``checks`` of an environment's run (its own, else the file's), as the batch uses."""
+    import yaml
+
+    path = name if os.path.isfile(name) else next(
+        (p for p in (os.path.join(root, "environments", f"{name}.yaml")
+                     for root in (os.getcwd(), REPO)) if os.path.isfile(p)), None)
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    runs = {r.get("name"): r for r in raw.get("runs") or []}
+    run = run if run is not None else ("integrity" if "integrity" in runs else None)
+    return list((runs.get(run) or {}).get("checks", raw.get("checks") or []))
+
+
 def _pass_dir(out: str, n: int, level: str) -> str:
     return os.path.join(out, f"pass{n}-{level}")
 
 
-def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None) -> dict:
+def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
+             checks=()) -> dict:
     """One watched start-up in a child process; returns its ``watch.json`` (or what the
     start-up wrote before it died / timed out)."""
     os.makedirs(outdir, exist_ok=True)
-    rundir.write_json(os.path.join(outdir, "pass-config.json"), cfg.to_dict())
+    rundir.write_json(os.path.join(outdir, "pass-config.json"),
+                      {**cfg.to_dict(), "_checks": list(checks)})
     cmd = [sys.executable, "-m", "workbook.run.watchcmd", "--pass", outdir]
     t0 = time.perf_counter()
     rc, why = None, None
@@ -84,21 +100,28 @@ def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None) -> dic
         rundir.read_json(os.path.join(outdir, "watch", "watch.json"))
     info = {"outdir": outdir, "rc": rc, "stopped": why,
             "seconds": round(time.perf_counter() - t0, 1)}
+    verdict = rundir.read_json(os.path.join(outdir, "verdict.json")) or {}
+    checks_done = rundir.read_json(os.path.join(outdir, "checks.json")) or {}
+    info["budget_verdict"] = verdict.get("verdict")
+    info["checks"] = {name: all(o.get("honored") is True and
+                                o.get("extra", {}).get("check_b_prefix_ok", True)
+                                for o in outs) for name, outs in checks_done.items()}
     if watch is None:
         info["error"] = "no watch evidence (see pass.log)"
     return {"info": info, "watch": watch}
 
 
 def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
-               timeout_s: float | None = None) -> dict:
-    """The watch command's work; returns (and writes) ``watch-summary.json``."""
+               timeout_s: float | None = None, checks=()) -> dict:
+    """The watch command's work; returns (and writes) ``watch-summary.json``. ``checks``
+    (A, B) run in the first pass, after the reported request."""
     from workbook.run import integrity
 
     base = cfg.replace(watch=True)
     passes = []
     if localize == "auto":
         first = run_pass(base.replace(localize="module", localize_within=""),
-                         _pass_dir(out, 1, "module"), timeout_s)
+                         _pass_dir(out, 1, "module"), timeout_s, checks)
         passes.append(first)
         v = integrity.verdict_from_watch(first["watch"])
         module = v.get("module")
@@ -109,7 +132,7 @@ def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
         passes.append(run_pass(base.replace(localize=localize,
                                             localize_within=base.localize_within
                                             if localize == "op" else ""),
-                               _pass_dir(out, 1, localize), timeout_s))
+                               _pass_dir(out, 1, localize), timeout_s, checks))
     verdicts = [integrity.verdict_from_watch(p["watch"]) for p in passes]
     best = next((v for v in reversed(verdicts) if v.get("verdict") == "corrupted"),
                 verdicts[-1] if verdicts else {})
@@ -136,6 +159,8 @@ def print_summary(result: dict, out: str) -> None:
         print(f"== pass {i}: {p['outdir']} ({p['seconds']} s{stopped}{failed})")
         for line in integrity.summary(w):
             print(line)
+        if p.get("checks") or p.get("budget_verdict"):
+            print(f"budget: {p.get('budget_verdict')}; checks exact: {p.get('checks')}")
     c = result["culprit"]
     print("== culprit")
     if c.get("verdict") == "corrupted":
@@ -151,8 +176,9 @@ def _child(outdir: str) -> int:
     """``--pass OUTDIR``: one pipeline run of ``OUTDIR/pass-config.json`` (in this process)."""
     from workbook.run import pipeline
 
-    cfg = RunConfig.from_dict(rundir.read_json(os.path.join(outdir, "pass-config.json")))
-    pipeline.run(cfg, outdir)
+    raw = rundir.read_json(os.path.join(outdir, "pass-config.json"))
+    checks = raw.pop("_checks", [])
+    pipeline.run(RunConfig.from_dict(raw), outdir, checks=checks)
     return 0
 
 
