@@ -69,8 +69,7 @@ from workbook.vllm.patching import PatchSet
 SCHEMA = "workbook.watch/1"
 CANARY = 0x5AFEC0DE  # int32 pattern of the canary tensors
 LOCALIZE = ("none", "module", "op")
-STEP_BOUNDARIES = {  # the per-step boundaries kept after the detailed steps (ring mode)
-    ("enter", "GPUModelRunner.execute_model"), ("exit", "GPUModelRunner.sample_tokens"),
+STEP_BOUNDARIES = {  # kept after the detailed steps (ring mode): they bracket the writers
     ("enter", "ThinkingBudgetState.apply_staged_writes"),
     ("exit", "ThinkingBudgetState.apply_staged_writes"),
     ("enter", "ThinkingBudgetState.apply"), ("exit", "ThinkingBudgetState.apply")}
@@ -253,22 +252,34 @@ class Watch:
         return out
 
     def _views(self) -> list:
+        """int32 views of the watched tensors, in ``names`` order (cached; the budget's device
+        view is re-read every time: vLLM's UVA pool rotates it)."""
         import torch
 
-        out = []
-        for t in self._tensors().values():
+        def flat(t):
+            if t.dim() == 1 and t.dtype == torch.int32 and t.is_contiguous():
+                return t
             v = t.detach().reshape(-1)
-            if v.dtype != torch.int32:
-                v = v.contiguous().view(torch.int32) if v.element_size() % 4 == 0 \
-                    else v.to(torch.int32)
-            out.append(v)
-        return out
+            return v.contiguous().view(torch.int32) if v.element_size() % 4 == 0 \
+                else v.to(torch.int32)
+
+        cache = getattr(self, "_view_cache", None)
+        if cache is None:
+            cache = self._view_cache = [flat(t) for t in self._tensors().values()]
+            self._budget_pos = self.names.index("thinking_token_budget.gpu") \
+                if "thinking_token_budget.gpu" in self.names else None
+        if self._budget_pos is not None:
+            cache[self._budget_pos] = flat(self.state.thinking_token_budget.gpu)
+        return cache
 
     def _gather(self, out=None):
         import torch
         from torch.utils._python_dispatch import _disable_current_modes
 
-        with _disable_current_modes(), torch.inference_mode():
+        modes = _disable_current_modes() if self.loc.active else contextlib.nullcontext()
+        inf = contextlib.nullcontext() if torch.is_inference_mode_enabled() \
+            else torch.inference_mode()
+        with modes, inf:
             if out is None:
                 return torch.cat(self._views())
             torch.cat(self._views(), out=out)
@@ -294,19 +305,23 @@ class Watch:
         return out
 
     # -- boundaries ------------------------------------------------------------------------
-    def _boundary(self, kind: str, where: str, level: str) -> Boundary:
+    def _boundary(self, kind: str, where: str, level: str, light: bool = False) -> Boundary:
         b = Boundary()
         b.seq, b.t, b.kind, b.where, b.level = self.seq, time.perf_counter() - self.t0, kind, \
             where, level
         self.seq += 1
         b.stack, b.mods, b.ops = tuple(self.stack), tuple(self.mods), tuple(self.ops)
         b.step, b.kv_ready = self.step, self.kv_ready
+        b.rebase, self.rebase = self.rebase, False
+        if light:  # ring mode: no per-boundary host reads of pointers / versions
+            b.ptrs = b.versions = {}
+            b.np_budget = None
+            return b
         ts = self._tensors() if self.state is not None else {}
         b.ptrs = {n: t.data_ptr() for n, t in ts.items()}
         b.versions = {n: _version_of(t, self.inference.get(n)) for n, t in ts.items()}
         tb = getattr(self.state, "thinking_token_budget", None)
         b.np_budget = None if tb is None else tb.np.copy()
-        b.rebase, self.rebase = self.rebase, False
         return b
 
     def check(self, kind: str, where: str, level: str = "phase") -> None:
@@ -327,8 +342,9 @@ class Watch:
         t = time.perf_counter()
         phase_key = "steps" if self.step else "startup"
         try:
-            b = self._boundary(kind, where, level)
-            if self.mode == "ring" and level == "phase":
+            ring = self.mode == "ring" and level == "phase"
+            b = self._boundary(kind, where, level, light=ring)
+            if ring:
                 self._ring_record(b)
             else:
                 row = self._gather_now()
@@ -389,7 +405,8 @@ class Watch:
             "tensor": name, "role": role, "phase": phase, "top_phase": startup.top_phase(phase),
             "step": b.step, "t": round(b.t, 4), "seq": b.seq,
             "before": _short(old), "after": _short(new), "changed_at": idx[:8].tolist(),
-            "n_changed": int(idx.size), "ptr_moved": pb.ptrs.get(name) != b.ptrs.get(name),
+            "n_changed": int(idx.size),
+            "ptr_moved": None if not (pb.ptrs and b.ptrs) else pb.ptrs.get(name) != b.ptrs.get(name),
             "version": [pb.versions.get(name), b.versions.get(name)],
             "last_clean": pb.label(), "first_dirty": b.label(), "level": b.level,
             "path": " > ".join(_stack_names(common)),
@@ -466,6 +483,7 @@ class Watch:
             self.loc.finish("start-up and the first %d real step(s) localized" % self.step)
             self.mode = "ring"
             self.write()
+            _slim()
         if self.mode == "ring" and self.opts.flush_every_steps and \
                 self.step % self.opts.flush_every_steps == 0:
             self.flush()
@@ -1005,7 +1023,7 @@ def _late_wrap(runner) -> None:
                 if callable(getattr(mod, f, None)):
                     orig, wrapper = _func_wrapper(mod, f)
                     setattr(mod, f, wrapper)
-                    _func_patches.append((mod, f, orig))
+                    _func_patches.append((mod, f, orig, wrapper))
         _late = ps.install()
     spec = getattr(runner, "speculator", None)
     if spec is not None:
@@ -1087,6 +1105,7 @@ def install(opts: Options | None = None, **kw) -> Watch:
 
     startup.check_state_class(tbm.ThinkingBudgetState, vllm.__version__)
     ps = _patch_set()
+    _full_in()  # a start-up to watch: every phase wrapper (also after a slim phase)
     ps.install()
     w = Watch(opts)
     w.version = vllm.__version__
@@ -1102,34 +1121,105 @@ def uninstall_all() -> None:
     for w in list(set(_by_obj.values())) + list(_pending):
         w.remove()
     _pending.clear()
+    _full_out()
+    if _ring_patches is not None:
+        _ring_patches.remove()
+    _func_patches.clear()
+    _late = None
+
+
+_ring_patches: PatchSet | None = None  # after start-up: only the budget state's writers
+
+
+def _ring_wrapper(qual: str, enter_step: bool):
+    def make(orig):
+        @functools.wraps(orig)
+        def wrapper(self, *a, **k):
+            w = _by_obj.get(id(self))
+            if w is None or w.removed or w.mode != "ring":
+                return orig(self, *a, **k)
+            if enter_step:
+                w.step += 1
+            frame = (next(_frames), qual)
+            w.stack.append(frame)
+            try:
+                w.check("enter", qual)
+                res = orig(self, *a, **k)
+                w.check("exit", qual)
+            finally:
+                w.stack.pop()
+            if not enter_step and w.opts.flush_every_steps and \
+                    w.step % w.opts.flush_every_steps == 0:
+                w.flush()
+                w.write()
+            return res
+        return wrapper
+    return make
+
+
+def _slim() -> None:
+    """Once every watch of the process is past its detailed steps: swap the full set of
+    wrappers for two (``apply_staged_writes`` — which also counts the steps — and ``apply``),
+    so a step pays for four ring records and two Python wrappers, nothing else."""
+    global _ring_patches
+    ws = watches()
+    if _pending or not ws or any(w.mode != "ring" for w in ws if not w.removed):
+        return
+    if _ring_patches is None:
+        from vllm.v1.worker.gpu.sample import thinking_budget as tbm
+
+        ps = PatchSet("watch:ring", "watch")
+        ps.wrap(tbm.ThinkingBudgetState, "apply_staged_writes",
+                _ring_wrapper("ThinkingBudgetState.apply_staged_writes", True))
+        ps.wrap(tbm.ThinkingBudgetState, "apply", _ring_wrapper("ThinkingBudgetState.apply",
+                                                                 False))
+        _ring_patches = ps
+    _full_out()
+    _ring_patches.install()
+
+
+def _full_out() -> None:
     if _late is not None:
         _late.remove()
-        _late = None
-    for mod, f, orig in _func_patches:
-        setattr(mod, f, orig)
-    _func_patches.clear()
     if _patches is not None:
         _patches.remove()
+    for mod, f, orig, _wrapper in _func_patches:
+        setattr(mod, f, orig)
+
+
+def _full_in() -> None:
+    if _ring_patches is not None:
+        _ring_patches.remove()
+    if _patches is not None:
+        _patches.install()
+    if _late is not None:
+        _late.install()
+    for mod, f, _orig, wrapper in _func_patches:
+        setattr(mod, f, wrapper)
 
 
 def suspend() -> None:
     """Take every watch wrapper out (the watches keep their evidence; benchmarks compare
     watched and unwatched steps of one engine). ``resume()`` puts them back."""
+    global _suspended
     for w in watches():
         with _lock:
             w.flush()
             w.rebase = True
-    if _late is not None:
-        _late.remove()
-    if _patches is not None:
-        _patches.remove()
+    _suspended = "ring" if _ring_patches is not None and _ring_patches.installed else "full"
+    _full_out()
+    if _ring_patches is not None:
+        _ring_patches.remove()
+
+
+_suspended: str | None = None
 
 
 def resume() -> None:
-    if _patches is not None:
-        _patches.install()
-    if _late is not None:
-        _late.install()
+    if _suspended == "ring":
+        _ring_patches.install()
+    elif _suspended == "full":
+        _full_in()
 
 
 def watches() -> list[Watch]:
