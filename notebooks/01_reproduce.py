@@ -56,6 +56,11 @@ guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
 zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process only)
 trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
 probes: bool = False  # after a violation, re-run the request with one switch per remaining cause (batch of 1, markers re-uploaded, guard on ...) to confirm it (in-process)
+watch: bool = False  # start-up watch of the budget state's device tensors (workbook.hooks.watch)
+localize: str = "none"  # none | module | op: narrow an unexpected state change to a module / op (implies watch)
+localize_within: str = ""  # op level only inside modules whose name starts with this
+localize_timeout_s: float = 600.0  # localization stops here and keeps what it narrowed down
+cpu_profile_run: bool = False  # CPU: run the worker's profiling run as the GPU worker always does
 outdir: str = ""  # folder for the evidence files (empty: keep them in memory only)
 checks: list = []  # deterministic checks to run as well: A, B
 

@@ -7,6 +7,8 @@
     workbook verify RUN_DIR                          # SHA256SUMS; exit 1 on any mismatch
     workbook report [RUN_DIR ...] [-o FILE] [--out outputs]
     workbook params NOTEBOOK                         # the notebook's parameters (papermill)
+    workbook watch [--env ENV [--run NAME]] [--set KEY=VALUE ...] [--localize auto|none|module|op]
+                   [--out DIR]                      # who overwrites the budget state (#54906)
 
 Exit codes: 0 success, 1 a run failed / a checksum mismatched, 2 a configuration error (raised
 before any engine starts) or nothing to report, 128 + N a batch stopped by signal N (130
@@ -69,6 +71,21 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="outputs", help="output root (default: outputs)")
     n = sub.add_parser("params", help="show a notebook's parameters (papermill --help-notebook)")
     n.add_argument("notebook", help="a notebook (.py percent or .ipynb)")
+    w = sub.add_parser("watch", help="start-up watch of the budget state + writer localization "
+                                     "(workbook.run.watchcmd)")
+    w.add_argument("--env", help="take the configuration from an environment file's defaults "
+                                 "(and --run's entry)")
+    w.add_argument("--run", help="the environment's run to take (default: its 'integrity' run, "
+                                 "else its defaults)")
+    w.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
+                   metavar="KEY=VALUE", help="a RunConfig field (YAML)")
+    w.add_argument("--localize", default="auto", choices=["auto", "none", "module", "op"],
+                   help="auto: module level, then op level inside the module it names")
+    w.add_argument("--timeout", type=float, help="seconds per start-up (the pass keeps what it "
+                                                 "narrowed down to)")
+    w.add_argument("--out", help="output folder (default: outputs/watch/<time>)")
+    w.add_argument("--checks", nargs="*", choices=["A", "B"], default=None,
+                   help="deterministic checks after the request (default: the run's)")
     return p
 
 
@@ -199,8 +216,36 @@ def cmd_params(args) -> int:
     return 0
 
 
+def cmd_watch(args) -> int:
+    import time
+
+    from workbook.core.config import RunConfig, validate
+    from workbook.run import watchcmd
+    from workbook.vllm import env as wenv
+
+    checks = args.checks or []
+    if args.env:
+        cfg = watchcmd.config_from_environment(args.env, args.run, dict(args.overrides))
+        if args.checks is None:
+            checks = watchcmd.checks_from_environment(args.env, args.run)
+    else:
+        cfg = RunConfig.from_params(dict(args.overrides))
+    cfg = cfg.replace(watch=True)
+    if args.localize in ("module", "op", "auto") and not cfg.enforce_eager:
+        print("workbook watch: localization runs the engine eager (enforce_eager=True); "
+              "#54906 fails eager too", file=sys.stderr)
+        cfg = cfg.replace(enforce_eager=True)
+    validate(cfg.replace(localize="module" if args.localize == "auto" else args.localize),
+             on_cpu=wenv.on_cpu())
+    out = os.path.abspath(args.out or os.path.join("outputs", "watch",
+                                                   time.strftime("%Y%m%d-%H%M%S")))
+    result = watchcmd.run_passes(cfg, out, args.localize, timeout_s=args.timeout, checks=checks)
+    watchcmd.print_summary(result, out)
+    return 0 if all(p.get("rc") == 0 for p in result["passes"]) else 1
+
+
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify,
-            "report": cmd_report, "params": cmd_params}
+            "report": cmd_report, "params": cmd_params, "watch": cmd_watch}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -172,9 +172,12 @@ def _summary(path: str) -> tuple[int, int]:
                            for ln in lines if ln.strip())
 
 
-def start(cfg: RunConfig, log: str | None = None) -> Engine:
+def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
     """Validate ``cfg`` and start an in-process vLLM engine; its start-up output goes to
-    ``log`` (default: a temporary file), and one line saying so is printed."""
+    ``log`` (default: a temporary file), and one line saying so is printed.
+
+    ``before_start()``: called after vLLM is imported and before ``vllm.LLM(...)`` is created
+    (pre-start hooks: ``workbook.hooks.pre_start``, so they see the whole start-up)."""
     validate(cfg, on_cpu=env.on_cpu())
     env.prepare_process(cfg)
     path = _log_path(log)
@@ -184,6 +187,8 @@ def start(cfg: RunConfig, log: str | None = None) -> Engine:
         with output_to(path):
             import vllm
 
+            if before_start is not None:
+                before_start()
             t1 = time.perf_counter()
             vlog = logging.getLogger("vllm")
             vlog.addHandler(cap)
