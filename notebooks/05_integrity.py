@@ -2,16 +2,16 @@
 # jupyter:
 #   jupytext:
 #     cell_metadata_filter: tags,-all
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (workbook)
 #     language: python
-#     name: python3
+#     name: workbook
 # ---
 
 # %% [markdown]
