@@ -7,8 +7,9 @@
 #   bench      benchmarks/watch_overhead.py: per-step cost of the watch, side by side in one run
 #   sanitizer  scripts/integrity_sanitizer.sh on a healthy and a faulted start-up (memcheck,
 #              PYTORCH_NO_CUDA_MEMORY_CACHING=1), the report tied to the watched addresses
-#   shape27b   workbook watch --localize auto on a 27B-shaped Qwen3.5 + MTP (dummy weights,
-#              scripts/qwen35_27b_shape.py) with H-i-profile-mtp: the localization's wall time
+#   shape27b   workbook watch --localize auto on the reporter-shaped Qwen3.5 + MTP
+#              (workbook.core.reporter_models: qwen3.5-27b-shape, dummy weights) with
+#              H-i-profile-mtp: the localization's wall time
 # Everything lands in $OUT (default /tmp/integrity-out: on the device tool, its own $OUT);
 # one line per result on stdout, the details in $OUT/<run>/ (watch-summary.json, pass*/).
 set -uo pipefail
@@ -57,12 +58,9 @@ for step in $STEPS; do
       echo "sanitizer $run rc=$? $(( $(date +%s) - t0 )) s"; tail -n 3 "$OUT/sanitizer-$run.log"
     done ;;
   shape27b)
-    "$PY" scripts/qwen35_27b_shape.py /tmp/qwen35-27b-shape > /dev/null
     timeout -s INT 900 "$PY" -m workbook.cli watch --localize auto --out "$OUT/shape27b" \
-      --set model=/tmp/qwen35-27b-shape --set fault=H-i-profile-mtp --set max_tokens=8 \
-      --set "engine_kwargs={load_format: dummy, language_model_only: true, gdn_prefill_backend: triton}" \
-      --set dtype=bfloat16 --set max_model_len=262144 --set kv_cache_bytes=null \
-      --set gpu_memory_utilization=0.85 > "$OUT/shape27b.log" 2>&1
+      --env h200 --run r27-mtp-eager --set fault=H-i-profile-mtp --set max_tokens=8 \
+      > "$OUT/shape27b.log" 2>&1
     echo "shape27b rc=$? $(( $(date +%s) - t0 )) s"; summary "$OUT/shape27b/watch-summary.json" ;;
   esac
 done
