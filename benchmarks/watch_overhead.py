@@ -102,6 +102,9 @@ def main(argv=None) -> dict:
     on = [x["step_ms"] for x in rows if x["watched"]]
     off = [x["step_ms"] for x in rows if not x["watched"]]
     per = statistics.median(x["watch_ms_per_step"] for x in rows if x["watched"])
+    paired = [statistics.mean(x["step_ms"] for x in rows if x["round"] == r and x["watched"]) /
+              statistics.mean(x["step_ms"] for x in rows if x["round"] == r and not x["watched"])
+              for r in range(a.rounds)]
     data = w.read()
     res = {"benchmark": "watch_overhead", "platform": data.get("platform"),
            "device": data.get("device"), "vllm": data.get("vllm_version"),
@@ -109,11 +112,14 @@ def main(argv=None) -> dict:
            "rounds": a.rounds, "step_ms_watched": round(statistics.median(on), 3),
            "step_ms_unwatched": round(statistics.median(off), 3),
            "ratio": round(statistics.median(on) / statistics.median(off), 4),
+           "paired_ratio_median": round(statistics.median(paired), 4),
+           "paired_ratios": [round(x, 4) for x in paired],
            "watch_own_ms_per_step": round(per, 4),
            "watch_own_fraction": round(per / statistics.median(on), 5),
            "unexpected_changes": data.get("n_changes"), "rows": rows}
     print(f"step time watched {res['step_ms_watched']:.2f} ms | unwatched "
-          f"{res['step_ms_unwatched']:.2f} ms | ratio {res['ratio']:.4f} | watch's own time "
+          f"{res['step_ms_unwatched']:.2f} ms | ratio {res['ratio']:.4f} (paired per round: "
+          f"median {res['paired_ratio_median']:.4f}) | watch's own time "
           f"{res['watch_own_ms_per_step']:.3f} ms/step ({100 * res['watch_own_fraction']:.2f} %)"
           f" | {res['platform']} {res['device']} vLLM {res['vllm']}")
     if a.json:

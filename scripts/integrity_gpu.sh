@@ -10,6 +10,8 @@
 #   shape27b   workbook watch --localize auto on the reporter-shaped Qwen3.5 + MTP
 #              (workbook.core.reporter_models: qwen3.5-27b-shape, dummy weights) with
 #              H-i-profile-mtp: the localization's wall time
+# Subsets (the device tool allows 10 minutes per command): FAULT_RUNS, GUARD_RUNS, SANITIZER_RUNS
+# (run names of environments/h200.yaml), RUN_S (seconds per run, default 300).
 # Everything lands in $OUT (default /tmp/integrity-out: on the device tool, its own $OUT);
 # one line per result on stdout, the details in $OUT/<run>/ (watch-summary.json, pass*/).
 set -uo pipefail
@@ -33,34 +35,33 @@ for step in $STEPS; do
   t0=$(date +%s)
   case $step in
   faults)
-    for run in watch-mtp fault-H-i-profile fault-H-i-profile-no-spec fault-H-i-profile-mtp \
-               fault-H-i-step; do
-      timeout -s INT 900 "$PY" -m workbook.cli watch --env h200 --run $run --localize auto \
+    for run in ${FAULT_RUNS:-watch-mtp fault-H-i-profile fault-H-i-profile-no-spec \
+               fault-H-i-profile-mtp fault-H-i-step}; do
+      timeout -s INT "${RUN_S:-300}" "$PY" -m workbook.cli watch --env h200 --run $run --localize auto \
         --out "$OUT/$run" > "$OUT/$run.log" 2>&1
       echo "$run rc=$? $(( $(date +%s) - t0 )) s"; summary "$OUT/$run/watch-summary.json"
     done
-    for run in watch-mtp-cudagraphs fault-H-i-profile-guard fault-H-i-profile-no-spec-guard \
-               fault-H-i-profile-mtp-guard fault-H-i-step-guard; do
-      timeout -s INT 600 "$PY" -m workbook.cli watch --env h200 --run $run --localize none \
+    for run in ${GUARD_RUNS:-watch-mtp-cudagraphs fault-H-i-profile-guard \
+               fault-H-i-profile-no-spec-guard fault-H-i-profile-mtp-guard fault-H-i-step-guard}; do
+      timeout -s INT "${RUN_S:-300}" "$PY" -m workbook.cli watch --env h200 --run $run --localize none \
         --out "$OUT/$run" > "$OUT/$run.log" 2>&1
       echo "$run rc=$? $(( $(date +%s) - t0 )) s"; summary "$OUT/$run/watch-summary.json"
     done ;;
   bench)
-    timeout -s INT 600 "$PY" benchmarks/watch_overhead.py --model tiny-qwen3.5-mtp \
+    timeout -s INT "${RUN_S:-300}" "$PY" benchmarks/watch_overhead.py --model tiny-qwen3.5-mtp \
       --set kv_cache_bytes=1073741824 --set "engine_kwargs={gdn_prefill_backend: triton}" \
       --num-reqs 8 --max-tokens 64 --rounds 6 --json "$OUT/watch_overhead.json" \
       > "$OUT/watch_overhead.log" 2>&1
     echo "bench rc=$?"; grep -E "^step time" "$OUT/watch_overhead.log" ;;
   sanitizer)
-    for run in watch-mtp fault-H-i-profile-mtp; do
-      PYTHON="$PY" SANITIZER_TIMEOUT=900 bash scripts/integrity_sanitizer.sh "$OUT/sanitizer-$run" \
+    for run in ${SANITIZER_RUNS:-watch-mtp fault-H-i-profile-mtp}; do
+      PYTHON="$PY" SANITIZER_TIMEOUT="${RUN_S:-500}" bash scripts/integrity_sanitizer.sh "$OUT/sanitizer-$run" \
         --env h200 --run $run --set max_tokens=8 > "$OUT/sanitizer-$run.log" 2>&1
       echo "sanitizer $run rc=$? $(( $(date +%s) - t0 )) s"; tail -n 3 "$OUT/sanitizer-$run.log"
     done ;;
   shape27b)
-    timeout -s INT 900 "$PY" -m workbook.cli watch --localize auto --out "$OUT/shape27b" \
-      --env h200 --run r27-mtp-eager --set fault=H-i-profile-mtp --set max_tokens=8 \
-      > "$OUT/shape27b.log" 2>&1
+    timeout -s INT "${RUN_S:-560}" "$PY" -m workbook.cli watch --localize auto --out "$OUT/shape27b" \
+      --env h200 --run r27-integrity > "$OUT/shape27b.log" 2>&1
     echo "shape27b rc=$? $(( $(date +%s) - t0 )) s"; summary "$OUT/shape27b/watch-summary.json" ;;
   esac
 done

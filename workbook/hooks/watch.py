@@ -220,7 +220,7 @@ class Watch:
             self._attach(state, tensors, pre, post)
         finally:
             self.busy = False
-        b = self._boundary("created", "ThinkingBudgetState", level="phase")
+        b = self.last[0]
         self._phase_seen(b, [])
         self._timeline(b, [], [])
 
