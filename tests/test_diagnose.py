@@ -197,6 +197,31 @@ def test_reporter_state_h_i_leaves_version_and_storage_and_probes_confirm(engine
         eng.effective["reasoning_end_token_ids"][0]]
 
 
+def test_pipeline_runs_the_probes_and_feeds_them_back(engines, tmp_path):
+    """``RunConfig(probes=True)``: after the violated verdict, ``probes.json`` holds the probes
+    the cause calls for, and ``verdict.json`` is re-saved with their results in its chain."""
+    from workbook.core import rundir
+    from workbook.run import pipeline
+    from workbook.run.backends import InProcess
+
+    eng = engines(spec_method="mtp")
+    cfg = eng.cfg.replace(fault="H-d", probes=True, thinking_token_budget=1, max_tokens=6)
+    res = pipeline.run(cfg, str(tmp_path), backend=InProcess(cfg, engine=eng))
+    v = rundir.read_json(str(tmp_path / "verdict.json"))
+    p = rundir.read_json(str(tmp_path / "probes.json"))
+    assert v == json_roundtrip(res.verdict) and v["hypothesis"] == "H-d", v["summary"]
+    assert set(p) == {"budget", "guard"} and v["probes"] == p
+    assert p["budget"]["verdict"] == "honored" and p["guard"]["verdict"] == "honored"
+    assert v["chain"][0]["result"] == "budget: honored ✓, guard: honored ✓"
+    assert "probes_s" in res.timings
+
+
+def json_roundtrip(obj):
+    import json
+
+    return json.loads(json.dumps(obj))
+
+
 def test_v2_run_silently_served_by_v1_is_named_h_h(engines):
     eng = engines(spec_method="mtp", fault="H-h")
     assert eng.effective["runner_is_v2"] is False

@@ -135,10 +135,20 @@ def test_tracer_on_the_older_api_generation_vllm_0_29():
         "f = t.frames()\n"
         "v = diagnose.diagnose(f, eng.effective, [o])\n"
         "r = f['rows']\n"
+        "from workbook.hooks import faults\n"
+        "named = {}\n"
+        "for name in ('H-i', 'H-d-column', 'H-j'):\n"
+        "    h = faults.inject(name)\n"
+        "    try:\n"
+        "        with request.zeroed_lm_head(eng), Tracer() as tf:\n"
+        "            outs = request.run_budgets(eng, [1, 3, 6], max_tokens=10)\n"
+        "    finally:\n"
+        "        h.remove()\n"
+        "    named[name] = diagnose.diagnose(tf.frames(), eng.effective, outs)['hypothesis']\n"
         "print('RESULT', json.dumps({'gen': hookpoints.resolve().generation,\n"
         "  'version': eng.effective['vllm_version'], 'tokens': o.token_ids,\n"
         "  'forced': r[r['forced']][['step','local_pos']].values.tolist(),\n"
-        "  'verdict': v['verdict']}))\n")
+        "  'verdict': v['verdict'], 'anomalies': v['anomalies'], 'named': named}))\n")
     py = os.path.join(ROOT, ".venv-0.29", "bin", "python")
     res = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=900,
                          cwd=ROOT)
@@ -146,7 +156,9 @@ def test_tracer_on_the_older_api_generation_vllm_0_29():
     out = json.loads(res.stdout.split("RESULT", 1)[1].strip().splitlines()[0])
     assert out["version"].startswith("0.29") and out["gen"] == "0.28"
     assert [1, 1] in out["forced"] and out["tokens"][2] == 369
-    assert out["verdict"] == "honored"
+    assert out["verdict"] == "honored" and out["anomalies"] == []
+    # the diagnosis' evidence on the older API generation: causes named from it
+    assert out["named"] == {"H-i": "H-i", "H-d-column": "H-d-column", "H-j": "H-j"}
 
 
 def test_unhookable_vllm_names_the_missing_hook_point(monkeypatch):

@@ -31,7 +31,8 @@ class InProcess:
 
     def __init__(self, cfg, outdir=None, engine=None):
         self.cfg = cfg
-        self.engine = engine
+        # a given (shared) engine, seen with this run's request parameters
+        self.engine = None if engine is None else dataclasses.replace(engine, cfg=cfg)
         self.hooks: list = []
         self.tracer = None
         self.timings: dict[str, float] = {}
