@@ -341,6 +341,18 @@ def accept_all_drafts(ps, hp):
     ps.wrap(rmod, "rejection_sample", make)
 
 
+def budget_dropped_before_runner(ps, hp):
+    """The runner receives the request without its thinking budget (dropped on the way)."""
+    def make(orig):
+        def add_requests(runner, scheduler_output, *a, **k):
+            for new in scheduler_output.scheduled_new_reqs:
+                if new.sampling_params is not None:
+                    new.sampling_params.thinking_token_budget = None
+            return orig(runner, scheduler_output, *a, **k)
+        return add_requests
+    ps.wrap(hp.runner, "add_requests", make)
+
+
 HELD_OUT = {
     "numpy_marker_write": ("H-i", numpy_marker_write),
     "end_marker_shifted": ("H-i", end_marker_shifted),
@@ -359,6 +371,7 @@ HELD_OUT = {
     "kernel_total_len_short": ("H-d-kernel", kernel_total_len_short),
     "history_marker_erased": ("H-d-history", history_marker_erased),
     "accept_all_drafts": ("H-g", accept_all_drafts),
+    "budget_dropped_before_runner": ("H-c", budget_dropped_before_runner),
 }
 
 

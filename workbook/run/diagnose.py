@@ -131,6 +131,27 @@ def traced_requests(frames: dict, markers: budget.Markers) -> list[dict]:
     return out
 
 
+def _client_budgets(reqs: list[dict], client: list[dict], markers) -> None:
+    """Where the client asked for a budget the runner never received (the request's
+    ``thinking_token_budget`` lost before MRV2), judge the traced request by the client's
+    budget and keep the runner's as ``budget_runner``. Matched by request id (the engine's is
+    the client's plus a suffix), else by a unique identical output."""
+    for o in client:
+        ob, oid = o.get("budget"), str(o.get("request_id") or "")
+        if ob is None:
+            continue
+        same = [r for r in reqs if oid and (r["req_id"] == oid or
+                                            r["req_id"].startswith(oid + "-"))]
+        if not same:
+            same = [r for r in reqs if r["output"] == list(o.get("token_ids") or [])]
+        if len(same) != 1 or same[0]["budget"] == ob:
+            continue
+        r = same[0]
+        j = budget.judge_from_count(r["r0"], r["output"], ob, markers)
+        r.update(budget_runner=r["budget"], budget=ob, expected_end_index=j.expected_end_index,
+                 honored=j.honored, actual_end_index=j.actual_end_index)
+
+
 def locate(req: dict) -> tuple[dict | None, int | None]:
     """The request-step that emitted output index ``expected_end_index``, and its local pos."""
     e = req["expected_end_index"]
@@ -193,6 +214,10 @@ def _rule_state(c: Ctx) -> list[dict]:
 
 def _rule_registration(c: Ctx) -> list[dict]:
     reg, st, b = c.req["registration"], c.st, c.budget
+    if "budget_runner" in c.req:
+        return [_cause("H-c", f"the client asked for thinking_token_budget={b}, the runner's "
+                              "request carried "
+                              f"{c.req['budget_runner']}: lost before MRV2 registered it")]
     use = reg.get("use_thinking_budget")
     host = reg.get("budget_host")
     if use is False or st.get("use_thinking_budget") is False or (
@@ -668,12 +693,13 @@ def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> d
     frames = frames or {}
     markers = _markers(frames, effective)
     reqs = traced_requests(frames, markers)
+    client = [_outcome_dict(o) for o in (outcomes or [])]
+    _client_budgets(reqs, client, markers)
     result: dict[str, Any] = {"verdict": "inconclusive", "hypothesis": None,
                               "hypothesis_title": None, "summary": "", "first_violation": None,
                               "evidence": [], "requests": [], "markers": markers.to_dict(),
                               "causes": [], "chain": [], "probes": {}, "violations": [],
                               "anomalies": []}
-    client = [_outcome_dict(o) for o in (outcomes or [])]
     result["requests"] = [{k: r[k] for k in ("req_id", "budget", "r0", "expected_end_index",
                                              "actual_end_index", "honored", "output")}
                           for r in reqs]
