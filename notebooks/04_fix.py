@@ -2,14 +2,16 @@
 # jupyter:
 #   jupytext:
 #     cell_metadata_filter: tags,-all
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (workbook)
 #     language: python
-#     name: python3
+#     name: workbook
 # ---
 
 # %% [markdown]
@@ -32,7 +34,7 @@
 # `workbook.run.experiments`; the upstream version of the fix is in `upstream/`.
 
 # %% tags=["parameters"]
-model: str = "tiny-mimo-mtp"  # tiny model name (workbook.core.models.MODELS) or a checkpoint folder
+model: str = "tiny-mimo-mtp"  # built-in model (workbook.core.models.names()) or a checkpoint folder
 draft_model: str = None  # eagle / draft_model speculation: draft path or tiny name (None: default)
 spec_method: str = "mtp"  # mtp | eagle | eagle3 | ngram | draft_model | none
 num_spec_tokens: int = 4  # draft tokens per step (k)

@@ -8,9 +8,15 @@ subprocess (as a user would), then checks what landed on disk:
   coreutils' ``sha256sum -c``); ``workbook verify`` passes, then fails after tampering;
 - failing runs keep their partial executed notebook and get a failure row (a cell timeout, and
   an engine error raised inside the notebook);
-- two consecutive batches never overwrite each other.
+- two consecutive batches never overwrite each other;
+- signals: SIGINT (Ctrl-C) or SIGTERM sent to a real ``workbook run`` while its first run's
+  engine starts stop that run's whole process tree (papermill, kernel, vLLM: no process left),
+  record its failure row (status ``interrupted``, the stage it was in), close the manifest,
+  write the report and ``SHA256SUMS`` and exit 130 / 143 printing the run folder; a second
+  Ctrl-C forces an exit and leaves the folder unfinished, which ``workbook report`` skips;
+- progress: the run's pipeline step (engine start, ...) is shown while it runs.
 
-About 4–5 minutes on a 2-core machine (two engine starts).
+About 6–8 minutes on a 2-core machine (two engine starts, three interrupted ones).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -28,8 +35,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-RUN_FILES = {"01_reproduce.ipynb", "parameters.yaml", "papermill.log", "config.json",
-             "effective.json", "outcome.json", "verdict.json", "timings.json"}
+RUN_FILES = {"01_reproduce.ipynb", "01_reproduce.html", "parameters.yaml", "papermill.log",
+             "config.json", "effective.json", "outcome.json", "verdict.json", "timings.json",
+             "stage.json", "vllm.log"}
 
 
 def workbook(*args, timeout=900) -> subprocess.CompletedProcess:
@@ -125,6 +133,11 @@ def test_run_writes_layout_manifest_sums_and_verify_detects_tampering(tmp_path):
     assert not [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     checks = json.loads((folder / "checks.json").read_text())
     assert set(checks) == {"A"}
+    assert json.loads((folder / "stage.json").read_text())["stage"] == "finish"
+    assert row["notebook_html"] == "01_reproduce.html"
+    report = (run_dir / "report.html").read_text()
+    assert 'href="mtp/01_reproduce.html"' in report  # the report links the executed notebook
+    assert "mtp: engine start" in res.stderr  # the progress named the step the run was in
 
     listed = [line.split("  ", 1)[1] for line in (run_dir / "SHA256SUMS").read_text().splitlines()]
     on_disk = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")
@@ -153,19 +166,20 @@ def test_failing_runs_keep_partial_notebook_and_failure_row(tmp_path):
                                                     "model_type": "no_such_model"}))
     out = tmp_path / "outputs"
     env = env_file(tmp_path, "failing", [
-        {"name": "slow", "notebook": "tests/notebooks/blocks.py", "timeout": 15},  # blocks
+        {"name": "slow", "notebook": "tests/notebooks/blocks.py", "timeout": 60},  # blocks
         {"name": "broken", "spec_method": "none", "model": str(broken)},  # ... engine error
     ])
     res = workbook("run", env, "--out", out)
     assert res.returncode == 1, res.stderr[-3000:]
     (run_dir,) = run_dirs(out)
     m = manifest(run_dir)
-    assert m["status"] == "failed" and m["counts"] == {"ok": 0, "failed": 1, "timeout": 1}
+    assert m["status"] == "failed" and m["counts"] == {"ok": 0, "failed": 1, "timeout": 1,
+                                                       "interrupted": 0}
     slow, broken_row = m["runs"]
 
     assert slow["status"] == "timeout"
     assert slow["failure"]["ename"] == "CellTimeoutError"
-    assert "pipeline.Run" in slow["failure"]["cell_source_head"]
+    assert "time.sleep" in slow["failure"]["cell_source_head"]
     nb = nbformat.read(run_dir / "slow" / "blocks.ipynb", as_version=4)
     assert "time.sleep" in nb.cells[slow["failure"]["cell_index"]].source
     assert (run_dir / "slow" / "config.json").exists()  # evidence written before the failure
@@ -221,3 +235,116 @@ def test_notebook_declares_every_runconfig_field_and_has_a_kernelspec():
     assert "parameters" in nb.cells[1].metadata.get("tags", [])
     res = workbook("params", path)
     assert res.returncode == 0 and "thinking_token_budget: int (default 1)" in res.stdout
+
+
+# ---------------------------------------------------------------- signals
+
+
+def start_run(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    """``workbook run`` on two runs, in its own process group (as a terminal would run it)."""
+    out = tmp_path / "outputs"
+    env = env_file(tmp_path, name, [{"name": "first", "spec_method": "mtp"},
+                                    {"name": "second", "spec_method": "none"}])
+    proc = subprocess.Popen([sys.executable, "-m", "workbook.cli", "run", str(env), "--out",
+                             str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, out
+
+
+def wait_for_stage(out: Path, run: str, stage: str, proc, timeout: float = 240) -> Path:
+    """The batch folder once ``run``'s stage.json names ``stage`` (the engine is starting)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        for d in run_dirs(out):
+            st = d / run / "stage.json"
+            if st.exists() and json.loads(st.read_text() or "{}").get("stage") == stage:
+                return d
+        time.sleep(0.5)
+    raise TimeoutError(f"{run} never reached stage {stage}")
+
+
+def processes_of(run_dir: Path) -> list:
+    """Live processes that belong to this batch: tagged with its folder (papermill, kernel,
+    vLLM) or naming it on their command line."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            tag = p.environ().get("WORKBOOK_RUN_TAG", "")
+            cmd = " ".join(p.cmdline())
+        except (psutil.Error, OSError):
+            continue
+        if tag.startswith(str(run_dir)) or str(run_dir) in cmd:
+            found.append(f"{p.pid} {cmd[:120]}")
+    return found
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_the_run_and_leaves_a_complete_record(tmp_path, sig, code):
+    proc, out = start_run(tmp_path, f"sig{int(sig)}")
+    run_dir = wait_for_stage(out, "first", "start", proc)
+    time.sleep(3)  # vLLM is importing / starting its engine in the kernel now
+    assert processes_of(run_dir), "the run's processes should be alive before the signal"
+    t0 = time.perf_counter()
+    os.killpg(proc.pid, sig)  # Ctrl-C reaches the terminal's process group; SIGTERM the same
+    stdout, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == code, (stdout, stderr[-3000:])
+    assert time.perf_counter() - t0 < 120
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stdout.strip().splitlines()[-1] == str(run_dir)
+    assert f"interrupted by {sig.name}" in stderr
+    assert "first: engine start" in stderr  # the progress showed the step it was in
+    time.sleep(1)
+    assert processes_of(run_dir) == []
+
+    m = manifest(run_dir)
+    assert m["status"] == "interrupted" and m["finished"]
+    assert m["interrupted"]["signal"] == sig.name and m["interrupted"]["run"] == "first"
+    assert m["not_started"] == ["second"] and m["counts"]["interrupted"] == 1
+    (row,) = m["runs"]
+    assert row["name"] == "first" and row["status"] == "interrupted"
+    assert row["failure"]["ename"] == "Interrupted" and row["failure"]["stage"] == "start"
+    assert sig.name in row["failure"]["evalue"]
+    assert (run_dir / "first" / "01_reproduce.ipynb").exists()  # the partial notebook
+    assert (run_dir / "SHA256SUMS").exists() and workbook("verify", run_dir).returncode == 0
+    report = (run_dir / "report.html").read_text()
+    assert "interrupted by " + sig.name in report and "Every run finished" not in report
+
+    from workbook.core import rundir
+
+    assert rundir.latest_runs(str(out)) == [str(run_dir)]  # finished: closed and summed
+
+
+def test_second_ctrl_c_forces_and_the_folder_stays_unfinished(tmp_path):
+    proc, out = start_run(tmp_path, "force")
+    run_dir = wait_for_stage(out, "first", "start", proc)
+    time.sleep(2)
+    import threading
+
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")),
+                              daemon=True)
+    reader.start()
+    os.killpg(proc.pid, signal.SIGINT)
+    deadline = time.time() + 60  # the first Ctrl-C is being handled (two at once are one)
+    while not any("SIGINT received" in ln for ln in lines) and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, rest = proc.communicate(timeout=120)  # (communicate reads what is left)
+    reader.join(timeout=10)
+    stderr = "".join(lines) + (rest or "")
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "forced exit" in stderr and str(run_dir) in stderr
+    time.sleep(1)
+    assert processes_of(run_dir) == []
+    assert not (run_dir / "SHA256SUMS").exists()
+
+    from workbook.core import rundir
+
+    assert rundir.latest_runs(str(out)) == []
+    res = workbook("report", "--out", out)
+    assert res.returncode == 2
+    assert f"skipped unfinished batch folder (no closed manifest or no SHA256SUMS): {run_dir}" \
+        in res.stderr

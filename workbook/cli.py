@@ -1,16 +1,19 @@
 """The ``workbook`` command: run an environment's matrix, verify a run folder, write a report.
 
     workbook run ENV [--only NAME ...] [--timeout S] [--out outputs] [--set KEY=VALUE ...]
-                     [--no-report] [--in-process] [--probes]
-                     # prints the report's path, then the folder
+                     [--no-report] [--in-process] [--hide-code] [--no-notebook-html]
+                     [--probes]                     # prints the report's path, then the folder
     workbook validate ENV [--set KEY=VALUE ...]     # check every run, start nothing
     workbook verify RUN_DIR                          # SHA256SUMS; exit 1 on any mismatch
     workbook report [RUN_DIR ...] [-o FILE] [--out outputs]
     workbook params NOTEBOOK                         # the notebook's parameters (papermill)
+    workbook watch [--env ENV [--run NAME]] [--set KEY=VALUE ...] [--localize auto|none|module|op]
+                   [--out DIR]                      # who overwrites the budget state (#54906)
 
 Exit codes: 0 success, 1 a run failed / a checksum mismatched, 2 a configuration error (raised
-before any engine starts). Argument parsing only: the work is in ``workbook.batch`` and
-``workbook.report``.
+before any engine starts) or nothing to report, 128 + N a batch stopped by signal N (130
+Ctrl-C, 143 SIGTERM: the interrupted run has a failure row, the manifest and SHA256SUMS are
+written). Argument parsing only: the work is in ``workbook.batch`` and ``workbook.report``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--in-process", action="store_true",
                    help="all runs in this process, engines shared, no papermill "
                         "(executor in-process; e.g. a GPU host without the notebook stack)")
+    r.add_argument("--hide-code", action="store_true",
+                   help="render each executed notebook to HTML without its code cells")
+    r.add_argument("--no-notebook-html", action="store_true",
+                   help="do not render the executed notebooks to HTML")
     v = sub.add_parser("validate", help="validate every run of an environment; start nothing")
     v.add_argument("env")
     v.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
@@ -57,11 +64,28 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_dir")
     rep = sub.add_parser("report", help="write the HTML report and print its path")
     rep.add_argument("run_dirs", nargs="*", metavar="RUN_DIR",
-                     help="run folders (default: the latest run of each hardware under --out)")
+                     help="batch folders (outputs/<hw>/<run-id>; a folder holding such "
+                          "folders stands for the latest finished one of each hardware; "
+                          "default: the latest of each hardware under --out)")
     rep.add_argument("-o", "--output", help="HTML file (default: <out>/reports/report-<time>.html)")
     rep.add_argument("--out", default="outputs", help="output root (default: outputs)")
     n = sub.add_parser("params", help="show a notebook's parameters (papermill --help-notebook)")
-    n.add_argument("notebook")
+    n.add_argument("notebook", help="a notebook (.py percent or .ipynb)")
+    w = sub.add_parser("watch", help="start-up watch of the budget state + writer localization "
+                                     "(workbook.run.watchcmd)")
+    w.add_argument("--env", help="take the configuration from an environment file's defaults "
+                                 "(and --run's entry)")
+    w.add_argument("--run", help="the environment's run to take (default: its 'integrity' run, "
+                                 "else its defaults)")
+    w.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
+                   metavar="KEY=VALUE", help="a RunConfig field (YAML)")
+    w.add_argument("--localize", default="auto", choices=["auto", "none", "module", "op"],
+                   help="auto: module level, then op level inside the module it names")
+    w.add_argument("--timeout", type=float, help="seconds per start-up (the pass keeps what it "
+                                                 "narrowed down to)")
+    w.add_argument("--out", help="output folder (default: outputs/watch/<time>)")
+    w.add_argument("--checks", nargs="*", choices=["A", "B"], default=None,
+                   help="deterministic checks after the request (default: the run's)")
     return p
 
 
@@ -76,10 +100,19 @@ def cmd_run(args) -> int:
     batch.select(env, args.only)
     run_dir = batch.execute(env, out=args.out, only=args.only, timeout=args.timeout,
                             progress=not args.no_progress, report=not args.no_report,
-                            executor="in-process" if args.in_process else "papermill")
+                            executor="in-process" if args.in_process else "papermill",
+                            hide_code=args.hide_code, notebook_html=not args.no_notebook_html)
     manifest = rundir.read_json(os.path.join(run_dir, rundir.MANIFEST))
     if os.path.exists(os.path.join(run_dir, rundir.REPORT)):
         print(f"report: {os.path.join(run_dir, rundir.REPORT)}")
+    intr = manifest.get("interrupted")
+    if intr:
+        import signal
+
+        print(f"workbook: interrupted by {intr['signal']} during run {intr.get('run')}; "
+              f"the run folder is complete (manifest, SHA256SUMS): {run_dir}", file=sys.stderr)
+        print(run_dir)
+        return 128 + int(getattr(signal, intr["signal"], signal.SIGINT))
     print(run_dir)  # last line: the run folder
     return 0 if manifest["status"] == "ok" else 1
 
@@ -104,31 +137,115 @@ def cmd_verify(args) -> int:
     return 1 if problems else 0
 
 
-def cmd_report(args) -> int:
-    from workbook import batch, report
+def _batch_folders(path: str) -> tuple[list[str], list[str]]:
+    """(batch folders ``path`` stands for, unfinished newer ones skipped): a batch folder
+    itself; or a hardware folder / an output root — the latest finished batch of each
+    hardware (``workbook.core.rundir.finished``: closed manifest and ``SHA256SUMS``)."""
+    from workbook.core import rundir
 
-    run_dirs = args.run_dirs or batch.latest_runs(args.out)
+    def subdirs(d):
+        return [os.path.join(d, x) for x in sorted(os.listdir(d))
+                if os.path.isdir(os.path.join(d, x))]
+
+    if os.path.exists(os.path.join(path, rundir.MANIFEST)):
+        return [path], []
+    found, skipped = [], []
+    for group in [path] + subdirs(path):
+        batches = [d for d in subdirs(group) if os.path.exists(os.path.join(d, rundir.MANIFEST))]
+        done = [d for d in batches if rundir.finished(d)]
+        skipped += [d for d in batches if d not in done and (not done or d > done[-1])]
+        if done:
+            found.append(done[-1])
+    return found, skipped
+
+
+def cmd_report(args) -> int:
+    from workbook import report
+
+    wanted = args.run_dirs or [args.out]
+    run_dirs, skipped = [], []
+    for path in wanted:
+        if not os.path.isdir(path):
+            print(f"workbook report: {path}: no such folder", file=sys.stderr)
+            return 2
+        found, skip = _batch_folders(path)
+        run_dirs += found
+        skipped += skip
+    for d in skipped:
+        print(f"workbook report: skipped unfinished batch folder (no closed manifest or no "
+              f"SHA256SUMS): {d}", file=sys.stderr)
     if not run_dirs:
-        print(f"no run folders under {args.out}", file=sys.stderr)
+        print(f"workbook report: no batch folders with runs in {', '.join(wanted)} (a batch "
+              "folder is outputs/<hardware>/<run-id>, written by `workbook run`)",
+              file=sys.stderr)
         return 2
-    path = report.write(run_dirs, args.output or report.default_path(args.out))
+    try:
+        path = report.write(run_dirs, args.output or report.default_path(args.out))
+    except report.NoRuns as e:
+        print(f"workbook report: {e}: nothing to report", file=sys.stderr)
+        return 2
     print(path)
     return 0
 
 
 def cmd_params(args) -> int:
-    from papermill.inspection import display_notebook_help
-    import click
-
     from workbook import batch
 
-    tmp, _ = batch.read_notebook(os.path.abspath(args.notebook))
-    ctx = click.Context(click.Command("papermill"))
-    return int(display_notebook_help(ctx, tmp, None) or 0)
+    path = os.path.abspath(args.notebook)
+    if not os.path.isfile(path):
+        print(f"workbook params: {args.notebook}: no such notebook", file=sys.stderr)
+        return 2
+    try:
+        _, params = batch.read_notebook(path)
+    except Exception as e:
+        print(f"workbook params: {args.notebook}: not a notebook ({type(e).__name__}: {e})",
+              file=sys.stderr)
+        return 2
+    print(f"Usage: workbook run ENV --set NAME=VALUE ...   or   papermill "
+          f"{os.path.splitext(os.path.relpath(path))[0]}.ipynb OUT.ipynb -p NAME VALUE ...")
+    print(f"\nParameters of {os.path.relpath(path)}:")
+    if not params:
+        print("\n  (no cell tagged 'parameters')")
+        return 1
+    for name, p in params.items():
+        kind = p.get("inferred_type_name") or "Unknown type"
+        definition = f"  {name}: {'Unknown type' if kind == 'None' else kind} " \
+                     f"(default {p.get('default')})"
+        print(f"{definition:<48}{p.get('help') or ''}" if len(definition) < 48
+              else f"{definition}\n{48 * ' '}{p.get('help') or ''}")
+    return 0
+
+
+def cmd_watch(args) -> int:
+    import time
+
+    from workbook.core.config import RunConfig, validate
+    from workbook.run import watchcmd
+    from workbook.vllm import env as wenv
+
+    checks = args.checks or []
+    if args.env:
+        cfg = watchcmd.config_from_environment(args.env, args.run, dict(args.overrides))
+        if args.checks is None:
+            checks = watchcmd.checks_from_environment(args.env, args.run)
+    else:
+        cfg = RunConfig.from_params(dict(args.overrides))
+    cfg = cfg.replace(watch=True)
+    if args.localize in ("module", "op", "auto") and not cfg.enforce_eager:
+        print("workbook watch: localization runs the engine eager (enforce_eager=True); "
+              "#54906 fails eager too", file=sys.stderr)
+        cfg = cfg.replace(enforce_eager=True)
+    validate(cfg.replace(localize="module" if args.localize == "auto" else args.localize),
+             on_cpu=wenv.on_cpu())
+    out = os.path.abspath(args.out or os.path.join("outputs", "watch",
+                                                   time.strftime("%Y%m%d-%H%M%S")))
+    result = watchcmd.run_passes(cfg, out, args.localize, timeout_s=args.timeout, checks=checks)
+    watchcmd.print_summary(result, out)
+    return 0 if all(p.get("rc") == 0 for p in result["passes"]) else 1
 
 
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify,
-            "report": cmd_report, "params": cmd_params}
+            "report": cmd_report, "params": cmd_params, "watch": cmd_watch}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"workbook: configuration error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a batch folder exists (loading, validating)
+        print("workbook: interrupted; nothing was started", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

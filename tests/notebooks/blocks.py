@@ -24,5 +24,8 @@ import time
 from workbook.core.config import RunConfig
 from workbook.run import pipeline
 
+# %%
 run = pipeline.Run(RunConfig.from_params(globals()), outdir or None)  # writes config.json
+
+# %%
 time.sleep(10 ** 6)  # blocks until the cell timeout / the kill

@@ -211,3 +211,36 @@ def test_guard_disabled_without_markers():
         sampled, num_sampled, num_sampled.clone(), num_sampled.clone(), np.zeros(2)
     )
     assert num_sampled.tolist() == [3, 3]
+
+
+def _zero_in_place(t: torch.Tensor) -> None:
+    # A write that is not a PyTorch write to `t`: a raw alias of its storage
+    # (storage, data pointer and _version of `t` stay unchanged).
+    alias = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset(), t.size(), t.stride()
+    )
+    alias.fill_(0)
+
+
+@pytest.mark.parametrize("replica", [0, 1, 2])
+def test_guard_survives_a_zeroed_state_replica(replica):
+    """A stray device write that zeroes one replica of the guard's state is
+    outvoted: the budget still binds, and the repair is counted."""
+    start, natural_end, end = MARKERS["single"]
+    guard = _make_guard("single", 4)
+    history = [0, *start, 0, 0]  # two reasoning tokens
+    guard.add_request(2, SamplingParams(thinking_token_budget=3), history)
+    guard.apply_staged_writes()
+    _zero_in_place(guard.replicas[replica])
+    sampled = torch.tensor([[0, 0, 0]], dtype=torch.int64, device=DEVICE)
+    num_sampled = torch.tensor([3], dtype=torch.int32, device=DEVICE)
+    num_rejected = torch.tensor([0], dtype=torch.int32, device=DEVICE)
+    idx_mapping_np = np.array([2], dtype=np.int32)
+    idx_mapping = torch.from_numpy(idx_mapping_np).to(DEVICE)
+    guard.apply(sampled, num_sampled, num_rejected, idx_mapping, idx_mapping_np)
+    assert sampled[0, : int(num_sampled[0])].tolist() == [0, end[0]]
+    assert guard.num_repaired.tolist() == [1]
+    want = [v[2].tolist() for v in guard._views(guard.replicas[(replica + 1) % 3])]
+    for rep in guard.replicas:  # the request's slot repaired and advanced alike in all three
+        assert [v[2].tolist() for v in guard._views(rep)] == want
+    assert want[:2] == [3, -1]  # budget 3; </think> ended reasoning

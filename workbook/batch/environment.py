@@ -45,6 +45,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 PLACEHOLDER_RE = re.compile(r"^<.*>$", re.S)
 
 
+@dataclass
 class RunSpec:
     name: str
     notebook: str  # absolute path of the source notebook (.py percent or .ipynb)
@@ -56,6 +57,7 @@ class RunSpec:
     description: str = ""
 
 
+@dataclass
 class Environment:
     path: str
     name: str

@@ -8,7 +8,11 @@
   offline GPU host). One process cannot kill a run and keep its engine: no per-run timeout.
 
 Each returns the run's manifest row; a failing run gets ``failure.json`` / a failure row with
-the failing cell and exception, and the batch goes on. Not here: the batch loop and manifest
+the failing cell and exception, and the batch goes on. While a run executes, ``on_progress``
+(if given) gets a one-line state — the pipeline step now running (``stage.json`` of the run
+folder: engine start, request, checks, trace, diagnosis) and the time spent. A signal
+(``workbook.batch.signals.Interrupted``) kills the run's process tree and leaves the exception
+with the run's row, status ``interrupted``. Not here: the batch loop and manifest
 (``workbook.batch.execute``).
 """
 
@@ -26,11 +30,36 @@ from typing import Any
 import yaml
 
 from workbook.batch.environment import REPO, RunSpec, notebook_parameters, read_notebook
+from workbook.batch.signals import Interrupted
 from workbook.core.config import RunConfig
 from workbook.core.rundir import FAILURE, now, read_json, write_json
 from workbook.run import pipeline
 
 KILL_GRACE_S = 60.0
+POLL_S = 1.0
+MARKER = "WORKBOOK_RUN_TAG"  # in the environment of every process of a papermill run
+STAGES = {"validate": "validating the configuration", "start": "engine start",
+          "request": "the reported request", "check_A": "check A", "check_B": "check B",
+          "trace": "reading the trace", "diagnose": "diagnosis", "finish": "finishing"}
+
+
+def stage_of(folder: str) -> tuple[str | None, float | None]:
+    """(the pipeline step a run folder's ``stage.json`` names, seconds since it started)."""
+    path = os.path.join(folder, pipeline.STAGE_FILE)
+    try:
+        st = read_json(path) or {}
+        return st.get("stage"), max(0.0, time.time() - os.path.getmtime(path))
+    except (OSError, ValueError):
+        return None, None
+
+
+def progress_text(name: str, folder: str, elapsed: float) -> tuple[str, str]:
+    """(``run: step``, ``run: step N s (run M s)``): the current run's step and its time."""
+    stage, since = stage_of(folder)
+    what = STAGES.get(stage, stage) if stage else "starting the kernel"
+    key = f"{name}: {what}"
+    return key, key + (f" {since:.0f} s" if since is not None else "") + \
+        f" (run {elapsed:.0f} s)"
 
 
 def executed_path(spec: RunSpec, folder: str) -> str:
@@ -45,13 +74,30 @@ def papermill_command(spec: RunSpec, folder: str, kernel: str | None) -> list[st
            os.path.join(folder, "parameters.yaml"), "--cwd", folder,
            "--execution-timeout", str(int(spec.timeout)), "--no-progress-bar",
            "--log-level", "INFO"]
+    kernel = kernel or fallback_kernel(src)
     if kernel:
         cmd += ["-k", kernel]
     return cmd
 
 
+def fallback_kernel(ipynb: str) -> str | None:
+    """``python3`` when the notebook's kernel (``workbook``, installed by setup.sh) is missing
+    here, e.g. on a GPU host set up with ``pip install -e .``; None: use the notebook's."""
+    import nbformat
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    try:
+        name = nbformat.read(ipynb, as_version=4).metadata.get("kernelspec", {}).get("name")
+        specs = KernelSpecManager().find_kernel_specs()
+    except Exception:
+        return None
+    if not name or name in specs:
+        return None
+    return "python3" if "python3" in specs else None
+
+
 def run_papermill(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str], kernel: str | None,
-            timeout: float | None = None) -> dict[str, Any]:
+                  timeout: float | None = None, on_progress=None, guard=None) -> dict[str, Any]:
     """Execute one run in its own papermill process; return its manifest row."""
     folder = os.path.join(run_dir, spec.name)
     os.makedirs(folder)
@@ -64,56 +110,111 @@ def run_papermill(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str], ker
     limit = float(timeout or spec.timeout)
     spec = dataclasses.replace(spec, timeout=limit)
     cmd = papermill_command(spec, folder, kernel)
-    env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1"}
+    tag = f"{os.path.abspath(folder)}:{os.getpid()}"
+    env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1", MARKER: tag}
     t0 = time.perf_counter()
     started = now()
+    tick = (lambda: on_progress(*progress_text(spec.name, folder,
+                                               time.perf_counter() - t0))) if on_progress else None
     with open(os.path.join(folder, "papermill.log"), "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        killed = _wait_or_kill(proc, limit + KILL_GRACE_S)
+        if guard is not None:
+            guard.child = (proc.pid, tag)
+        try:
+            killed = _wait_or_kill(proc, limit + KILL_GRACE_S, tick, tag)
+        except Interrupted as e:
+            e.row = _row(spec, folder, proc.returncode, False, time.perf_counter() - t0,
+                         started, interrupted=e)
+            raise
+        finally:
+            if guard is not None:
+                guard.child = None
     wall = time.perf_counter() - t0
     return _row(spec, folder, proc.returncode, killed, wall, started)
 
 
-def _wait_or_kill(proc: subprocess.Popen, limit: float) -> bool:
-    """Wait up to ``limit`` s; then (or on Ctrl-C) kill the run's process tree. True: killed."""
+def _wait_or_kill(proc: subprocess.Popen, limit: float, tick=None, marker=None) -> bool:
+    """Wait up to ``limit`` s (``tick()`` every second); then — or on a signal — kill the run's
+    process tree. True: killed for its time limit."""
+    deadline = time.monotonic() + limit
     try:
-        proc.wait(timeout=limit)
-        return False
+        while True:
+            try:
+                proc.wait(timeout=max(0.01, min(POLL_S, deadline - time.monotonic())))
+                return False
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise
+            if tick is not None:
+                tick()
     except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
+        kill_tree(proc.pid, marker=marker)
         proc.wait()
         return True
-    except BaseException:  # KeyboardInterrupt: the run is in its own session, end it too
-        kill_tree(proc.pid)
+    except BaseException:  # a signal (Interrupted) or Ctrl-C: the run is in its own session
+        kill_tree(proc.pid, marker=marker)
         proc.wait()
         raise
 
 
-def kill_tree(pid: int) -> None:
-    """Kill ``pid`` and every descendant (the kernel, vLLM's engine processes), by id."""
+def run_processes(pid: int | None = None, marker: str | None = None) -> list:
+    """The live processes of a run: ``pid`` and its descendants, and every process whose
+    environment carries ``WORKBOOK_RUN_TAG=marker`` (also those re-parented away from it)."""
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        procs = root.children(recursive=True) + [root]
-    except psutil.NoSuchProcess:
-        return
+    found: dict[int, Any] = {}
+    if pid is not None:
+        try:
+            root = psutil.Process(pid)
+            for p in [root] + root.children(recursive=True):
+                found[p.pid] = p
+        except psutil.NoSuchProcess:
+            pass
+    if marker:
+        for p in psutil.process_iter():
+            if p.pid in found or p.pid == os.getpid():
+                continue
+            try:
+                if p.environ().get(MARKER) == marker:
+                    found[p.pid] = p
+            except (psutil.Error, OSError):
+                pass
+    return list(found.values())
+
+
+def kill_tree(pid: int, marker: str | None = None, wait: bool = True) -> None:
+    """Kill ``pid``, every descendant (the kernel, vLLM's engine processes) and every process
+    tagged with ``marker`` — by id, never by name."""
+    import psutil
+
+    procs = run_processes(pid, marker)
     for p in procs:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(procs, timeout=30)
+    if wait:
+        psutil.wait_procs(procs, timeout=30)
 
 
-def _row(spec, folder, rc, killed, wall, started) -> dict[str, Any]:
+def _row(spec, folder, rc, killed, wall, started, interrupted=None) -> dict[str, Any]:
     nb_path = executed_path(spec, folder)
     failure = None
     status = "ok" if rc == 0 and not killed else ("timeout" if killed else "failed")
+    if interrupted is not None:
+        status = "interrupted"
     if status != "ok":
         failure = failure_info(nb_path, folder)
-        if killed:
+        stage, _ = stage_of(folder)
+        failure["stage"] = stage
+        if interrupted is not None:
+            failure.update(ename="Interrupted",
+                           evalue=f"{interrupted.name} received during "
+                                  f"{STAGES.get(stage, stage) or 'the kernel start'}, "
+                                  f"{wall:.0f} s into the run; the run's processes (papermill, "
+                                  "kernel, engine) were stopped")
+        elif killed:
             failure.update(ename="Killed",
                            evalue=f"run exceeded {spec.timeout:.0f} s (+{KILL_GRACE_S:.0f} s "
                                   "grace); killed with its kernel and engine processes")
@@ -187,7 +288,8 @@ def _cell_info(i: int, cell, err) -> dict[str, Any]:
     return {"ename": err.get("ename"), "evalue": _strip_ansi(str(err.get("evalue")))[:2000]
             if err.get("evalue") is not None else None,
             "cell_index": i, "cell_id": cell.get("id"),
-            "cell_source_head": "\n".join(cell.get("source", "").splitlines()[:5]),
+            "cell_source_head": "\n".join([ln for ln in cell.get("source", "").splitlines()
+                                            if ln.strip()][:5]),
             "traceback_tail": _strip_ansi("\n".join(err.get("traceback", [])))[-3000:] or None}
 
 
@@ -221,8 +323,9 @@ def _strip_ansi(s: str) -> str:
     return _ANSI.sub("", s)
 
 
-def run_in_process(spec: batch.RunSpec, run_dir: str, *, extra_env: dict[str, str],
-            kernel: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+def run_in_process(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str],
+                   kernel: str | None = None, timeout: float | None = None, on_progress=None,
+                   guard=None) -> dict[str, Any]:
     """``run_papermill``'s contract (a manifest row), executed in this process."""
 
     for k, v in extra_env.items():
@@ -233,8 +336,23 @@ def run_in_process(spec: batch.RunSpec, run_dir: str, *, extra_env: dict[str, st
     started = now()
     t0 = time.perf_counter()
     failure = None
+    on_stage = (lambda stage, _s: on_progress(*progress_text(spec.name, folder,
+                                                             time.perf_counter() - t0))) \
+        if on_progress else None
     try:
-        pipeline.run(cfg, folder, checks=tuple(spec.checks))
+        pipeline.run(cfg, folder, checks=tuple(spec.checks), on_stage=on_stage)
+    except Interrupted as e:
+        stage, _ = stage_of(folder)
+        failure = {"ename": "Interrupted", "stage": stage,
+                   "evalue": f"{e.name} received during {STAGES.get(stage, stage)}, "
+                             f"{time.perf_counter() - t0:.0f} s into the run",
+                   "traceback": None, "cell": None}
+        write_json(os.path.join(folder, FAILURE), failure)
+        row = _row(spec, folder, 1, False, time.perf_counter() - t0, started)
+        row.update(status="interrupted", failure=failure, executed_notebook=None,
+                   executor="in-process")
+        e.row = row
+        raise
     except Exception as e:  # a failing run is a finding; the batch goes on
         failure = {"ename": type(e).__name__, "evalue": str(e)[:2000],
                    "traceback": traceback.format_exc()[-6000:], "cell": None}

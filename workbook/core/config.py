@@ -23,6 +23,9 @@ RUNNERS = ("v2", "v1", "auto")
 MODES = ("in-process", "server")
 from workbook.core import models
 from workbook.core.hypotheses import FAULT_CHOICES as FAULTS
+from workbook.core.hypotheses import FAULTS as FAULT_DEFS, PROFILE_FAULTS
+
+LOCALIZE = ("none", "module", "op")
 
 
 class ConfigError(ValueError):
@@ -32,7 +35,7 @@ class ConfigError(ValueError):
 @dataclass
 class RunConfig:
     # model
-    model: str = "tiny-mimo-mtp"  # a tiny model name (workbook.core.models.MODELS) or a checkpoint path
+    model: str = "tiny-mimo-mtp"  # a built-in model name (workbook.core.models.names()) or a checkpoint path
     draft_model: str | None = None  # eagle/draft_model: draft path or tiny name (default: tiny)
     # speculative decoding
     spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
@@ -67,6 +70,17 @@ class RunConfig:
     guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
     trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
     probes: bool = False  # after a violation, re-run the request with one switch per remaining cause (batch of 1, markers re-uploaded, guard on ...; in-process) and feed the results back into the verdict
+    # start-up watch (issue #13: workbook.hooks.watch)
+    watch: bool = False  # snapshot ThinkingBudgetState's device tensors at every start-up phase and step
+    localize: str = "none"  # none | module | op: narrow an unexpected change to a module / op (eager only; implies watch)
+    localize_within: str = ""  # op level only inside modules whose name starts with this (e.g. target.model.layers.0)
+    localize_timeout_s: float = 600.0  # localization stops here and keeps what it narrowed down
+    cpu_profile_run: bool = False  # CPU: run the worker's profiling run as the GPU worker always does
+
+    @property
+    def watched(self) -> bool:
+        """The start-up watch is on (``watch`` or a localization asked for)."""
+        return bool(self.watch or self.localize != "none")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -149,17 +163,17 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None) -> RunConfig:
                f"spec_method={cfg.spec_method!r}")
     _check(cfg.kv_cache_bytes is None or cfg.kv_cache_bytes >= 1 << 20,
            f"kv_cache_bytes={cfg.kv_cache_bytes!r} must be None or >= 1 MiB")
-    if not models.is_tiny(cfg.model):
+    if not models.is_builtin(cfg.model):
         _check(os.path.isdir(cfg.model),
-               f"model={cfg.model!r} is neither a tiny model ({sorted(models.MODELS)}) nor an "
+               f"model={cfg.model!r} is neither a built-in model ({models.names()}) nor an "
                "existing checkpoint folder")
         _check(os.path.isfile(os.path.join(cfg.model, "config.json")),
                f"model={cfg.model!r} has no config.json")
-    if cfg.draft_model is not None and not models.is_tiny(cfg.draft_model):
+    if cfg.draft_model is not None and not models.is_builtin(cfg.draft_model):
         _check(os.path.isdir(cfg.draft_model),
-               f"draft_model={cfg.draft_model!r} is neither a tiny model nor a folder")
-    if cfg.spec_method == "mtp" and models.is_tiny(cfg.model):
-        _check(cfg.model.endswith("-mtp"),
+               f"draft_model={cfg.draft_model!r} is neither a built-in model nor a folder")
+    if cfg.spec_method == "mtp" and models.is_builtin(cfg.model):
+        _check(models.has_mtp(cfg.model),
                f"spec_method='mtp' needs a model with MTP layers; {cfg.model!r} has none")
     version = installed_vllm_version()
     _check(version is not None, "vLLM is not installed in this environment (run setup.sh)")
@@ -173,6 +187,29 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None) -> RunConfig:
     if cfg.mode == "server" and cfg.zero_lm_head:
         raise ConfigError("zero_lm_head=True edits the model weights inside the engine: "
                           "use mode='in-process'")
+    _check(cfg.localize in LOCALIZE,
+           f"localize={cfg.localize!r} is unknown; choose one of {LOCALIZE}")
+    _check(cfg.localize == "none" or cfg.enforce_eager,
+           f"localize={cfg.localize!r} needs enforce_eager=True (a compiled or graph-captured "
+           "forward hides module and op boundaries; #54906 fails eager too)")
+    _check(isinstance(cfg.localize_timeout_s, (int, float)) and cfg.localize_timeout_s > 0,
+           f"localize_timeout_s={cfg.localize_timeout_s!r} must be a number > 0")
+    _check(not cfg.localize_within or cfg.localize == "op",
+           f"localize_within={cfg.localize_within!r} narrows the op level: set localize='op'")
+    if on_cpu is False:
+        _check(not cfg.cpu_profile_run, "cpu_profile_run=True is for the CPU platform (the GPU "
+               "worker always runs the profiling run)")
+    fault = FAULT_DEFS.get(cfg.fault)
+    if fault is not None and fault.before_start and cfg.runner == "v1":
+        raise ConfigError(f"fault={cfg.fault!r} hides in MRV2's start-up: use runner='v2'")
+    if cfg.fault in PROFILE_FAULTS and on_cpu and not cfg.cpu_profile_run and \
+            version >= (0, 30, 0) and cfg.enforce_eager and cfg.kv_cache_bytes is not None:
+        raise ConfigError(f"fault={cfg.fault!r} is active only during the profiling run, which "
+                          f"the CPU worker of vLLM {'.'.join(map(str, version))} skips with an "
+                          "explicit kv_cache_bytes and enforce_eager: set cpu_profile_run=True")
+    if cfg.fault == "H-i-profile-mtp":
+        _check(cfg.spec_method == "mtp", "fault='H-i-profile-mtp' hides in the MTP drafter: "
+               "use spec_method='mtp' (H-i-profile hides in the target)")
     if on_cpu and cfg.async_scheduling:
         raise ConfigError("async_scheduling=True is not possible on the CPU platform "
                           "(vLLM forces it off); use None or False")

@@ -38,6 +38,7 @@ class Fault:
     hypothesis: str
     description: str
     at_engine_start: bool = False  # applied to the process environment before vLLM starts
+    before_start: bool = False  # patches installed before the engine starts (start-up faults)
 
 
 # The stages a budgeted logits row goes through, in pipeline order, and what each must do.
@@ -188,7 +189,18 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("H-e-sample", "H-e-sample", "the sampler masks out forced columns before sampling"),
     Fault("H-j", "H-j", "the budget kernel is launched with the first request's rows only"),
     Fault("H-k", "H-k", "the end token is replaced after sampling, before commit"),
+    # -- issue #13: out-of-band writers (workbook.hooks.faults, end of _BUILDERS) ------------
+    Fault("H-i-profile", "H-i", "a writer hidden in the target's first MLP zeroes the budget "
+          "state's markers and marker caches through a raw alias of their storage, only during "
+          "the profiling run", before_start=True),
+    Fault("H-i-profile-mtp", "H-i", "the same writer hidden in the MTP drafter's MLP, active "
+          "only during the profiling run's propose (needs MTP)", before_start=True),
+    Fault("H-i-step", "H-i", "the same writer in the target's first MLP, active only at real "
+          "engine step 3 (after start-up); also zeroes replica 0 of the guard's state",
+          before_start=True),
 ]}
+
+PROFILE_FAULTS = ("H-i-profile", "H-i-profile-mtp")  # active only during the profiling run
 
 FAULT_CHOICES = ("none", *FAULTS)
 
@@ -206,7 +218,12 @@ def title(hyp: str | None) -> str | None:
 
 def runtime_faults() -> list[str]:
     """Faults that can be injected into a running engine (not at engine start)."""
-    return [n for n, f in FAULTS.items() if not f.at_engine_start]
+    return [n for n, f in FAULTS.items() if not (f.at_engine_start or f.before_start)]
+
+
+def startup_faults() -> list[str]:
+    """Faults whose patches must be installed before the engine starts."""
+    return [n for n, f in FAULTS.items() if f.before_start]
 
 
 def table() -> list[dict]:

@@ -17,7 +17,9 @@ The tokenizer is byte-level BPE with Qwen's special tokens and single-token ``<t
 ``</think>`` (not special, as in Qwen3), padded with reserved tokens to exactly ``VOCAB`` ids so
 every sampled id decodes. Its chat template honours ``enable_thinking``.
 
-Not here: real checkpoints (pass a path instead), quantized configs, weights of any kind.
+Reporter-shaped models (Qwen3.5 at the 27B shape, bf16 and ModelOpt NVFP4, Qwen's token ids)
+live in ``workbook.core.reporter_models``; ``build`` / ``is_builtin`` / ``model_engine_kwargs``
+serve both. Not here: real checkpoints (pass a path instead), weights of any kind.
 """
 
 from __future__ import annotations
@@ -118,12 +120,34 @@ def cache_root() -> str:
                                                          "workbook"))
 
 
-def is_tiny(name: str) -> bool:
-    return name in MODELS
+def names() -> list[str]:
+    """Every model the workbook builds offline: the tiny ones and the reporter-shaped ones
+    (``workbook.core.reporter_models``)."""
+    from workbook.core import reporter_models
+
+    return sorted(MODELS) + sorted(reporter_models.REPORTER_MODELS)
+
+
+def is_builtin(name: str) -> bool:
+    """A model the workbook builds itself (config + tokenizer; vLLM fills dummy weights)."""
+    from workbook.core import reporter_models
+
+    return name in MODELS or reporter_models.is_reporter(name)
+
+
+def has_mtp(name: str) -> bool:
+    """A built-in model with MTP layers (``spec_method='mtp'`` needs one)."""
+    from workbook.core import reporter_models
+
+    return name.endswith("-mtp") or reporter_models.is_reporter(name)
 
 
 def model_engine_kwargs(name: str) -> dict:
-    """Engine arguments a tiny model needs (e.g. Qwen3.5's ``language_model_only``)."""
+    """Engine arguments a built-in model needs (e.g. Qwen3.5's ``language_model_only``)."""
+    from workbook.core import reporter_models
+
+    if reporter_models.is_reporter(name):
+        return reporter_models.reporter_engine_kwargs(name)
     return dict(MODELS[name][1]) if name in MODELS else {}
 
 
@@ -170,8 +194,12 @@ def _files(name: str) -> dict[str, bytes]:
 
 def build(name: str, root: str | None = None) -> str:
     """Build (or reuse) the model folder ``name``; returns its path. Idempotent and atomic."""
+    from workbook.core import reporter_models
+
+    if reporter_models.is_reporter(name):
+        return reporter_models.build_reporter(name, root)
     if name not in MODELS:
-        raise ValueError(f"unknown tiny model {name!r}; known: {sorted(MODELS)}")
+        raise ValueError(f"unknown built-in model {name!r}; known: {names()}")
     files = _files(name)
     digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:12]
     root = root or os.path.join(cache_root(), "models")

@@ -1,5 +1,9 @@
 """The workbook's hooks on MRV2, innermost first: a fault, the guard, the tracer, the watch.
 
+``pre_start(cfg)`` installs what must be in place before the engine starts (the start-up
+watch, start-up faults, the CPU profiling-run emulation); ``needs_pre_start(cfg)`` says whether
+a configuration needs that (and so an engine of its own).
+
 ``install(cfg, engine)`` installs, for one configuration, what it asks for in this process and
 returns the installed patch sets (remove them in reverse order) and the tracer, if any.
 Inside vLLM's own processes the plugin (``workbook.hooks.plugin``) does the same from the
@@ -15,10 +19,13 @@ from __future__ import annotations
 
 
 def install(cfg, engine=None, *, trace_dir: str | None = None):
-    """Install ``cfg``'s fault, guard and tracer; returns (patch sets, tracer or None)."""
+    """Install ``cfg``'s fault, guard and tracer; returns (patch sets, tracer or None).
+    A start-up fault (``before_start``) is not installed here: ``pre_start`` did."""
+    from workbook.core.hypotheses import FAULTS
+
     hooks = []
     tracer = None
-    if cfg.fault and cfg.fault != "none":
+    if cfg.fault and cfg.fault != "none" and not FAULTS[cfg.fault].before_start:
         from workbook.hooks import faults
 
         hooks.append(faults.inject(cfg.fault, engine=engine))
@@ -32,3 +39,51 @@ def install(cfg, engine=None, *, trace_dir: str | None = None):
         tracer = Tracer(flush_dir=trace_dir).install()
         hooks.append(tracer)
     return hooks, tracer
+
+
+def needs_pre_start(cfg) -> bool:
+    """Whether ``cfg`` needs hooks in place before its engine starts (then its own engine)."""
+    from workbook.core.hypotheses import FAULTS
+
+    f = FAULTS.get(cfg.fault)
+    return bool(cfg.watched or cfg.cpu_profile_run or (f is not None and f.before_start))
+
+
+def watch_options(cfg, out_dir: str | None = None, **kw):
+    """The ``workbook.hooks.watch.Options`` of a configuration."""
+    from workbook.hooks.watch import Options
+
+    return Options(out_dir=out_dir, localize=cfg.localize, localize_within=cfg.localize_within,
+                   localize_timeout_s=float(cfg.localize_timeout_s), **kw)
+
+
+def pre_start(cfg, *, watch_dir: str | None = None):
+    """Before ``vllm.LLM(...)`` (vLLM imported, no engine yet): the CPU profiling-run
+    emulation, the start-up watch and a start-up fault, as ``cfg`` asks. Returns
+    (patch sets, watch or None, after_start): the watch binds to the next runner built in
+    this process; call ``after_start()`` once that engine is up (it removes what only the
+    start-up needs, so later engines of the process start as vLLM would)."""
+    from workbook.core.hypotheses import FAULTS
+
+    sets, w, startup_only = [], None, []
+    if cfg.cpu_profile_run:
+        from workbook.hooks import watch as wmod
+
+        ps = wmod.force_cpu_profile_run()
+        if ps is not None:
+            startup_only.append(ps)
+    if cfg.watched:
+        from workbook.hooks import watch as wmod
+
+        w = wmod.install(watch_options(cfg, watch_dir))
+    f = FAULTS.get(cfg.fault)
+    if f is not None and f.before_start:
+        from workbook.hooks import faults
+
+        sets.append(faults.inject(cfg.fault))
+
+    def after_start():
+        for ps in startup_only:
+            ps.remove()
+
+    return sets, w, after_start

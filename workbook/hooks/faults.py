@@ -1,4 +1,4 @@
-"""One removable fault per hypothesis of brief §3, injected into healthy vLLM by patching.
+"""One removable fault per catalogue entry (``workbook.core.hypotheses``), injected by patching.
 
 The bug of #54906 does not reproduce on healthy hardware, so the diagnosis is proven by making
 healthy vLLM fail in each plausible way and checking that ``workbook.run.diagnose`` names the way.
@@ -42,6 +42,10 @@ it would see a broken vLLM) and is removed with ``.remove()``:
            local positions cut to it): forcing depends on batch composition.
 - ``H-k``  after sampling (before the guard, the commit and the speculator), every sampled
            end token becomes token 0.
+- ``H-i-profile`` / ``H-i-profile-mtp`` / ``H-i-step``  an out-of-band writer hidden in one
+           module zeroes the budget state's markers and marker caches through a raw alias of
+           their storage, during the profiling run (target or MTP drafter) or at real step
+           ``STEP_N`` (end of this file; installed before the engine starts).
 
 Not here: any knowledge used by the diagnosis (it never reads which fault was injected).
 """
@@ -55,7 +59,9 @@ from workbook.core.hypotheses import FAULTS
 from workbook.vllm import hookpoints, patching
 
 DESCRIPTIONS = {name: f.description for name, f in FAULTS.items()}
-FAULT_NAMES = tuple(FAULTS)
+# faults for a running engine (and H-h); the start-up faults (``before_start``, H-i-*) are
+# installed before the engine starts: ``workbook.core.hypotheses.startup_faults()``
+FAULT_NAMES = tuple(n for n, f in FAULTS.items() if not f.before_start)
 
 
 def hypothesis_of(fault: str) -> str:
@@ -369,3 +375,145 @@ _BUILDERS = {"H-a": _h_a, "H-b": _h_b, "H-c": _h_c, "H-d": _h_d, "H-d-draft": _h
              "H-i": _h_i, "H-d-cache": _h_d_cache, "H-d-restart": _h_d_restart,
              "H-d-column": _h_d_column, "H-e-copy": _h_e_copy, "H-e-sample": _h_e_sample,
              "H-j": _h_j, "H-k": _h_k}
+             
+
+# ==============================================================================================
+# Issue #13 — out-of-band writers (H-i). Start-up faults: their patches must be in place before
+# the engine starts (in-process: ``workbook.hooks.pre_start``; ``vllm serve``: the plugin, at
+# model-runner import). Each binds to the first runner that loads its model after injection.
+#
+# The writer hides inside one module's forward (the target's first decoder-layer MLP, or the MTP
+# drafter's first MLP) and, when active, zeroes the budget state's three marker tensors and its
+# two marker caches through a raw alias of their storage: a new tensor ``set_`` onto the same
+# storage, then ``fill_`` — storage, data pointer and ``_version`` of the state's tensors stay
+# unchanged, exactly what the reporter measured. Active windows: the profiling run only
+# (``H-i-profile``, ``H-i-profile-mtp``: a start-up phase the CPU worker of vLLM 0.30+ skips
+# unless ``RunConfig.cpu_profile_run``) or real engine step ``STEP_N`` only (``H-i-step``, which
+# also zeroes replica 0 of the guard's per-slot state when the guard is installed).
+
+STEP_N = 3
+HIT = ("reasoning_start_token_ids", "reasoning_end_token_ids",
+       "natural_reasoning_end_token_ids", "cached_last_start", "cached_last_end")
+
+
+def raw_alias_zero(t) -> None:
+    """Zero ``t``'s bytes through a raw alias of its storage (``_version`` unchanged)."""
+    import torch
+
+    with torch.inference_mode():
+        alias = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        alias.fill_(0)
+
+
+class OutOfBandWriter:
+    """State of one injected writer: the runner it lives in, where and when it writes."""
+
+    def __init__(self, name: str, where: str, when: str, hit_guard: bool = False):
+        self.name, self.where, self.when, self.hit_guard = name, where, when, hit_guard
+        self.runner = None
+        self.module = None  # qualified name of the module it hides in
+        self.in_profile = 0
+        self.step = 0
+        self.fired: list[dict] = []
+
+    def arm(self, runner) -> None:
+        self.runner = runner
+        if self.where == "drafter":
+            spec = getattr(runner, "speculator", None)
+            root = getattr(spec, "model", None)
+            if root is None:
+                raise RuntimeError(f"fault {self.name}: no drafter model (it needs MTP "
+                                   "speculation: spec_method='mtp')")
+            prefix, want = "drafter", lambda n: n.endswith("mlp")
+        else:
+            root, prefix = runner.model, "target"
+            want = lambda n: n.endswith("layers.0.mlp")  # noqa: E731
+        name, mod = next(((n, m) for n, m in root.named_modules() if want(n)), (None, None))
+        if mod is None:
+            raise RuntimeError(f"fault {self.name}: no module to hide in ({prefix})")
+        self.module = f"{prefix}.{name}"
+        orig = mod.forward
+        writer = self
+
+        def forward(*a, **k):
+            out = orig(*a, **k)
+            if writer.active():
+                writer.write()
+            return out
+
+        mod.forward = forward
+
+    def active(self) -> bool:
+        if self.fired:
+            return False
+        if self.when == "profile":
+            return self.in_profile > 0
+        return self.step == STEP_N
+
+    def write(self) -> None:
+        st = getattr(getattr(self.runner, "sampler", None), "thinking_budget_state", None)
+        hit = []
+        if st is not None and getattr(st, "enabled", False):
+            for attr in HIT:
+                t = getattr(st, attr, None)
+                if t is not None:
+                    raw_alias_zero(t)
+                    hit.append(attr)
+        g = self.runner.__dict__.get("_workbook_guard") if self.hit_guard else None
+        if g is not None and getattr(g, "replicas", None):
+            raw_alias_zero(g.replicas[0])
+            hit.append("guard.replicas[0]")
+        self.fired.append({"module": self.module, "when": self.when, "step": self.step,
+                           "tensors": hit})
+
+
+WRITERS: list[OutOfBandWriter] = []  # ground truth of the writers injected in this process
+
+
+def _h_i_writer(name: str, where: str, when: str, hit_guard: bool = False):
+    def build(ps, hp):
+        from workbook.vllm import startup
+
+        w = OutOfBandWriter(name, where, when, hit_guard)
+        WRITERS.append(w)
+
+        def make_load(orig):
+            def load_model(runner, *a, **k):
+                out = orig(runner, *a, **k)
+                if w.runner is None:
+                    w.arm(runner)
+                return out
+            return load_model
+
+        def make_profile(orig):
+            def profile_run(runner, *a, **k):
+                mine = runner is w.runner
+                w.in_profile += mine
+                try:
+                    return orig(runner, *a, **k)
+                finally:
+                    w.in_profile -= mine
+            return profile_run
+
+        def make_execute(orig):
+            def execute_model(runner, *a, **k):
+                if runner is w.runner and startup.is_real_step(
+                        a[0] if a else k.get("scheduler_output"), k):
+                    w.step += 1
+                return orig(runner, *a, **k)
+            return execute_model
+
+        ps.wrap(hp.runner, "load_model", make_load)
+        if when == "profile":
+            ps.wrap(hp.runner, "profile_run", make_profile)
+        else:
+            ps.wrap(hp.runner, "execute_model", make_execute)
+    return build
+
+
+_BUILDERS.update({
+    "H-i-profile": _h_i_writer("H-i-profile", "target", "profile"),
+    "H-i-profile-mtp": _h_i_writer("H-i-profile-mtp", "drafter", "profile"),
+    "H-i-step": _h_i_writer("H-i-step", "target", "step", hit_guard=True),
+})

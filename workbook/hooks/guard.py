@@ -31,9 +31,16 @@ Processing order, per engine step:
    H2D copy (plain tensors, deliberately not vLLM's ``UvaBackedTensor``).
 2. ``sample`` (after vLLM's): if a request of the batch has a budget (host mirror, no sync),
    launch ``_budget_guard_kernel`` once, one program per request of ``input_batch.idx_mapping``.
-   It fixes ``sampled_token_ids`` / ``num_sampled`` / ``num_rejected`` in place, advances the
-   per-slot count and tail over the tokens finally kept, and adds the number of replaced tokens
-   in ``last_fixed`` (device, per batch row of this step) and ``total_fixed``.
+   It first validates each request's per-slot state (majority of three replicas, repaired and
+   counted when they disagree), then fixes ``sampled_token_ids`` / ``num_sampled`` /
+   ``num_rejected`` in place, advances the per-slot count and tail over the tokens finally kept,
+   and adds the number of replaced tokens in ``last_fixed`` (device, per batch row of this step)
+   and ``total_fixed``.
+
+Robust against a stray device writer (#54906: vLLM's marker tensors were zeroed during start-up
+by something that is not a PyTorch write to them): the marker ids are ``tl.constexpr`` tuples
+compiled into the kernel, the per-slot state is triple-redundant and validated every guarded
+step (``GuardState``), and a disagreement becomes a warning on vLLM's logger.
 
 What it deliberately does not do: touch logits (so logprobs of a replaced token are those of
 the token vLLM had sampled), read or repair vLLM's budget state or its committed token history,
@@ -79,16 +86,33 @@ def reasoning_count(history: Sequence[int], markers: budget.Markers) -> int:
 class GuardState:
     """Per-runner guard state: the guard's own device tensors and the host staging area.
 
-    Device tensors (``max_num_reqs`` slots, int32):
-      budget [max_num_reqs]        thinking_token_budget, -1 = none
-      count  [max_num_reqs]        reasoning tokens since the last start marker, -1 = not in
-                                   reasoning (no start, or a natural end followed it)
-      tail   [max_num_reqs, TAIL]  the last TAIL committed tokens, oldest first, -1 padded;
-                                   the end-sequence progress (longest emitted prefix of the
-                                   end ids) is derived from it, exactly as vLLM derives it
-      fixed_rows [max_num_reqs]    tokens replaced per batch row, this step (first num_reqs)
-      fixed_total [1]              tokens replaced since the state was created
+    Nothing the kernel decides with lives in memory a stray device writer can silently change
+    (vLLM #54906: ``ThinkingBudgetState``'s marker tensors were found zeroed on the device,
+    storage and ``_version`` unchanged):
+
+    - the marker ids (start, natural end, end) are compile-time constants of the kernel
+      (``tl.constexpr`` tuples: one specialization per marker tuple), never device tensors;
+    - the per-slot state is kept in three replicas, each its own allocation
+      (``replicas[k]``: flat int32 ``[max_num_reqs * (2 + TAIL)]`` =
+      budget ``[max_num_reqs]`` | count ``[max_num_reqs]`` | tail ``[max_num_reqs, TAIL]``):
+
+        budget  thinking_token_budget, -1 = none
+        count   reasoning tokens since the last start marker, -1 = not in reasoning (no
+                start, or a natural end followed it)
+        tail    the last TAIL committed tokens, oldest first, -1 padded; the end-sequence
+                progress (longest emitted prefix of the end ids) is derived from it
+
+      Every step, for every request of a guarded batch, the kernel reads the three replicas,
+      takes the majority of each field, writes the repaired value back to all three when they
+      disagreed and counts the slot in ``repaired_total``; the host turns a new count into a
+      warning (``check_repairs``, read every ``CHECK_EVERY`` guarded steps, never per step).
+
+    ``budget`` / ``count`` / ``tail`` are replica 0's views. Diagnostics: ``fixed_rows``
+    [max_num_reqs] tokens replaced per batch row this step (first num_reqs), ``fixed_total`` [1]
+    since creation, ``repaired_total`` [1] slots whose replicas disagreed.
     """
+
+    CHECK_EVERY = 64
 
     def __init__(self, runner):
         self.markers = budget.Markers.of(getattr(runner.vllm_config, "reasoning_config", None))
@@ -102,19 +126,18 @@ class GuardState:
                         len(self.end_ids) - 1, 1)
         self.generation = _generation
         n, d, i32 = self.max_num_reqs, self.device, torch.int32
-        self.budget = torch.full((n,), -1, dtype=i32, device=d)  # [max_num_reqs]
-        self.count = torch.full((n,), -1, dtype=i32, device=d)  # [max_num_reqs]
-        self.tail = torch.full((n, self.TAIL), -1, dtype=i32, device=d)  # [max_num_reqs, TAIL]
+        self.replicas = [_new_replica(n, self.TAIL, d) for _ in range(3)]
+        self.budget, self.count, self.tail = _replica_views(self.replicas[0], n, self.TAIL)
         self.fixed_rows = torch.zeros(n, dtype=i32, device=d)  # [max_num_reqs]
         self.fixed_total = torch.zeros(1, dtype=i32, device=d)  # [1]
+        self.repaired_total = torch.zeros(1, dtype=i32, device=d)  # [1]
         self._no_fix = torch.zeros(1, dtype=i32, device=d)  # last_fixed of a skipped step
         self._last_fixed = self._no_fix
-        self.start_ids_t = torch.tensor(self.start_ids or [-1], dtype=i32, device=d)
-        self.natural_end_ids_t = torch.tensor(self.natural_end_ids or [-1], dtype=i32, device=d)
-        self.end_ids_t = torch.tensor(self.end_ids or [-1], dtype=i32, device=d)
         self.has_budget = np.zeros(n, dtype=bool)  # host mirror, only gates the launch
         self._staged: list[list[int]] = []  # rows [slot, budget, count, *tail]
         self.profile: list | None = None  # benchmark: set to [] to time each guarded step
+        self.launches = 0
+        self.repairs_seen = 0  # host copy of repaired_total at the last check
 
     # device views read by the tracer (no sync)
     @property
@@ -130,9 +153,8 @@ class GuardState:
     def reset(self) -> None:
         """Forget every slot (device fills, no sync)."""
         with torch.inference_mode():  # the tensors were made in vLLM's inference mode
-            self.budget.fill_(-1)
-            self.count.fill_(-1)
-            self.tail.fill_(-1)
+            for rep in self.replicas:
+                rep.fill_(-1)
         self.has_budget[:] = False
         self._staged.clear()
         self.generation = _generation
@@ -147,7 +169,7 @@ class GuardState:
         self.has_budget[slot] = b >= 0
 
     def flush(self) -> None:
-        """Scatter the staged rows into the device tensors: one non-blocking H2D copy."""
+        """Scatter the staged rows into the three replicas: one non-blocking H2D copy."""
         if not self._staged:
             return
         rows = torch.tensor(self._staged, dtype=torch.int32,
@@ -155,9 +177,11 @@ class GuardState:
         self._staged = []
         rows = rows.to(self.device, non_blocking=True)
         slots = rows[:, 0].long()
-        self.budget.index_copy_(0, slots, rows[:, 1])
-        self.count.index_copy_(0, slots, rows[:, 2])
-        self.tail.index_copy_(0, slots, rows[:, 3:])
+        for rep in self.replicas:
+            b, c, t = _replica_views(rep, self.max_num_reqs, self.TAIL)
+            b.index_copy_(0, slots, rows[:, 1])
+            c.index_copy_(0, slots, rows[:, 2])
+            t.index_copy_(0, slots, rows[:, 3:])
 
     # -- step 2: enforcement --------------------------------------------------------------
     def enforce(self, sampler_output, num_sampled: torch.Tensor, num_rejected: torch.Tensor,
@@ -173,42 +197,109 @@ class GuardState:
         if num_reqs == 0:
             return
         fixed_rows = self.fixed_rows[:num_reqs]
-        launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, self.budget,
-                            self.count, self.tail, fixed_rows, self.fixed_total,
-                            self.start_ids_t, self.natural_end_ids_t, self.end_ids_t)
+        launch(sampled, num_sampled, num_rejected, idx_mapping, self.replicas,
+               self.max_num_reqs, self.TAIL, fixed_rows, self.fixed_total, self.repaired_total,
+               self.markers)
         self._last_fixed = fixed_rows
+        self.launches += 1
+        if self.launches % self.CHECK_EVERY == 0:
+            self.check_repairs()
+
+    def check_repairs(self) -> int:
+        """Read ``repaired_total`` (one sync); warn when replicas disagreed since the last
+        check. Returns the total."""
+        total = int(self.repaired_total.item())
+        if total > self.repairs_seen:
+            _log().warning(
+                "workbook budget guard: %d per-slot state(s) changed outside the guard and were "
+                "repaired from their replicas (%d in total) — device memory written by "
+                "something else (vLLM #54906)", total - self.repairs_seen, total)
+            self.repairs_seen = total
+        return total
 
 
-def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget, count, tail,
-                        fixed_rows, fixed_total, start_ids, natural_end_ids,
-                        end_ids) -> None:
-    """One program per request row of ``sampled`` ([num_reqs, k+1]); see the module doc."""
+def _new_replica(max_num_reqs: int, tail_len: int, device) -> torch.Tensor:
+    """One replica: flat int32 [max_num_reqs * (2 + tail_len)], all -1 (its own allocation)."""
+    return torch.full((max_num_reqs * (2 + tail_len),), -1, dtype=torch.int32, device=device)
+
+
+def _replica_views(rep: torch.Tensor, max_num_reqs: int, tail_len: int):
+    """(budget [n], count [n], tail [n, tail_len]) views of a replica."""
+    n = max_num_reqs
+    return rep[:n], rep[n:2 * n], rep[2 * n:].view(n, tail_len)
+
+
+def _log():
+    import logging
+
+    return logging.getLogger("vllm.workbook.guard")  # printed by vLLM's own handler
+
+
+def _ids(x) -> tuple[int, ...]:
+    """Marker ids as a tuple of Python ints (a tensor is read once: tests and benchmarks)."""
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    return tuple(int(t) for t in x)
+
+
+def launch(sampled, num_sampled, num_rejected, idx_mapping, replicas, max_num_reqs: int,
+           tail_len: int, fixed_rows, fixed_total, repaired_total, markers) -> None:
+    """One program per request row of ``sampled`` ([num_reqs, k+1]); see ``GuardState``.
+    ``replicas``: three flat int32 tensors (``_new_replica`` layout); ``markers``: a
+    ``budget.Markers`` (its ids become ``tl.constexpr`` tuples)."""
     _jit()
     from vllm.triton_utils import triton
 
-    tail_len = tail.shape[1]
+    start, nat, end = _ids(markers.start), _ids(markers.natural_end), _ids(markers.end)
+    if not (start and nat and end):
+        raise ValueError(f"the guard needs start, natural-end and end ids, got {markers}")
+    r0, r1, r2 = replicas
     _budget_guard_kernel[(idx_mapping.shape[0],)](
         sampled, sampled.stride(0), num_sampled, num_rejected, idx_mapping,
-        budget, count, tail, fixed_rows, fixed_total, start_ids, natural_end_ids, end_ids,
-        START_LEN=start_ids.shape[0], NAT_END_LEN=natural_end_ids.shape[0],
-        END_LEN=end_ids.shape[0], TAIL=tail_len,
+        r0, r1, r2, max_num_reqs, fixed_rows, fixed_total, repaired_total,
+        START_IDS=start, NAT_END_IDS=nat, END_IDS=end,
+        START_LEN=len(start), NAT_END_LEN=len(nat), END_LEN=len(end), TAIL=tail_len,
         TAIL_P2=max(2, triton.next_power_of_2(tail_len)), num_warps=1)
+
+
+def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget, count, tail,
+                        fixed_rows, fixed_total, start_ids, natural_end_ids, end_ids,
+                        repaired_total=None) -> None:
+    """``launch`` over separate ``budget`` [n] / ``count`` [n] / ``tail`` [n, TAIL] tensors
+    (one replica, packed and unpacked around the launch: tests and notebooks; the engine path
+    is ``GuardState.enforce``)."""
+    n, tail_len = budget.shape[0], tail.shape[1]
+    rep = torch.cat([budget.reshape(-1), count.reshape(-1), tail.reshape(-1)]).to(torch.int32)
+    reps = [rep, rep.clone(), rep.clone()]
+    repaired = repaired_total if repaired_total is not None else \
+        torch.zeros(1, dtype=torch.int32, device=budget.device)
+    launch(sampled, num_sampled, num_rejected, idx_mapping, reps, n, tail_len, fixed_rows,
+           fixed_total, repaired,
+           budget_markers(start_ids, end_ids, natural_end_ids))
+    b, c, t = _replica_views(rep, n, tail_len)
+    budget.copy_(b)
+    count.copy_(c)
+    tail.copy_(t)
+
+
+def budget_markers(start, end, natural_end) -> budget.Markers:
+    return budget.Markers(_ids(start), _ids(end), _ids(natural_end))
 
 
 # ----------------------------------------------------------------------------------------------
 # the kernel
 #
-# ``_hist`` and ``_budget_guard_kernel`` stay plain Python until the first launch: ``_jit()``
-# imports Triton through vLLM (after the CPU shim had its chance to set TRITON_INTERPRET) and
-# rebinds both names, in this module's globals, to their ``triton.jit`` versions, so that the
-# kernel's call to ``_hist`` resolves to the jitted helper, compiled or interpreted.
+# ``_hist``, ``_vote`` and ``_budget_guard_kernel`` stay plain Python until the first launch:
+# ``_jit()`` imports Triton through vLLM (after the CPU shim had its chance to set
+# TRITON_INTERPRET) and rebinds the names, in this module's globals, to their ``triton.jit``
+# versions, so that the kernel's calls resolve to the jitted helpers, compiled or interpreted.
 
 tl: Any = None
 _jitted = False
 
 
 def _jit() -> None:
-    global tl, _hist, _budget_guard_kernel, _jitted
+    global tl, _hist, _vote, _budget_guard_kernel, _jitted
     if _jitted:
         return
     from vllm.triton_utils import HAS_TRITON, tl as _tl, triton
@@ -219,6 +310,7 @@ def _jit() -> None:
                            " vLLM is imported)")
     tl = _tl
     _hist = triton.jit(_hist)
+    _vote = triton.jit(_vote)
     _budget_guard_kernel = triton.jit(_budget_guard_kernel)
     _jitted = True
 
@@ -233,20 +325,28 @@ def _hist(row_ptr, tail_ptr, TAIL: tl.constexpr, pos, cur_pos, cur_tok):
     tok = tl.where(pos < -TAIL, -1, tok)
     return tl.where(pos == cur_pos, cur_tok, tok)
 
+
+def _vote(a, b, c):
+    # Majority of three replicas (a when it agrees with one of the others, else b).
+    return tl.where((a == b) | (a == c), a, b)
+
+
 def _budget_guard_kernel(
     sampled_ptr,  # [num_reqs, k+1] tokens of this step, fixed in place
     sampled_stride,
     num_sampled_ptr,  # [num_reqs] int32, in place
     num_rejected_ptr,  # [num_reqs] int32, in place
     idx_mapping_ptr,  # [num_reqs] batch row -> slot (-1: padding)
-    budget_ptr,  # [max_num_reqs] int32, -1 none
-    count_ptr,  # [max_num_reqs] int32, -1 not in reasoning
-    tail_ptr,  # [max_num_reqs, TAIL] int32
+    rep0_ptr,  # three replicas, each [max_reqs * (2 + TAIL)] int32:
+    rep1_ptr,  # budget [max_reqs] | count [max_reqs] | tail [max_reqs, TAIL]
+    rep2_ptr,
+    max_reqs,
     fixed_rows_ptr,  # [num_reqs] int32, tokens replaced per row (written by every program)
     fixed_total_ptr,  # [1] int32
-    start_ids_ptr,  # [START_LEN]
-    natural_end_ids_ptr,  # [NAT_END_LEN]
-    end_ids_ptr,  # [END_LEN]
+    repaired_ptr,  # [1] int32, slots whose replicas disagreed
+    START_IDS: tl.constexpr,  # marker ids: compile-time constants, not device memory
+    NAT_END_IDS: tl.constexpr,
+    END_IDS: tl.constexpr,
     START_LEN: tl.constexpr,
     NAT_END_LEN: tl.constexpr,
     END_LEN: tl.constexpr,
@@ -258,13 +358,42 @@ def _budget_guard_kernel(
     slot = tl.load(idx_mapping_ptr + req)
     if slot < 0:
         return
-    budget = tl.load(budget_ptr + slot)
+    # validate the slot's state: majority of the three replicas, repaired where they disagree
+    count_off = max_reqs + slot
+    tail_off = 2 * max_reqs + slot * TAIL
+    b0 = tl.load(rep0_ptr + slot)
+    b1 = tl.load(rep1_ptr + slot)
+    b2 = tl.load(rep2_ptr + slot)
+    c0 = tl.load(rep0_ptr + count_off)
+    c1 = tl.load(rep1_ptr + count_off)
+    c2 = tl.load(rep2_ptr + count_off)
+    offs = tl.arange(0, TAIL_P2)
+    valid = offs < TAIL
+    t0 = tl.load(rep0_ptr + tail_off + offs, mask=valid, other=-1)
+    t1 = tl.load(rep1_ptr + tail_off + offs, mask=valid, other=-1)
+    t2 = tl.load(rep2_ptr + tail_off + offs, mask=valid, other=-1)
+    budget = _vote(b0, b1, b2)
+    count = _vote(c0, c1, c2)
+    tail = _vote(t0, t1, t2)
+    t_bad = tl.sum(((t0 != t1) | (t0 != t2)).to(tl.int32), axis=0)
+    bad = (b0 != b1) | (b0 != b2) | (c0 != c1) | (c0 != c2) | (t_bad > 0)
+    if bad:
+        tl.store(rep0_ptr + slot, budget)
+        tl.store(rep1_ptr + slot, budget)
+        tl.store(rep2_ptr + slot, budget)
+        tl.store(rep0_ptr + count_off, count)
+        tl.store(rep1_ptr + count_off, count)
+        tl.store(rep2_ptr + count_off, count)
+        tl.store(rep0_ptr + tail_off + offs, tail, mask=valid)
+        tl.store(rep1_ptr + tail_off + offs, tail, mask=valid)
+        tl.store(rep2_ptr + tail_off + offs, tail, mask=valid)
+        tl.atomic_add(repaired_ptr, 1)
+    tl.debug_barrier()
     if budget < 0:
         return
     n = tl.load(num_sampled_ptr + req)
-    count = tl.load(count_ptr + slot)
     row_ptr = sampled_ptr + req * sampled_stride
-    slot_tail_ptr = tail_ptr + slot * TAIL
+    slot_tail_ptr = rep0_ptr + tail_off
     kept = n
     nfixed = n * 0
     last = n * 0 - 1
@@ -272,15 +401,17 @@ def _budget_guard_kernel(
         if j < kept:
             tok = tl.load(row_ptr + j).to(tl.int32)
             if count >= budget:  # budget >= 0, so count >= 0 here: in reasoning
-                # end-sequence progress: longest proper prefix of end_ids ending the history
-                p = 0
+                # end-sequence progress: longest proper prefix of END_IDS ending the history
+                p = tok * 0
                 for pl in tl.static_range(1, END_LEN):
                     match = True
                     for q in tl.static_range(0, pl):
                         h = _hist(row_ptr, slot_tail_ptr, TAIL, j - pl + q, j, tok)
-                        match = match & (h == tl.load(end_ids_ptr + q))
+                        match = match & (h == END_IDS[q])
                     p = tl.where(match, pl, p)
-                forced = tl.load(end_ids_ptr + p)
+                forced = tok * 0 + END_IDS[0]
+                for pl in tl.static_range(1, END_LEN):
+                    forced = tl.where(p == pl, END_IDS[pl], forced)
                 if tok != forced:
                     tl.store(row_ptr + j, forced.to(sampled_ptr.dtype.element_ty))
                     tok = forced
@@ -291,17 +422,19 @@ def _budget_guard_kernel(
             s_match = True
             for q in tl.static_range(0, START_LEN):
                 h = _hist(row_ptr, slot_tail_ptr, TAIL, j - START_LEN + 1 + q, j, tok)
-                s_match = s_match & (h == tl.load(start_ids_ptr + q))
+                s_match = s_match & (h == START_IDS[q])
             count = tl.where(s_match, 0, count)
             e_match = True
             for q in tl.static_range(0, NAT_END_LEN):
                 h = _hist(row_ptr, slot_tail_ptr, TAIL, j - NAT_END_LEN + 1 + q, j, tok)
-                e_match = e_match & (h == tl.load(natural_end_ids_ptr + q))
+                e_match = e_match & (h == NAT_END_IDS[q])
             # the natural end ends reasoning unless the last start lies inside it
             count = tl.where(e_match & (count >= 0) & (count + START_LEN >= NAT_END_LEN),
                              -1, count)
             last = tok
-    tl.store(count_ptr + slot, count)
+    tl.store(rep0_ptr + count_off, count)
+    tl.store(rep1_ptr + count_off, count)
+    tl.store(rep2_ptr + count_off, count)
     if nfixed > 0:
         tl.store(num_sampled_ptr + req, kept)
         rej = tl.load(num_rejected_ptr + req)
@@ -310,16 +443,16 @@ def _budget_guard_kernel(
         tl.atomic_add(fixed_total_ptr, nfixed)
     if kept > 0:
         # new tail = last TAIL tokens of (old tail ++ row[:kept])
-        offs = tl.arange(0, TAIL_P2)
         pos = kept - TAIL + offs
-        valid = offs < TAIL
         a = tl.load(row_ptr + tl.maximum(pos, 0), mask=valid & (pos >= 0), other=-1)
         b = tl.load(slot_tail_ptr + TAIL + tl.minimum(pos, -1), mask=valid & (pos < 0),
                     other=-1)
         vals = tl.where(pos >= 0, a.to(tl.int32), b)
         vals = tl.where(pos == kept - 1, last, vals)
         tl.debug_barrier()
-        tl.store(slot_tail_ptr + offs, vals, mask=valid)
+        tl.store(rep0_ptr + tail_off + offs, vals, mask=valid)
+        tl.store(rep1_ptr + tail_off + offs, vals, mask=valid)
+        tl.store(rep2_ptr + tail_off + offs, vals, mask=valid)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -444,4 +577,4 @@ def describe(runner) -> dict[str, Any]:
     return {"installed": installed(), "enabled": st.enabled, "start_ids": st.start_ids,
             "end_ids": st.end_ids, "natural_end_ids": st.natural_end_ids, "tail_len": st.TAIL,
             "slots_with_budget": int(st.has_budget.sum()),
-            "total_fixed": int(st.total_fixed.item())}
+            "total_fixed": int(st.total_fixed.item()), "repaired_total": st.check_repairs()}

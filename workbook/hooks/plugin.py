@@ -11,6 +11,11 @@ and installs, in that process, what they ask for:
   server's engine process is killed at shutdown)
 - ``WORKBOOK_EFFECTIVE_DIR=path`` write ``path/<pid>/effective.json`` on a model runner's first
   requests (``workbook.vllm.effective.effective_writer``)
+- ``WORKBOOK_WATCH_DIR=path`` the start-up watch (``workbook.hooks.watch``): options from
+  ``path/options.json``, evidence in ``path/<pid>/watch.json``. It goes in at model-runner
+  import, before any runner is built, so it sees the whole start-up; worker classes are wrapped
+  when the runner is built (their modules are still importing when this hook runs)
+- ``WORKBOOK_CPU_PROFILE_RUN=1`` the CPU worker runs ``profile_run`` as the GPU worker does
 
 With none of them set it does nothing, so having the package installed never changes vLLM.
 The hooks go in when the process first imports a model-runner module (``RUNNER_MODULES``), so
@@ -54,6 +59,13 @@ def install_from_env() -> None:
 
 
 def _install_hooks_from_env() -> None:
+    if os.environ.get(wenv.CPU_PROFILE_RUN) == "1":
+        _when_runner_built(_force_cpu_profile_run)
+    watch_dir = os.environ.get(wenv.WATCH_DIR)
+    if watch_dir:
+        from workbook.hooks import watch
+
+        watch.install_from_dir(watch_dir)
     fault = os.environ.get(wenv.FAULT)
     if fault and fault != "none":
         from workbook.hooks import faults
@@ -79,6 +91,33 @@ def _install_hooks_from_env() -> None:
         from workbook.vllm.effective import effective_writer
 
         effective_writer(effective_dir)
+
+
+def _force_cpu_profile_run() -> None:
+    from workbook.hooks import watch
+
+    watch.force_cpu_profile_run()
+
+
+def _when_runner_built(fn) -> None:
+    """Run ``fn()`` once, when the first MRV2 runner is constructed (the worker modules have
+    finished importing by then)."""
+    from workbook.vllm import hookpoints
+    from workbook.vllm.patching import PatchSet
+
+    ps = PatchSet("plugin:runner-built", "watch")
+    done = []
+
+    def make(orig):
+        def __init__(self, *a, **k):
+            if not done:
+                done.append(1)
+                fn()
+            return orig(self, *a, **k)
+        return __init__
+
+    ps.wrap(hookpoints.resolve().runner, "__init__", make)
+    ps.install()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

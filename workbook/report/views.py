@@ -1,22 +1,23 @@
 """Tables, plots and the step explorer the notebooks show; all read the trace tables only.
 
 - ``step_table`` / ``request_table`` / ``row_table``: the trace, trimmed to the columns a reader
-  needs first (the parquet files keep everything).
-- ``plot_end_logits``: the end token's logit per logits row before and after
-  ``ThinkingBudgetState.apply`` (symlog scale: a forced row jumps to 1e9).
+  needs first (the parquet files keep everything), token ids decoded when a ``decode`` is given.
+- ``plot_end_logits``: the end token's logit per logits row of one request, before and after
+  ``ThinkingBudgetState.apply`` (forced rows, +1e9, drawn in a band of their own).
 - ``plot_steps``: sampling path and number of drafts per step, emitted tokens per step.
 - ``forced_vs_emitted``: per row, forced or not against the token that was emitted.
-- ``step_explorer``: an ipywidgets slider over steps for JupyterLab; ``static_steps_html`` is its
-  fallback, since widget views do not survive HTML export (both are shown).
+- ``step_explorer``: the steps × rows grid (``workbook.report.grid``) as ipywidgets for
+  JupyterLab; ``static_steps_html`` is what an exported notebook keeps.
 
 Not here: computing anything the diagnosis depends on.
 """
 
 from __future__ import annotations
 
-import html
-
 import pandas as pd
+
+from workbook.report import grid, tokens
+from workbook.report.tokens import decoder  # noqa: F401  (notebooks: views.decoder(...))
 
 STEP_COLS = ["step", "path", "num_reqs", "num_logits", "num_draft_tokens", "guard_fixed"]
 REQ_COLS = ["step", "req_id", "phase", "path", "num_drafts", "draft_tokens", "reasoning_count",
@@ -27,6 +28,8 @@ ROW_COLS = ["step", "req_id", "local_pos", "input_token", "end_logit_raw",
             "end_logit_before_apply", "end_logit_after_apply", "end_logit_final", "forced",
             "forced_final", "topk_ids_before", "topk_ids_after", "sampled_vllm",
             "emitted_token", "draft_accepted", "emitted"]
+TOKEN_COLS = ("input_token", "sampled_vllm", "emitted_token")
+TOKEN_LIST_COLS = ("draft_tokens", "sampled_vllm", "emitted")
 
 
 def _cols(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
@@ -37,62 +40,127 @@ def step_table(frames) -> pd.DataFrame:
     return _cols(frames["steps"], STEP_COLS)
 
 
-def request_table(frames) -> pd.DataFrame:
-    return _cols(frames["requests"], REQ_COLS)
+def request_table(frames, decode=None) -> pd.DataFrame:
+    df = _cols(frames["requests"], REQ_COLS).copy()
+    if decode is not None:
+        for c in TOKEN_LIST_COLS:
+            if c in df:
+                df[c] = df[c].map(lambda ids: " ".join(tokens.show(decode(t), 10)
+                                                       for t in (list(ids) if ids is not None
+                                                                 else [])))
+    return df
 
 
-def row_table(frames, step: int | None = None) -> pd.DataFrame:
+def row_table(frames, step: int | None = None, decode=None) -> pd.DataFrame:
     rows = frames["rows"]
     if step is not None:
         rows = rows[rows["step"] == step]
-    return _cols(rows, ROW_COLS)
+    df = _cols(rows, ROW_COLS).copy()
+    if decode is not None:
+        for c in TOKEN_COLS:
+            if c in df:
+                df[c] = df[c].map(lambda t: tokens.label(decode, t))
+    return df
 
 
 def _row_labels(rows: pd.DataFrame) -> list[str]:
-    return [f"{s}.{p}" for s, p in zip(rows["step"], rows["local_pos"])]
+    return [f"{int(s)}·{int(p)}" for s, p in zip(rows["step"], rows["local_pos"])]
 
 
-def plot_end_logits(frames, end_token: int | None = None, max_rows: int = 80):
-    """End-token logit per row (step.local_pos), before vs after the budget's bias."""
+def _pick_request(frames, req_id=None, verdict=None):
+    if req_id is not None:
+        return req_id
+    fv = (verdict or {}).get("first_violation") or {}
+    if fv.get("req_id") is not None:
+        return fv["req_id"]
+    rows = frames["rows"]
+    return rows["req_id"].iloc[0] if len(rows) else None
+
+
+def plot_end_logits(frames, end_token: int | None = None, max_rows: int = 80, *,
+                    req_id=None, verdict=None):
+    """One request's ``</think>`` logit per logits row, before and after the budget's bias.
+
+    Unforced values are on a linear axis; a forced row (the bias sets +1e9) is drawn in a band
+    above it, labelled, so neither hides the other. Default request: the first violated one."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
-    rows = frames["rows"].head(max_rows)
-    fig, ax = plt.subplots(figsize=(10, 3.2))
-    x = range(len(rows))
-    ax.plot(x, rows["end_logit_before_apply"].astype(float), "o", label="before apply",
-            alpha=.8)
-    ax.plot(x, rows["end_logit_after_apply"].astype(float), "x", label="after apply",
-            markersize=9)
-    ax.plot(x, rows["end_logit_final"].astype(float), ".", label="handed to sampling")
-    emitted_end = rows["emitted_token"] == end_token if end_token is not None else None
-    if emitted_end is not None and emitted_end.any():
-        for i in [i for i, hit in enumerate(emitted_end) if hit]:
-            ax.axvline(i, color="green", alpha=.3)
-    ax.set_yscale("symlog", linthresh=1e-3)
-    ax.set_xticks(list(x))
-    ax.set_xticklabels(_row_labels(rows), rotation=90, fontsize=7)
-    ax.set_xlabel("logits row (step.local_pos); green: </think> emitted")
+    req_id = _pick_request(frames, req_id, verdict)
+    rows = frames["rows"]
+    rows = rows[rows["req_id"] == req_id].sort_values(["step", "local_pos"]).head(max_rows)
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    if rows.empty:
+        ax.text(.5, .5, "no logits rows traced", ha="center", transform=ax.transAxes)
+        return fig
+    before = rows["end_logit_before_apply"].astype(float).to_numpy()
+    after = rows["end_logit_after_apply"].astype(float).to_numpy()
+    final = rows["end_logit_final"].astype(float).to_numpy()
+    normal = [v for v in list(before) + list(after) + list(final)
+              if abs(v) < grid.FORCED_MIN and v == v]
+    lo, hi = (min(normal), max(normal)) if normal else (-1.0, 1.0)
+    span = max(hi - lo, 1.0)
+    top, bottom = hi + 0.35 * span, lo - 0.35 * span
+
+    def band(vals):
+        return [top if v >= grid.FORCED_MIN else bottom if v <= -grid.FORCED_MIN else v
+                for v in vals]
+
+    x = list(range(len(rows)))
+    ax.plot(x, band(before), "o", color="tab:blue", alpha=.8, label="before the bias")
+    ax.plot(x, band(after), "x", color="tab:orange", markersize=9, label="after the bias")
+    ax.plot(x, band(final), ".", color="tab:green", label="handed to sampling")
+    ax.axhspan(hi + 0.2 * span, top + 0.15 * span, color="#e8f5e8", zorder=0)
+    ax.text(0.995, top, "forced (+1e9)", ha="right", va="center", fontsize=8,
+            transform=ax.get_yaxis_transform(), color="#1a7f37")
+    if any(v <= -grid.FORCED_MIN for v in list(before) + list(after) + list(final)):
+        ax.axhspan(bottom - 0.15 * span, lo - 0.2 * span, color="#f3e8e8", zorder=0)
+        ax.text(0.995, bottom, "masked (≤ −1e6)", ha="right", va="center", fontsize=8,
+                transform=ax.get_yaxis_transform(), color="#a01010")
+    if end_token is not None:
+        for i, t in enumerate(rows["emitted_token"]):
+            if t == t and t is not None and int(t) == int(end_token):
+                ax.axvline(i, color="green", alpha=.25, lw=6)
+    ax.set_ylim(bottom - 0.2 * span, top + 0.2 * span)
+    ax.yaxis.set_major_locator(MaxNLocator(5))
+    labels = _row_labels(rows)
+    every = max(1, len(labels) // 40)
+    ax.set_xticks(x[::every])
+    ax.set_xticklabels(labels[::every], rotation=90, fontsize=7)
+    ax.set_xlabel("logits row (step · local_pos); green column: </think> emitted")
     ax.set_ylabel("logit of </think>")
-    ax.legend(loc="center right", fontsize=8)
-    ax.set_title("End-token logit per row, before and after ThinkingBudgetState.apply")
+    handles = ax.get_legend_handles_labels()[0] + [
+        Line2D([], [], color="green", alpha=.25, lw=6, label="</think> emitted")]
+    ax.legend(handles=handles, loc="upper left", fontsize=8, ncol=4, framealpha=.9)
+    ax.set_title(f"Request {req_id}: end-token logit per row, before and after "
+                 "ThinkingBudgetState.apply", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def plot_steps(frames):
-    """Path, drafts and emitted tokens per step."""
+    """Path, drafts and emitted tokens per step (legend colours = bar colours)."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
 
     steps = frames["steps"]
     reqs = frames["requests"]
     emitted = reqs.groupby("step")["num_sampled"].sum() if len(reqs) else pd.Series(dtype=int)
     fig, ax = plt.subplots(figsize=(10, 2.8))
     colors = ["tab:blue" if p == "Sampler" else "tab:orange" for p in steps["path"]]
-    ax.bar(steps["step"], steps["num_draft_tokens"], color=colors, label="drafts verified")
-    ax.plot(emitted.index, emitted.values, "k.-", label="tokens emitted")
-    ax.set_xlabel("engine step (blue: Sampler, orange: RejectionSampler)")
+    ax.bar(steps["step"], steps["num_draft_tokens"], color=colors)
+    ax.plot(emitted.index, emitted.values, "k.-")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("engine step")
     ax.set_ylabel("tokens")
-    ax.legend(fontsize=8)
+    ax.legend(handles=[Patch(color="tab:blue", label="drafts verified (Sampler: none)"),
+                       Patch(color="tab:orange", label="drafts verified (RejectionSampler)"),
+                       Line2D([], [], color="k", marker=".", label="tokens emitted")],
+              fontsize=8, loc="upper right")
     ax.set_title("Sampling path and drafts per step")
     fig.tight_layout()
     return fig
@@ -103,43 +171,18 @@ def forced_vs_emitted(frames, end_token: int) -> pd.DataFrame:
     rows = frames["rows"]
     if rows.empty:
         return pd.DataFrame()
-    emitted = rows[rows["emitted"].astype(bool)]
+    emitted = rows[rows["emitted"].fillna(False).astype(bool)]
     t = emitted.assign(emitted_end=emitted["emitted_token"] == end_token)
     return (t.groupby(["forced", "forced_final", "emitted_end"]).size()
             .rename("rows").reset_index())
 
 
-def static_steps_html(frames, max_steps: int = 40) -> str:
-    """The step explorer's content as plain HTML (survives nbconvert export)."""
-    parts = []
-    for step in list(frames["steps"]["step"])[:max_steps]:
-        req = request_table(frames)
-        req = req[req["step"] == step]
-        parts.append(f"<details><summary>step {int(step)} — "
-                     f"{html.escape(str(req['path'].iloc[0]) if len(req) else '')}</summary>"
-                     f"{req.to_html(index=False)}{row_table(frames, step).to_html(index=False)}"
-                     "</details>")
-    return "\n".join(parts)
+def step_explorer(frames, verdict=None, decode=None, end_ids=None):
+    """The steps × rows explorer (ipywidgets): request picker, window of steps, overview
+    strip of every step, the selected cell's details. See ``workbook.report.grid``."""
+    return grid.explorer(frames, verdict, decode, end_ids)
 
 
-def step_explorer(frames):
-    """ipywidgets: a slider over steps showing that step's request and row tables."""
-    import ipywidgets as w
-    from IPython.display import display
-
-    steps = list(frames["steps"]["step"])
-    if not steps:
-        return w.HTML("<i>no steps traced</i>")
-    out = w.Output()
-    slider = w.IntSlider(min=int(min(steps)), max=int(max(steps)), description="step")
-
-    def show(change=None):
-        out.clear_output()
-        with out:
-            s = slider.value
-            display(request_table(frames).query("step == @s"))
-            display(row_table(frames, s))
-
-    slider.observe(show, names="value")
-    show()
-    return w.VBox([slider, out])
+def static_steps_html(frames, verdict=None, decode=None, end_ids=None) -> str:
+    """The explorer's first view as plain HTML (survives nbconvert export)."""
+    return grid.explorer_static(frames, verdict, decode, end_ids)

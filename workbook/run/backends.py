@@ -16,23 +16,76 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import time
 
 from workbook import hooks
 from workbook.run import request
 from workbook.run import server as srv
-from workbook.vllm import engine
+from workbook.vllm import engine, env
+
+
+class _Own:
+    """An engine started with pre-start hooks (``workbook.hooks.pre_start``): the watch and
+    start-up faults stay bound to it for its life."""
+
+    def __init__(self, eng, watch, sets, first_run: str | None):
+        self.engine, self.watch, self.sets, self.first_run = eng, watch, sets, first_run
+        self.runs = 0
+
+
+_OWN: dict[str, _Own] = {}
+
+
+def own_engine(cfg, outdir=None) -> tuple[_Own, bool]:
+    """The engine of a configuration that needs pre-start hooks: started with them the first
+    time (its watch writing progressively into ``outdir/watch/``), reused afterwards (then the
+    reusing run did not observe the start-up). Returns (it, started now)."""
+    import json
+
+    key = json.dumps([engine.engine_kwargs(cfg), env.vllm_env(cfg, cpu=False), cfg.fault,
+                      cfg.watched, cfg.localize, cfg.localize_within, cfg.cpu_profile_run],
+                     sort_keys=True, default=str)
+    if key in _OWN:
+        return _OWN[key], False
+    box: dict = {}
+
+    def before():
+        box["sets"], box["watch"], box["after"] = hooks.pre_start(
+            cfg, watch_dir=os.path.join(outdir, "watch") if outdir else None)
+
+    try:
+        eng = engine.start(cfg, log=os.path.join(outdir, "vllm.log") if outdir else None,
+                           before_start=before)
+    except BaseException:
+        if box.get("watch") is not None:
+            box["watch"].remove()  # never let it bind to a later engine
+        raise
+    finally:
+        if "after" in box:
+            box["after"]()
+    w = box.get("watch")
+    if w is not None and w.runner is None:  # no MRV2 runner was built (e.g. a V1 fallback)
+        w.error = "no Model Runner V2 was built by this engine: nothing was watched"
+        w.remove()
+    own = _OWN[key] = _Own(eng, box.get("watch"), box.get("sets", []), outdir)
+    return own, True
 
 
 class InProcess:
     """vLLM in this process (``vllm.LLM``), shared with every run of the same engine
-    configuration; the run's fault, guard and tracer installed for the run only."""
+    configuration; the run's fault, guard and tracer installed for the run only. A
+    configuration with pre-start hooks (the start-up watch, a start-up fault) gets an engine
+    of its own, started with them (``own_engine``)."""
 
     name = "in-process"
 
     def __init__(self, cfg, outdir=None, engine=None):
         self.cfg = cfg
+        self.outdir = outdir
         # a given (shared) engine, seen with this run's request parameters
         self.engine = None if engine is None else dataclasses.replace(engine, cfg=cfg)
+        self.own: _Own | None = None
+        self.started_own = False
         self.hooks: list = []
         self.tracer = None
         self.timings: dict[str, float] = {}
@@ -43,12 +96,32 @@ class InProcess:
 
     def start(self) -> None:
         if self.engine is None:
-            shared = engine.shared(self.cfg)
-            self.timings.update(shared.timings)
-            # the shared vLLM engine, seen with this run's request parameters (budget, prompt,
-            # sampling): a shared engine keeps the configuration it was started with
-            self.engine = dataclasses.replace(shared, cfg=self.cfg)
+            if hooks.needs_pre_start(self.cfg):
+                self.own, self.started_own = own_engine(self.cfg, self.outdir)
+                self.own.runs += 1
+                self.timings.update(self.own.engine.timings)
+                self.engine = dataclasses.replace(self.own.engine, cfg=self.cfg)
+            else:
+                shared = engine.shared(self.cfg, log=os.path.join(self.outdir, "vllm.log")
+                                       if self.outdir else None)
+                self.timings.update(shared.timings)
+                # the shared vLLM engine, seen with this run's request parameters (budget,
+                # prompt, sampling): a shared engine keeps the configuration it started with
+                self.engine = dataclasses.replace(shared, cfg=self.cfg)
         self.hooks, self.tracer = hooks.install(self.cfg, engine=self.engine)
+
+    def watch(self) -> dict | None:
+        """The start-up watch's evidence (None without a watch)."""
+        w = self.own.watch if self.own is not None else None
+        if w is None:
+            return None
+        data = w.read()
+        data["startup_observed"] = self.started_own
+        if not self.started_own:
+            data["startup_note"] = ("engine reused: its start-up was observed by an earlier run "
+                                    f"({self.own.first_run or 'in memory'}); the start-up "
+                                    "evidence below is that run's")
+        return data
 
     def effective(self) -> dict:
         return dict(self.engine.effective)
@@ -98,6 +171,11 @@ class Served:
         return None if self.own else self.server
 
     def start(self) -> None:
+        if self.own and self.cfg.watched:
+            from workbook.hooks import watch as wmod
+
+            wmod.write_options(self.server.worker_dir,
+                               hooks.watch_options(self.cfg, flush_every_steps=1).to_dict())
         if self.own:
             self.server.start()
         else:
@@ -137,6 +215,7 @@ class Served:
     running, and the run reads only the traces of the requests it sent."""
 
     name = "server"
+    _effective: dict | None = None  # the worker's effective.json, once read
 
     def __init__(self, cfg, outdir=None, server=None, port=None):
         self.cfg = cfg
@@ -151,6 +230,11 @@ class Served:
         return None if self.own else self.server
 
     def start(self) -> None:
+        if self.own and self.cfg.watched:
+            from workbook.hooks import watch as wmod
+
+            wmod.write_options(self.server.worker_dir,
+                               hooks.watch_options(self.cfg, flush_every_steps=1).to_dict())
         if self.own:
             self.server.start()
         else:
@@ -159,19 +243,13 @@ class Served:
         self.before = srv.traced_req_ids(self.server.frames())
 
     def effective(self) -> dict:
-        if self._effective is None or "runner_class" not in self._effective:
-            self._effective = srv.effective(self.server, wait_s=0.5)
-        return self._effective
+        return srv.effective(self.server, wait_s=10.0 if self._sent else 0.0)
 
     def reported(self) -> list:
+        self._sent = True
         resp = self.server.chat(self.cfg)
-        self._effective = None  # the worker writes effective.json on its first request
-        eff = self.effective_after_request()
-        return [srv.outcome_from_response(resp, self.cfg, eff, self.server.detokenize)]
-
-    def effective_after_request(self) -> dict:
-        self._effective = srv.effective(self.server)
-        return self._effective
+        return [srv.outcome_from_response(resp, self.cfg, self.effective(),
+                                          self.server.detokenize)]
 
     def check(self, name: str) -> list:
         return srv.check_a(self.server, self.cfg)
@@ -180,6 +258,23 @@ class Served:
         mrv2 = self.effective().get("runner_is_v2") is not False
         return srv.await_trace(self.server, self.before, n_tokens,
                                timeout=15.0 if mrv2 else 0.0)
+
+    def watch(self) -> dict | None:
+        """The watch's evidence from the served engine's worker (``<pid>/watch.json``)."""
+        if not self.cfg.watched:
+            return None
+        from workbook.hooks import watch as wmod
+
+        data = None
+        for _ in range(20):  # the worker writes after every step (flush_every_steps=1)
+            data = wmod.read_dir(self.server.worker_dir)
+            if data is not None and data.get("state_found") is not False and \
+                    data.get("steps", {}).get("real_steps", 0) > 0:
+                break
+            time.sleep(0.5)
+        if data is not None:
+            data["startup_observed"] = self.own
+        return data
 
     def stop(self) -> None:
         if self.own:

@@ -13,16 +13,19 @@ dies half-way still leaves what it had):
 3. ``request``   the reported request; ``outcome.json`` (an error there is recorded, then raised)
 4. ``checks``    the deterministic checks asked for (A, B); ``checks.json``
 5. ``trace``     the per-step trace of this run's requests; ``trace/*.parquet``
-6. ``diagnose``  verdict, first violation, causes and hypothesis (``workbook.run.diagnose``);
-   ``verdict.json``
-7. ``probes``    only with ``cfg.probes`` and a violated verdict: the checks that separate the
+6. ``watch``     with ``cfg.watch`` / ``cfg.localize``: the start-up watch's evidence
+   (``workbook.hooks.watch``); ``watch.json`` (+ ``watch/`` as it was written during start-up)
+7. ``diagnose``  verdict, first violation, causes and hypothesis (``workbook.run.diagnose``), and
+   the watch's reading of the state's integrity (``workbook.run.integrity``); ``verdict.json``
+8. ``probes``    only with ``cfg.probes`` and a violated verdict: the checks that separate the
    remaining causes, each a re-run of the violating request with one switch on the in-process
    engine (``workbook.run.probes``); ``probes.json``, and ``verdict.json`` re-saved with the
    results fed back (``diagnose.with_probes``)
 8. ``finish``    hooks removed / server stopped; ``timings.json`` and the backend's own files
 
 Adding an evidence file is one edit: a step here that calls ``self.save(name, obj)``.
-``on_stage(name, elapsed_s)`` is called as each step starts (progress displays).
+``on_stage(name, elapsed_s)`` is called as each step starts (progress displays), and with an
+``outdir`` the step is written to ``stage.json`` there (a batch polls it across processes).
 
 Not here: papermill and batches (``workbook.batch``), reports (``workbook.report``).
 """
@@ -38,6 +41,7 @@ from workbook.core import rundir, tracefiles
 from workbook.core.config import ConfigError, RunConfig, validate
 
 CHECK_NAMES = ("A", "B")
+STAGE_FILE = "stage.json"  # the step now running, rewritten as each starts (batch progress)
 
 
 @dataclass
@@ -50,6 +54,7 @@ class Result:
     frames: dict[str, Any] = field(default_factory=dict)
     verdict: dict[str, Any] = field(default_factory=dict)
     probes: dict[str, Any] = field(default_factory=dict)
+    watch: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
     engine: Any = None  # the in-process Engine, or the Server (kept for a notebook to explore)
 
@@ -79,6 +84,7 @@ class Run:
 
         self._t0 = time.perf_counter()
         self.on_stage = on_stage
+        self._outdir = outdir
         self._stage("validate")
         self.cfg = validate(cfg, on_cpu=env.on_cpu())
         self.check_names = check_checks(self.cfg, checks)
@@ -95,6 +101,9 @@ class Run:
 
     # -- plumbing
     def _stage(self, name: str) -> None:
+        if self._outdir and os.path.isdir(self._outdir):
+            rundir.write_json(os.path.join(self._outdir, STAGE_FILE), {
+                "stage": name, "elapsed_s": round(time.perf_counter() - self._t0, 2)})
         if self.on_stage is not None:
             self.on_stage(name, time.perf_counter() - self._t0)
 
@@ -160,12 +169,23 @@ class Run:
             tracefiles.save(res.frames, os.path.join(res.outdir, "trace"))
         return res.frames
 
+    def watch(self) -> dict | None:
+        res = self.result
+        if not self.cfg.watched or not hasattr(self.backend, "watch"):
+            return res.watch
+        res.watch = self._timed("watch", self.backend.watch)
+        if res.watch is not None:
+            self.save("watch", res.watch)
+        return res.watch
+
     def diagnose(self) -> dict:
-        from workbook.run import diagnose
+        from workbook.run import diagnose, integrity
 
         res = self.result
         res.verdict = self._timed("diagnose", lambda: diagnose.diagnose(
             res.frames, res.effective, res.outcomes, self.cfg))
+        if res.watch is not None:
+            res.verdict["integrity"] = integrity.verdict_from_watch(res.watch)
         self.save("verdict", res.verdict)
         return res.verdict
 
@@ -223,6 +243,7 @@ def run(cfg: RunConfig, outdir: str | None = None, *, checks=(), backend=None,
         r.request()
         r.checks()
         r.trace()
+        r.watch()
         r.diagnose()
         r.probes()
     return r.result

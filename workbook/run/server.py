@@ -189,7 +189,9 @@ class Server:
                                          stdin=subprocess.DEVNULL,
                                          env=wenv.server_env(self.cfg,
                                                              trace_dir=self.worker_dir,
-                                                             effective_dir=self.worker_dir),
+                                                             effective_dir=self.worker_dir,
+                                                             watch_dir=self.worker_dir
+                                                             if self.cfg.watched else None),
                                          start_new_session=True)
         self.pid = self.proc.pid
         atexit.register(self.stop)

@@ -6,13 +6,24 @@ model runner and the *effective* configuration read from the live objects
 (``workbook.vllm.effective``). ``engine_kwargs(cfg)`` is the one mapping from a ``RunConfig``
 to vLLM's engine arguments (``vllm.LLM`` keywords and ``vllm serve`` flags alike).
 
+While the engine starts, vLLM's start-up output (its logger, Python-level and fd-level
+stdout/stderr of this process and of the processes it spawns) goes to a log file
+(``start(cfg, log=path)``; default a temporary file) and one summary line is printed instead —
+a notebook cell shows that line, not hundreds of log lines. On a failed start the log's tail
+is printed.
+
 Not here: the request (``workbook.run.request``), hooks (``workbook.hooks``), the OpenAI
 server (``workbook.run.server``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +34,7 @@ from workbook.vllm import effective, env
 
 
 def resolve_model(name_or_path: str) -> str:
-    return models.build(name_or_path) if models.is_tiny(name_or_path) else name_or_path
+    return models.build(name_or_path) if models.is_builtin(name_or_path) else name_or_path
 
 
 def speculative_config(cfg: RunConfig) -> dict[str, Any] | None:
@@ -49,7 +60,7 @@ def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
                               reasoning_parser=cfg.reasoning_parser,
                               max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
                               seed=cfg.seed, dtype=cfg.dtype)
-    if models.is_tiny(cfg.model):
+    if models.is_builtin(cfg.model):
         kw["load_format"] = "dummy"
         kw.update(models.model_engine_kwargs(cfg.model))
     spec = speculative_config(cfg)
@@ -99,27 +110,113 @@ def get_runner(llm):
     return inner.model_executor.driver_worker.worker.model_runner
 
 
-def start(cfg: RunConfig) -> Engine:
-    """Validate ``cfg`` and start an in-process vLLM engine."""
+@contextlib.contextmanager
+def output_to(path: str):
+    """Send this process's stdout/stderr (fds 1 and 2, ``sys.stdout``/``sys.stderr`` and the
+    stream handlers of the ``vllm`` loggers) to ``path`` for the duration."""
+    for s in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            s.flush()
+    f = open(path, "a", buffering=1, encoding="utf-8", errors="replace")
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    old_sys = sys.stdout, sys.stderr
+    handlers = [h for h in _vllm_stream_handlers()]
+    old_streams = [h.setStream(f) for h in handlers]
+    try:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        sys.stdout = sys.stderr = f
+        yield f
+    finally:
+        with contextlib.suppress(Exception):
+            f.flush()
+        sys.stdout, sys.stderr = old_sys
+        for h, stream in zip(handlers, old_streams):
+            h.setStream(stream)
+        for h in _vllm_stream_handlers():  # handlers vLLM created meanwhile (import time)
+            if getattr(h, "stream", None) is f:
+                h.setStream(old_sys[0])
+        for fd, dup in saved.items():
+            os.dup2(dup, fd)
+            os.close(dup)
+        f.close()
+
+
+def _vllm_stream_handlers() -> list:
+    names = ["vllm"] + [n for n in logging.root.manager.loggerDict if n.startswith("vllm.")]
+    found = []
+    for n in names:
+        for h in getattr(logging.getLogger(n), "handlers", []):
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) \
+                    and h not in found:
+                found.append(h)
+    return found
+
+
+def _log_path(log: str | None) -> str:
+    if log:
+        os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
+        return log
+    fd, path = tempfile.mkstemp(prefix="workbook-vllm-", suffix=".log")
+    os.close(fd)
+    return path
+
+
+def _summary(path: str) -> tuple[int, int]:
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return 0, 0
+    return len(lines), sum("WARNING" in re.sub(r"\x1b\[[0-9;]*m", "", ln).split()[:4]
+                           for ln in lines if ln.strip())
+
+
+def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
+    """Validate ``cfg`` and start an in-process vLLM engine; its start-up output goes to
+    ``log`` (default: a temporary file), and one line saying so is printed.
+
+    ``before_start()``: called after vLLM is imported and before ``vllm.LLM(...)`` is created
+    (pre-start hooks: ``workbook.hooks.pre_start``, so they see the whole start-up)."""
     validate(cfg, on_cpu=env.on_cpu())
     env.prepare_process(cfg)
+    path = _log_path(log)
     t0 = time.perf_counter()
-    import vllm
-
-    t1 = time.perf_counter()
     cap = effective.LogCapture()
-    vlog = logging.getLogger("vllm")
-    vlog.addHandler(cap)
     try:
-        llm = vllm.LLM(**engine_kwargs(cfg))
-    finally:
-        vlog.removeHandler(cap)
+        with output_to(path):
+            import vllm
+
+            if before_start is not None:
+                before_start()
+            t1 = time.perf_counter()
+            vlog = logging.getLogger("vllm")
+            vlog.addHandler(cap)
+            try:
+                llm = vllm.LLM(**engine_kwargs(cfg))
+            finally:
+                vlog.removeHandler(cap)
+    except BaseException:
+        n, _ = _summary(path)
+        with contextlib.suppress(OSError), open(path, errors="replace") as f:
+            tail = f.readlines()[-25:]
+        print(f"vLLM's engine did not start; its log ({n} lines): {path}; last lines:\n"
+              + "".join(tail), file=sys.stderr)
+        raise
     t2 = time.perf_counter()
     try:
         runner = get_runner(llm)
     except RuntimeError:
         runner = None
     eff = effective.effective_config(llm, cap.lines, runner)
+    n, warnings = _summary(path)
+    runner_name = str(eff.get("runner_class") or "?").rsplit(".", 1)[-1]
+    mrv2 = " (Model Runner V2)" if eff.get("runner_is_v2") else \
+        " (V1 runner)" if eff.get("runner_is_v2") is False else ""
+    spec = f", {cfg.spec_method} k={cfg.num_spec_tokens}" if cfg.spec_method != "none" else ""
+    print(f"vLLM {eff.get('vllm_version') or ''} engine started in {t2 - t1:.0f} s: "
+          f"{runner_name}{mrv2}{spec}; start-up log ({n} lines, {warnings} warnings): {path}",
+          flush=True)
     return Engine(cfg=cfg, llm=llm, effective=eff,
                   timings={"import_s": t1 - t0, "engine_start_s": t2 - t1})
 
@@ -127,13 +224,14 @@ def start(cfg: RunConfig) -> Engine:
 _SHARED: dict[str, Engine] = {}
 
 
-def shared(cfg: RunConfig) -> Engine:
+def shared(cfg: RunConfig, log: str | None = None) -> Engine:
     """An in-process engine for ``cfg``, shared by every config with the same engine arguments
-    and the same vLLM-side environment (runner choice): one start per configuration."""
+    and the same vLLM-side environment (runner choice): one start per configuration (its
+    start-up log in ``log``)."""
     import json
 
     key = json.dumps([engine_kwargs(cfg), env.vllm_env(cfg, cpu=False)], sort_keys=True,
                      default=str)
     if key not in _SHARED:
-        _SHARED[key] = start(cfg)
+        _SHARED[key] = start(cfg, log)
     return _SHARED[key]

@@ -29,8 +29,9 @@ GUARD = "WORKBOOK_GUARD"
 TRACE_DIR = "WORKBOOK_TRACE_DIR"
 TRACE_FLUSH_EVERY = "WORKBOOK_TRACE_FLUSH_EVERY"
 EFFECTIVE_DIR = "WORKBOOK_EFFECTIVE_DIR"
-WATCH_DIR = "WORKBOOK_WATCH_DIR"
-HOOK_VARS = (FAULT, GUARD, TRACE_DIR, EFFECTIVE_DIR, WATCH_DIR)
+WATCH_DIR = "WORKBOOK_WATCH_DIR"  # the start-up watch: options.json in, <pid>/watch.json out
+CPU_PROFILE_RUN = "WORKBOOK_CPU_PROFILE_RUN"  # CPU worker runs profile_run (as the GPU one)
+HOOK_VARS = (FAULT, GUARD, TRACE_DIR, EFFECTIVE_DIR, WATCH_DIR, CPU_PROFILE_RUN)
 TRITON_CPU = "WORKBOOK_TRITON_CPU"  # workbook.vllm.cpu_shim
 DEFAULTS = ("VLLM_TRITON_FORCE_FIRST_CONFIG",)  # the caller's value wins
 
@@ -73,6 +74,8 @@ def hook_env(cfg, *, trace_dir: str | None = None, effective_dir: str | None = N
         env[EFFECTIVE_DIR] = effective_dir
     if watch_dir:
         env[WATCH_DIR] = watch_dir
+    if getattr(cfg, "cpu_profile_run", False):
+        env[CPU_PROFILE_RUN] = "1"
     return env
 
 

@@ -1,6 +1,6 @@
 """The MRV2 hook points the workbook patches, resolved for the installed vLLM generation.
 
-Hook points (brief §2), all in ``vllm.v1.worker.gpu``:
+Hook points (docs/facts.md), all in ``vllm.v1.worker.gpu``:
 
     model_runner.GPUModelRunner         .add_requests .sample_tokens .sample .postprocess_sampled
     sample.sampler.Sampler              .add_request .__call__ .apply_sampling_params

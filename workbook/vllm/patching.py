@@ -5,6 +5,7 @@ Every workbook hook (tracer, fault, guard) is a ``PatchSet``: a named group of w
 same method; they compose in a fixed order of *layers*, innermost first:
 
     vLLM's original  <  "fault" (simulates a broken vLLM)  <  "guard" (the fix)  <  "trace"
+                     <  "watch" (the start-up watch: phase boundaries around everything)
 
 so the tracer always observes what the guard finally emits, and the guard always sees what a
 (simulated) broken vLLM produced. Installing or removing any set recomposes the chain; when the
@@ -20,7 +21,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-LAYERS = {"fault": 0, "guard": 1, "trace": 2}
+LAYERS = {"fault": 0, "guard": 1, "trace": 2, "watch": 3}
 _MISSING = object()
 _seq = itertools.count()
 

@@ -1,0 +1,318 @@
+"""The start-up watch, writer localization, the H-i faults and a budget that survives them.
+
+Real vLLM (tiny CPU models, MRV2 in Triton's interpreter). Each start-up fault needs an engine
+of its own, started with the fault and the watch in place (``workbook.run.backends.own_engine``):
+
+- healthy, MTP, profiling run on, op-level localization everywhere: the phases the CPU worker
+  really runs, no unexpected change, tokens identical to an unwatched engine;
+- ``H-i-profile`` without MTP (writer in the target's first MLP, profiling run only): the watch
+  names the profiling run's target forward, module localization names the MLP, the diagnosis
+  H-i; its time limit stops the localization and the evidence keeps what it narrowed down to;
+- ``H-i-profile-mtp`` (writer in the MTP drafter's MLP): the drafter propose of the profiling
+  run, the drafter module, and the op (``aten.fill_`` on an alias of the marker storage);
+- ``H-i-step`` (step 3, also hits the guard's replica 0): step 3's target forward; the guard,
+  installed before, holds and repairs its state;
+- under ``vllm serve`` (plugin): ``H-i-profile`` with MTP, named the same way.
+
+For every fault, vLLM alone then violates the budget and the guard restores checks A and B.
+Fast tests first: the guard kernel against a zeroed replica, phase naming, the layout error,
+the sanitizer parser, validation.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from workbook.core.config import ConfigError, RunConfig, validate
+from workbook.hooks import guard
+from workbook.run import integrity, request, sanitizer
+from workbook.vllm import env as wb_env
+from workbook.vllm import startup
+
+wb_env.prepare_process(RunConfig())  # before vLLM is imported: env and the CPU shim
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _guard_off_after():
+    yield
+    guard.remove()
+
+
+# ---- fast: the guard's state cannot be silently zeroed -----------------------------------------
+
+@pytest.mark.parametrize("replica", [0, 1, 2])
+def test_guard_kernel_outvotes_a_zeroed_replica(replica):
+    import torch
+
+    from workbook.core.budget import Markers
+
+    from workbook.hooks.faults import raw_alias_zero
+
+    markers = Markers([1], [3], [3])
+    n, tail = 4, 1
+    reps = [guard._new_replica(n, tail, "cpu") for _ in range(3)]
+    for rep in reps:
+        b, c, t = guard._replica_views(rep, n, tail)
+        b[2], c[2], t[2] = 3, 2, 0  # budget 3, two reasoning tokens so far
+    raw_alias_zero(reps[replica])  # a stray writer: _version unchanged
+    sampled = torch.tensor([[0, 0, 0]], dtype=torch.int64)
+    num_sampled = torch.tensor([3], dtype=torch.int32)
+    num_rejected = torch.tensor([0], dtype=torch.int32)
+    fixed_rows, fixed_total, repaired = (torch.zeros(1, dtype=torch.int32) for _ in range(3))
+    guard.launch(sampled, num_sampled, num_rejected, torch.tensor([2], dtype=torch.int32), reps,
+                 n, tail, fixed_rows, fixed_total, repaired, markers)
+    assert sampled[0, :int(num_sampled[0])].tolist() == [0, 3]  # </think> at count == budget
+    assert repaired.tolist() == [1] and fixed_total.tolist() == [1]
+    views = [[v[2].tolist() for v in guard._replica_views(r, n, tail)] for r in reps]
+    assert views[0] == views[1] == views[2] == [3, -1, [3]]
+
+
+# ---- fast: naming, layout errors, the sanitizer report, validation -------------------------------
+
+@pytest.mark.parametrize("stack,kw,want", [
+    (["Worker.determine_available_memory", "CPUModelRunner.warming_up_model",
+      "GPUModelRunner.profile_run", "GPUModelRunner._dummy_run",
+      "GPUModelRunner.execute_model"], {}, "profiling run › target forward"),
+    (["GPUModelRunner.profile_run", "GPUModelRunner._dummy_run", "Speculator.propose"], {},
+     "profiling run › drafter propose"),
+    (["GPUModelRunner._dummy_run", "GPUModelRunner.execute_model"], {"kv_ready": True},
+     "warm-up › target forward"),
+    (["Worker.load_model", "GPUModelRunner.load_model", "Sampler.__init__"], {},
+     "state creation"),
+    (["Worker.compile_or_warm_up_model", "GPUModelRunner.capture_model"], {"kv_ready": True},
+     "CUDA-graph capture"),
+    (["Worker.execute_model", "GPUModelRunner.execute_model"], {"step": 1},
+     "step 1 (first real step) › target forward"),
+    (["GPUModelRunner.sample_tokens", "ThinkingBudgetState.apply"], {"step": 4},
+     "step 4 › budget apply"),
+    ([], {}, "between phases"),
+])
+def test_phase_names(stack, kw, want):
+    assert startup.classify(stack, **kw) == want
+
+
+def test_a_state_without_a_watched_tensor_is_named():
+    class Old:  # a vLLM whose state has no scan positions
+        def __init__(self):
+            self.reasoning_start_token_ids = self.reasoning_end_token_ids = None
+            self.natural_reasoning_end_token_ids = self.cached_last_start = None
+            self.cached_last_end = self.thinking_token_budget = None
+
+    with pytest.raises(startup.StateLayoutError, match="cached_scan_pos"):
+        startup.check_state_class(Old, "0.27.9")
+    live = types.SimpleNamespace(**{k.split(".")[0]: None for k in startup.STATE_TENSORS})
+    import torch
+
+    for k in ("reasoning_start_token_ids", "reasoning_end_token_ids",
+              "natural_reasoning_end_token_ids", "cached_last_start", "cached_last_end"):
+        setattr(live, k, torch.zeros(1))
+    live.thinking_token_budget = types.SimpleNamespace(gpu=torch.zeros(4))
+    with pytest.raises(startup.StateLayoutError, match="'cached_scan_pos'"):
+        startup.state_tensors(live, "0.27.9")
+
+
+MEMCHECK = """========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at void rogue_kernel<int>(int*, int)+0x1b0 in /src/rogue.cu:12
+=========     by thread (3,0,0) in block (0,0,0)
+=========     Address 0x7f0000000310 is out of bounds
+=========     and is 12 bytes after the nearest allocation at 0x7f0000000300 of size 4 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========     Host Frame: cuLaunchKernel [0x2cf5b1] in libcuda.so.1
+=========
+========= Invalid __global__ read of size 8 bytes
+=========     at other_kernel+0x20
+=========     by thread (0,0,0) in block (2,0,0)
+=========     Address 0x7f0000900000 is out of bounds
+=========
+========= ERROR SUMMARY: 2 errors
+"""
+
+
+def test_sanitizer_report_is_tied_to_the_watched_tensors():
+    layout = [{"name": "reasoning_start_token_ids", "ptr": 0x7f0000000300, "nbytes": 4,
+               "ptr_hex": "0x7f0000000300", "offset": 0},
+              {"name": "cached_last_start", "ptr": 0x7f0000000400, "nbytes": 32,
+               "ptr_hex": "0x7f0000000400", "offset": 256}]
+    rep = sanitizer.tie(sanitizer.parse(MEMCHECK), {"layout": layout})
+    assert rep["error_summary"] == 2 and rep["n_errors"] == 2 and rep["touching_watched"] == 1
+    e0, e1 = rep["errors"]
+    assert (e0["access"], e0["size"], e0["kernel"]) == ("write", 4, "void rogue_kernel<int>(int*, int)")
+    assert e0["watched"] == {"tensor": "reasoning_start_token_ids", "relation": "past the end of",
+                             "distance": 12}
+    assert e1["watched"]["relation"] == "nearest watched tensor"
+    assert "rogue_kernel" in rep["verdict"]
+    syn = sanitizer.parse(sanitizer.synthetic({"layout": layout}))
+    assert sanitizer.tie(syn, {"layout": layout})["touching_watched"] == 1
+
+
+def test_a_localization_past_its_time_limit_keeps_what_it_narrowed(tmp_path):
+    from workbook.hooks import watch
+
+    w = watch.Watch(watch.Options(out_dir=str(tmp_path), localize="op", localize_timeout_s=0.0))
+    w.loc.on_first_change({"tensor": "reasoning_start_token_ids", "phase": "profiling run",
+                           "module": "target.model.layers.7.mlp", "op": None,
+                           "last_clean": "mod-enter target.model.layers.7.mlp",
+                           "first_dirty": "mod-exit target.model.layers.7.mlp",
+                           "level": "module"})
+    w.history.append("mod-exit target.model.layers.9")
+    import time
+
+    time.sleep(0.01)
+    assert w.loc.timed_out() and w.loc.timed_out()  # stops once, stays stopped
+    data = json.load(open(tmp_path / "watch.json"))  # written when it stopped
+    loc = data["localization"]
+    assert loc["stopped"].startswith("time limit of 0 s") and not loc["complete"]
+    assert loc["culprit"]["module"] == "target.model.layers.7.mlp"
+
+
+def test_validation_of_watch_parameters():
+    with pytest.raises(ConfigError, match="enforce_eager"):
+        validate(RunConfig(localize="op", enforce_eager=False), on_cpu=True)
+    with pytest.raises(ConfigError, match="localize="):
+        validate(RunConfig(localize="ops"), on_cpu=True)
+    with pytest.raises(ConfigError, match="cpu_profile_run"):
+        validate(RunConfig(fault="H-i-profile"), on_cpu=True)  # vLLM 0.32 skips it on CPU
+    with pytest.raises(ConfigError, match="MTP drafter"):
+        validate(RunConfig(fault="H-i-profile-mtp", spec_method="none", cpu_profile_run=True),
+                 on_cpu=True)
+    with pytest.raises(ConfigError, match="GPU worker"):
+        validate(RunConfig(cpu_profile_run=True), on_cpu=False)
+    assert RunConfig(localize="module").watched
+
+
+# ---- the real engine --------------------------------------------------------------------------
+
+def _run(cfg: RunConfig, outdir):
+    from workbook.run import pipeline
+
+    res = pipeline.run(cfg, str(outdir))
+    assert res.watch is not None and res.watch["startup_observed"]
+    on_disk = json.load(open(os.path.join(outdir, "watch.json")))
+    assert on_disk["first_change"] == res.watch["first_change"]
+    progressive = glob.glob(os.path.join(outdir, "server_trace", "*", "watch.json")) \
+        if cfg.mode == "server" else [os.path.join(outdir, "watch", "watch.json")]
+    assert progressive and os.path.exists(progressive[0])  # written as the start-up went
+    return res
+
+
+def _guard_holds(eng, check_b: bool = True) -> None:
+    """vLLM alone violates the budget; with the guard checks A (and B) are exact."""
+    off = request.check_a(eng)
+    assert not request.check_ok("A", off), [o.token_ids for o in off]
+    with guard.enabled():
+        a = request.check_a(eng)
+        assert request.check_ok("A", a), [o.token_ids for o in a]
+        if check_b:
+            b = request.check_b(eng, budgets=(2, 6), max_tokens=12)
+            assert request.check_ok("B", b), [o.token_ids for o in b]
+
+
+def test_watch_healthy_changes_nothing(engines, tmp_path):
+    cfg = RunConfig(watch=True, localize="op", cpu_profile_run=True, max_tokens=12)
+    res = _run(cfg, tmp_path)
+    w = res.watch
+    assert w["state_found"] and w["first_change"] is None and w["n_changes"] == 0
+    order = w["phase_order"]
+    for p in ("runner construction", "model load", "drafter load", "state creation",
+              "profiling run", "KV-cache allocation", "step 1 (first real step)"):
+        assert p in order, order
+    assert order.index("state creation") < order.index("profiling run") < \
+        order.index("KV-cache allocation") < order.index("step 1 (first real step)")
+    assert {"reasoning_start_token_ids", "cached_scan_pos", "thinking_token_budget.gpu",
+            "canary.pre0", "canary.post1"} <= {t["name"] for t in w["tensors"]}
+    assert w["state_at_end"]["markers_intact"] and w["state_at_end"]["canaries_intact"]
+    assert w["expected_changes"] > 0  # the caches moved, inside their writers only
+    assert w["steps"]["mode"] == "ring"  # every step after the detailed ones, cheaply
+    assert res.verdict["integrity"]["verdict"] == "intact"
+    # tokens identical to an unwatched engine (no profiling run, no watch)
+    budgets = [None, 1, 3, 6]
+    watched = request.run_budgets(res.engine, budgets, max_tokens=12)
+    plain = request.run_budgets(engines(), budgets, max_tokens=12)
+    assert [o.token_ids for o in watched] == [o.token_ids for o in plain]
+    assert [o.token_ids for o in res.outcomes] == \
+        [o.token_ids for o in request.run_reported(engines(), max_tokens=12)]
+
+
+def test_profile_fault_without_mtp(tmp_path):
+    cfg = RunConfig(spec_method="none", fault="H-i-profile", cpu_profile_run=True,
+                    localize="module", max_tokens=12)
+    res = _run(cfg, tmp_path)
+    v = res.verdict["integrity"]
+    assert v["hypothesis"] == "H-i" and v["verdict"] == "corrupted"
+    assert v["phase"] == "profiling run › target forward"
+    assert v["module"] == "target.model.layers.0.mlp"
+    assert set(v["tensors"]) >= {"reasoning_start_token_ids", "reasoning_end_token_ids",
+                                 "natural_reasoning_end_token_ids"}
+    ch = res.watch["first_change"]
+    assert ch["ptr_moved"] is False and ch["version"][0] == ch["version"][1]
+    assert ch["after"] == [0] and ch["before"] != [0]
+    loc = res.watch["localization"]
+    assert loc["complete"] and loc["culprit"]["module"] == "target.model.layers.0.mlp"
+    assert res.outcome.honored is False  # vLLM alone: the budget is ignored
+    _guard_holds(res.engine, check_b=False)
+
+
+def test_profile_fault_in_the_mtp_drafter_named_to_the_op(tmp_path):
+    cfg = RunConfig(fault="H-i-profile-mtp", cpu_profile_run=True, localize="op",
+                    max_tokens=12)
+    res = _run(cfg, tmp_path)
+    v = res.verdict["integrity"]
+    assert v["hypothesis"] == "H-i"
+    assert v["phase"] == "profiling run › drafter propose"
+    assert v["module"].startswith("drafter.") and v["module"].endswith("mlp")
+    assert v["op"] == "aten.fill_.Scalar"
+    assert v["alias_write"]["alias"] is True  # a raw alias of the marker storage
+    assert res.watch["localization"]["complete"]
+    _guard_holds(res.engine)
+
+
+def test_step_fault_and_the_guard_holds(tmp_path):
+    cfg = RunConfig(fault="H-i-step", guard=True, localize="module",
+                    thinking_token_budget=6, max_tokens=12)
+    res = _run(cfg, tmp_path)
+    v = res.verdict["integrity"]
+    assert v["hypothesis"] == "H-i" and v["step"] == 3
+    assert v["phase"] == "step 3 › target forward"
+    assert v["module"] == "target.model.layers.0.mlp"
+    assert "profiling run" not in res.watch["phase_order"]  # CPU default: none ran
+    assert res.outcome.honored is True, res.outcome.token_ids  # the guard held ...
+    st = guard.state(res.engine.runner)
+    assert st.check_repairs() >= 1  # ... and repaired its zeroed replica
+    guard.remove()
+    bad = request.run_budgets(res.engine, [3], max_tokens=8)[0]
+    assert bad.honored is False  # vLLM alone, after the writer struck
+
+
+def test_watch_under_vllm_serve(tmp_path):
+    cfg = RunConfig(mode="server", fault="H-i-profile", cpu_profile_run=True,
+                    localize="module", max_tokens=6)
+    res = _run(cfg, tmp_path)
+    v = res.verdict["integrity"]
+    assert v["hypothesis"] == "H-i"
+    assert v["phase"] == "profiling run › target forward"
+    assert v["module"] == "target.model.layers.0.mlp"
+    assert res.watch["speculator_class"].endswith("MTPSpeculator")
+    assert res.outcome.honored is False
+
+
+def test_sanitizer_dry_run(tmp_path):
+    """The GPU stage's script on a CPU: the watched run, a synthetic memcheck log, the tie."""
+    out = tmp_path / "san"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable}
+    p = subprocess.run(["bash", os.path.join(REPO, "scripts", "integrity_sanitizer.sh"),
+                        str(out), "--set", "max_tokens=2", "--set", "spec_method=none"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rep = json.load(open(out / "sanitizer.json"))
+    assert rep["touching_watched"] == 1
+    assert rep["errors"][0]["watched"]["tensor"] == "reasoning_start_token_ids"

@@ -1,0 +1,190 @@
+"""compute-sanitizer memcheck reports, parsed and tied to the watched addresses.
+
+The second stage of the writer search on a GPU host (``scripts/integrity_sanitizer.sh``): the
+same watched start-up runs under ``compute-sanitizer --tool memcheck`` with
+``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` (every tensor its own ``cudaMalloc``, so an access past a
+tensor's end leaves the allocation and memcheck sees it). ``parse(text)`` reads memcheck's log
+into records (kind, access, size, kernel, address, nearest allocation, block/thread, host
+frames); ``tie(records, watch)`` places each address relative to the watch's ``layout`` (the
+device addresses of the budget state's tensors and canaries in that very run): *inside* a
+watched tensor, *just past* one (the nearest allocation memcheck names is a watched tensor), or
+the nearest watched tensor and the distance.
+
+memcheck only reports accesses outside every live allocation: a writer that lands inside one
+(the marker tensor itself, as on the reporter's Thor) is invisible to it — that case is the
+watch's (value comparison at every boundary), and ``tie`` says so when the watch saw a change
+that no memcheck record explains.
+
+    python -m workbook.run.sanitizer LOG --watch WATCH_JSON [-o OUT_JSON]
+    python -m workbook.run.sanitizer --synthetic WATCH_JSON   # a sample log (CPU dry run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+_HDR = re.compile(r"^=+\s+(?P<kind>Invalid __(?P<space>global|shared|local)__ (?P<access>read|write)"
+                  r"|Out-of-range Shared or Local Address|Misaligned .*?|Cuda API error.*?|"
+                  r"Program hit .*?|Malloc/Free error.*?|Invalid .*?)"
+                  r"(?: of size (?P<size>\d+) bytes?)?\s*$")
+_AT = re.compile(r"^=+\s+at (?P<kernel>.+?)(?:\+0x[0-9a-fA-F]+)?(?: in (?P<src>.+))?$")
+_THREAD = re.compile(r"^=+\s+by thread \((?P<thread>[^)]*)\) in block \((?P<block>[^)]*)\)")
+_ADDR = re.compile(r"Address (?P<addr>0x[0-9a-fA-F]+)")
+_NEAR = re.compile(r"(?P<dist>[\d,]+) bytes (?P<dir>before|after) the nearest allocation at "
+                   r"(?P<base>0x[0-9a-fA-F]+) of size (?P<size>[\d,]+) bytes")
+_FRAME = re.compile(r"^=+\s+Host Frame:\s*(?P<frame>.+)$")
+_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(?P<n>\d+) error")
+
+
+def parse(text: str) -> dict:
+    """memcheck's log → ``{"errors": [...], "error_summary": n | None, "lines": n}``."""
+    errors: list[dict] = []
+    cur: dict | None = None
+    summary = None
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        m = _SUMMARY.search(line)
+        if m:
+            summary = int(m.group("n"))
+            continue
+        m = _HDR.match(line)
+        if m and not line.strip("= ").startswith(("at ", "by ", "Address", "Host Frame",
+                                                   "Saved host", "and is")):
+            cur = {"kind": m.group("kind").strip(), "access": m.group("access"),
+                   "space": m.group("space"),
+                   "size": int(m.group("size")) if m.group("size") else None,
+                   "kernel": None, "source": None, "thread": None, "block": None,
+                   "address": None, "nearest": None, "host_frames": []}
+            errors.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = _AT.match(line)
+        if m and cur["kernel"] is None:
+            cur["kernel"], cur["source"] = m.group("kernel").strip(), m.group("src")
+            continue
+        m = _THREAD.match(line)
+        if m:
+            cur["thread"], cur["block"] = m.group("thread"), m.group("block")
+            continue
+        m = _ADDR.search(line)
+        if m and cur["address"] is None:
+            cur["address"] = int(m.group("addr"), 16)
+        m = _NEAR.search(line)
+        if m:
+            cur["nearest"] = {"base": int(m.group("base"), 16),
+                              "size": int(m.group("size").replace(",", "")),
+                              "distance": int(m.group("dist").replace(",", "")),
+                              "direction": m.group("dir")}
+            continue
+        m = _FRAME.match(line)
+        if m and len(cur["host_frames"]) < 24:
+            cur["host_frames"].append(m.group("frame").strip())
+    return {"errors": errors, "error_summary": summary, "lines": len(text.splitlines())}
+
+
+def tie(parsed: dict, watch: dict | None) -> dict:
+    """Each error placed relative to the watched tensors of the same run."""
+    layout = (watch or {}).get("layout") or []
+    out = []
+    for e in parsed["errors"]:
+        t = dict(e)
+        t["address_hex"] = hex(e["address"]) if e.get("address") is not None else None
+        t["watched"] = _place(e, layout)
+        out.append(t)
+    hits = [e for e in out if e["watched"] and e["watched"]["relation"] in ("inside",
+                                                                              "past the end of",
+                                                                              "before the start of")]
+    change = (watch or {}).get("first_change")
+    if hits:
+        verdict = (f"{len(hits)} memcheck error(s) touch watched memory; first: "
+                   f"{hits[0]['kind']} by kernel {hits[0]['kernel']} "
+                   f"{hits[0]['watched']['relation']} {hits[0]['watched']['tensor']}")
+    elif change:
+        verdict = ("the watch saw " + change["tensor"] + " change during " + change["phase"] +
+                   " but no memcheck error touches watched memory: the writer stays inside a "
+                   "live allocation (invisible to memcheck); the watch's localization names it")
+    else:
+        verdict = (f"{len(out)} memcheck error(s), none in watched memory; the watch saw no "
+                   "unexpected change")
+    return {"errors": out, "error_summary": parsed.get("error_summary"),
+            "n_errors": len(out), "touching_watched": len(hits), "verdict": verdict,
+            "watched_layout": layout}
+
+
+def _place(e: dict, layout: list[dict]) -> dict | None:
+    addr = e.get("address")
+    if addr is None or not layout:
+        return None
+    for t in layout:
+        lo, hi = t["ptr"], t["ptr"] + t["nbytes"]
+        if lo <= addr < hi:
+            return {"tensor": t["name"], "relation": "inside", "offset": addr - lo}
+    near = e.get("nearest")
+    if near is not None:
+        for t in layout:
+            if t["ptr"] == near["base"]:
+                rel = "past the end of" if near["direction"] == "after" else "before the start of"
+                return {"tensor": t["name"], "relation": rel, "distance": near["distance"]}
+    best = min(layout, key=lambda t: min(abs(addr - t["ptr"]),
+                                         abs(addr - (t["ptr"] + t["nbytes"]))))
+    dist = min(abs(addr - best["ptr"]), abs(addr - (best["ptr"] + best["nbytes"])))
+    return {"tensor": best["name"], "relation": "nearest watched tensor", "distance": dist}
+
+
+def synthetic(watch: dict) -> str:
+    """A memcheck-style log whose one error writes 4 bytes past the first marker tensor of
+    ``watch`` (for the CPU dry run of the sanitizer stage: the parser and the tie)."""
+    layout = watch.get("layout") or []
+    t = next((x for x in layout if x["name"].startswith("reasoning_start")), layout[0])
+    addr = t["ptr"] + max(t["nbytes"], 4) + 508
+    return "\n".join([
+        "========= COMPUTE-SANITIZER (synthetic: workbook.run.sanitizer --synthetic)",
+        "========= Invalid __global__ write of size 4 bytes",
+        "=========     at rogue_zero_kernel+0x1b0 in /tmp/rogue.py:12",
+        "=========     by thread (0,0,0) in block (0,0,0)",
+        f"=========     Address {hex(addr)} is out of bounds",
+        f"=========     and is {addr - t['ptr'] - t['nbytes']:,} bytes after the nearest "
+        f"allocation at {t['ptr_hex']} of size {t['nbytes']:,} bytes",
+        "=========     Saved host backtrace up to driver entry point at kernel launch time",
+        "=========     Host Frame: cuLaunchKernel [0x2cf5b1] in libcuda.so.1",
+        "=========",
+        "========= ERROR SUMMARY: 1 error",
+        ""])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("log", nargs="?", help="compute-sanitizer log file")
+    ap.add_argument("--watch", help="the run's watch.json (for the addresses)")
+    ap.add_argument("-o", "--output", help="write the tied report as JSON here")
+    ap.add_argument("--synthetic", metavar="WATCH_JSON",
+                    help="print a sample memcheck log for this watch.json and exit")
+    a = ap.parse_args(argv)
+    if a.synthetic:
+        with open(a.synthetic) as f:
+            sys.stdout.write(synthetic(json.load(f)))
+        return 0
+    if not a.log:
+        ap.error("LOG is required")
+    with open(a.log, errors="replace") as f:
+        parsed = parse(f.read())
+    watch = None
+    if a.watch:
+        with open(a.watch) as f:
+            watch = json.load(f)
+    report = tie(parsed, watch)
+    if a.output:
+        with open(a.output, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    print(f"memcheck: {report['n_errors']} error(s) (summary line: {report['error_summary']}); "
+          f"touching watched memory: {report['touching_watched']}")
+    print(report["verdict"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

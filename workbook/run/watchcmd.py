@@ -1,0 +1,188 @@
+"""``workbook watch``: one start-up under the watch, narrowed down to the writer, in one command.
+
+    workbook watch [--env ENV [--run NAME]] [--set KEY=VALUE ...] [--localize auto|none|module|op]
+                   [--within MODULE] [--timeout S] [--out DIR]
+
+``run_passes(cfg, out, localize)`` does the work (the CLI only builds ``cfg``):
+
+- ``localize="auto"`` (the default): pass 1 watches a start-up with module-level localization;
+  if it names a module, pass 2 watches a *fresh* start-up with op-level localization inside that
+  module only (``localize_within``) — a bisection across start-ups, since the phase that
+  changed the state runs once per start-up. Each pass is its own process (``python -m
+  workbook.run.watchcmd --pass``), so on a GPU the first engine's memory is gone before the
+  second starts.
+- ``none`` / ``module`` / ``op``: one pass at that level.
+
+Each pass is a full pipeline run (``workbook.run.pipeline.run``) with ``watch=True`` into
+``out/pass<N>-<level>/`` (``watch.json``, ``verdict.json`` with its ``integrity`` section, the
+trace, ...); ``out/watch-summary.json`` combines them: the phases that ran, the first phase that
+changed a watched tensor with the values before and after, the tensors that moved, the module
+and the op (or kernel launch). A pass that hits its time limit (``localize_timeout_s``) or the
+process timeout still leaves what it narrowed down to (``watch/watch.json`` is written as the
+start-up goes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from workbook.core import rundir
+from workbook.core.config import RunConfig
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def config_from_environment(name: str, run: str | None, overrides: dict) -> RunConfig:
+    """A ``RunConfig`` from ``environments/<name>.yaml`` (or a path): its ``defaults``, then
+    the entry of ``run`` (default: the run named ``integrity``, if any), then ``overrides``.
+    Keys that are not ``RunConfig`` fields (notebook-only parameters) are ignored."""
+    import yaml
+
+    from workbook.core.config import ConfigError
+
+    path = name if os.path.isfile(name) else next(
+        (p for p in (os.path.join(root, "environments", f"{name}.yaml")
+                     for root in (os.getcwd(), REPO)) if os.path.isfile(p)), None)
+    if path is None:
+        raise ConfigError(f"environment {name!r} not found (environments/{name}.yaml)")
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    runs = {r.get("name"): r for r in raw.get("runs") or []}
+    if run is None and "integrity" in runs:
+        run = "integrity"
+    if run is not None and run not in runs:
+        raise ConfigError(f"{path}: no run {run!r} (runs: {sorted(runs)})")
+    params = {**(raw.get("defaults") or {}), **(runs.get(run) or {}), **overrides}
+    return RunConfig.from_params(params)
+
+
+def checks_from_environment(name: str, run: str | None) -> list[str]:
+    """The ``checks`` of an environment's run (its own, else the file's), as the batch uses."""
+    import yaml
+
+    path = name if os.path.isfile(name) else next(
+        (p for p in (os.path.join(root, "environments", f"{name}.yaml")
+                     for root in (os.getcwd(), REPO)) if os.path.isfile(p)), None)
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    runs = {r.get("name"): r for r in raw.get("runs") or []}
+    run = run if run is not None else ("integrity" if "integrity" in runs else None)
+    return list((runs.get(run) or {}).get("checks", raw.get("checks") or []))
+
+
+def _pass_dir(out: str, n: int, level: str) -> str:
+    return os.path.join(out, f"pass{n}-{level}")
+
+
+def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
+             checks=()) -> dict:
+    """One watched start-up in a child process; returns its ``watch.json`` (or what the
+    start-up wrote before it died / timed out)."""
+    os.makedirs(outdir, exist_ok=True)
+    rundir.write_json(os.path.join(outdir, "pass-config.json"),
+                      {**cfg.to_dict(), "_checks": list(checks)})
+    cmd = [sys.executable, "-m", "workbook.run.watchcmd", "--pass", outdir]
+    t0 = time.perf_counter()
+    rc, why = None, None
+    with open(os.path.join(outdir, "pass.log"), "wb") as log:
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            why = f"pass timed out after {timeout_s:.0f} s"
+    watch = rundir.read_json(os.path.join(outdir, "watch.json")) or \
+        rundir.read_json(os.path.join(outdir, "watch", "watch.json"))
+    info = {"outdir": outdir, "rc": rc, "stopped": why,
+            "seconds": round(time.perf_counter() - t0, 1)}
+    verdict = rundir.read_json(os.path.join(outdir, "verdict.json")) or {}
+    checks_done = rundir.read_json(os.path.join(outdir, "checks.json")) or {}
+    info["budget_verdict"] = verdict.get("verdict")
+    info["checks"] = {name: all(o.get("honored") is True and
+                                o.get("extra", {}).get("check_b_prefix_ok", True)
+                                for o in outs) for name, outs in checks_done.items()}
+    if watch is None:
+        info["error"] = "no watch evidence (see pass.log)"
+    return {"info": info, "watch": watch}
+
+
+def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
+               timeout_s: float | None = None, checks=()) -> dict:
+    """The watch command's work; returns (and writes) ``watch-summary.json``. ``checks``
+    (A, B) run in the first pass, after the reported request."""
+    from workbook.run import integrity
+
+    base = cfg.replace(watch=True)
+    passes = []
+    if localize == "auto":
+        first = run_pass(base.replace(localize="module", localize_within=""),
+                         _pass_dir(out, 1, "module"), timeout_s, checks)
+        passes.append(first)
+        v = integrity.verdict_from_watch(first["watch"])
+        module = v.get("module")
+        if v.get("verdict") == "corrupted" and module and not v.get("op"):
+            passes.append(run_pass(base.replace(localize="op", localize_within=module),
+                                   _pass_dir(out, 2, "op"), timeout_s))
+    else:
+        passes.append(run_pass(base.replace(localize=localize,
+                                            localize_within=base.localize_within
+                                            if localize == "op" else ""),
+                               _pass_dir(out, 1, localize), timeout_s, checks))
+    verdicts = [integrity.verdict_from_watch(p["watch"]) for p in passes]
+    best = next((v for v in reversed(verdicts) if v.get("verdict") == "corrupted"),
+                verdicts[-1] if verdicts else {})
+    first_v = next((v for v in verdicts if v.get("verdict") == "corrupted"), best)
+    summary = {"config": base.to_dict(), "localize": localize,
+               "passes": [{**p["info"], "verdict": v} for p, v in zip(passes, verdicts)],
+               "culprit": {"hypothesis": best.get("hypothesis"), "verdict": best.get("verdict"),
+                           "phase": first_v.get("phase"), "tensors": first_v.get("tensors"),
+                           "before": first_v.get("before"), "after": first_v.get("after"),
+                           "module": best.get("module") or first_v.get("module"),
+                           "op": best.get("op"), "kernel": best.get("kernel"),
+                           "saw": best.get("saw")}}
+    os.makedirs(out, exist_ok=True)
+    rundir.write_json(os.path.join(out, "watch-summary.json"), summary)
+    return {**summary, "watches": [p["watch"] for p in passes]}
+
+
+def print_summary(result: dict, out: str) -> None:
+    from workbook.run import integrity
+
+    for i, (p, w) in enumerate(zip(result["passes"], result["watches"]), 1):
+        failed = "" if p.get("rc") == 0 else f", FAILED (exit {p.get('rc')}): see pass.log"
+        stopped = ", " + p["stopped"] if p.get("stopped") else ""
+        print(f"== pass {i}: {p['outdir']} ({p['seconds']} s{stopped}{failed})")
+        for line in integrity.summary(w):
+            print(line)
+        if p.get("checks") or p.get("budget_verdict"):
+            print(f"budget: {p.get('budget_verdict')}; checks exact: {p.get('checks')}")
+    c = result["culprit"]
+    print("== culprit")
+    if c.get("verdict") == "corrupted":
+        print(f"hypothesis {c['hypothesis']}: phase {c['phase']}; module {c.get('module') or '-'};"
+              f" op {c.get('op') or '-'}; tensors {c.get('tensors')}; "
+              f"{c.get('before')} → {c.get('after')}")
+    else:
+        print(f"{c.get('verdict')}: {c.get('saw')}")
+    print(os.path.join(out, "watch-summary.json"))
+
+
+def _child(outdir: str) -> int:
+    """``--pass OUTDIR``: one pipeline run of ``OUTDIR/pass-config.json`` (in this process)."""
+    from workbook.run import pipeline
+
+    raw = rundir.read_json(os.path.join(outdir, "pass-config.json"))
+    checks = raw.pop("_checks", [])
+    pipeline.run(RunConfig.from_dict(raw), outdir, checks=checks)
+    return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pass", dest="pass_dir", required=True)
+    sys.exit(_child(ap.parse_args().pass_dir))
