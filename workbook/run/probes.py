@@ -71,7 +71,7 @@ def _batch_size(verdict: dict) -> int:
 def applicable(name: str, verdict: dict, cfg, on_cpu: bool) -> str | None:
     """Why probe ``name`` cannot run for this run, or None."""
     p = PROBES[name]
-    if p.needs_engine and not models.is_tiny(getattr(cfg, "model", "")):
+    if p.needs_engine and getattr(cfg, "model", "") not in models.MODELS:
         return ("needs a second engine of this checkpoint next to the first (memory): run it "
                 "as an A/B variant (notebook 03)")
     if name == "alone" and _batch_size(verdict) <= 1:
