@@ -76,7 +76,8 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "the request's thinking_token_budget never reached the per-slot state",
                "use_thinking_budget False or host budget != the request's budget",
                "batch of 1 vs several; re-send the request",
-               {**_MRV2, **_BUDGET_STATE}),
+               # no guard / V1 prediction: a budget lost before the runner escapes them too
+               {**_BUDGET_STATE}),
     Hypothesis("H-a", "gate", "gate bypass: logits processing skipped for this request",
                "apply_sampling_params took its fast path or never called the budget's apply: "
                "the per-slot gate lacks the budget",

@@ -306,4 +306,6 @@ def _one(name, engine, cfg, budgets, zero, max_tokens) -> dict:
     return {"verdict": {True: "honored", False: "violated", None: "inconclusive"}[
                 target.honored],
             "tokens": target.token_ids[:16], "run_verdict": v["verdict"],
-            "hypothesis": v.get("hypothesis"), "summary": v.get("summary", "")[:400]}
+            "hypothesis": v.get("hypothesis"),
+            "causes": [c["hypothesis"] for c in v.get("causes") or []],
+            "summary": v.get("summary", "")[:400]}
