@@ -341,6 +341,111 @@ def accept_all_drafts(ps, hp):
     ps.wrap(rmod, "rejection_sample", make)
 
 
+def budget_dropped_before_runner(ps, hp):
+    """The runner receives the request without its thinking budget (dropped on the way)."""
+    def make(orig):
+        def add_requests(runner, scheduler_output, *a, **k):
+            for new in scheduler_output.scheduled_new_reqs:
+                if new.sampling_params is not None:
+                    new.sampling_params.thinking_token_budget = None
+            return orig(runner, scheduler_output, *a, **k)
+        return add_requests
+    ps.wrap(hp.runner, "add_requests", make)
+
+
+def markers_rebound(ps, hp):
+    """At the first apply, the state's start marker attribute is rebound to a new tensor [0]
+    (a Python write: new storage)."""
+    saved = []
+
+    def make(orig):
+        def apply(state, *a, **k):
+            if not saved and getattr(state, "enabled", False):
+                import torch
+
+                saved.append((state, state.reasoning_start_token_ids))
+                state.reasoning_start_token_ids = torch.zeros_like(
+                    state.reasoning_start_token_ids)
+            return orig(state, *a, **k)
+        return apply
+
+    def restore():
+        for st, t in saved:
+            st.reasoning_start_token_ids = t
+    ps.wrap(hp.budget, "apply", make)
+    ps.on_remove(restore)
+
+
+def caches_zeroed_after_kernels(ps, hp):
+    """Right after the budget kernels (inside apply), the marker caches of the batch are
+    zeroed: the next step's cache says start 0, end 0 (not in reasoning)."""
+    mod = _tb_module(hp)
+
+    def make(orig):
+        def apply_thinking_budget(logits, req_ids, *a, **k):
+            out = orig(logits, req_ids, *a, **k)
+            a = list(a)
+            idx = req_ids.long()
+            a[6][idx] = 0  # cached_last_start
+            a[7][idx] = 0  # cached_last_end
+            return out
+        return apply_thinking_budget
+    ps.wrap(mod, "apply_thinking_budget", make)
+
+
+def budget_view_aliased(ps, hp):
+    """At every apply, the device budget view is overwritten with -1 through a raw alias."""
+    from workbook.hooks.faults import raw_alias
+
+    def make(orig):
+        def apply(state, *a, **k):
+            if getattr(state, "enabled", False):
+                import torch
+
+                with torch.inference_mode():
+                    raw_alias(state.thinking_token_budget.gpu).fill_(-1)
+            return orig(state, *a, **k)
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def verify_on_raw_logits(ps, hp):
+    """The rejection sampler verifies drafts against the unprocessed target logits (its
+    _verify processes them, then hands rejection_sample the raw ones)."""
+    rmod = importlib.import_module(hp.rejection.__module__)
+
+    def make(orig):
+        def _verify(rs, logits, *a, **k):
+            real = rmod.rejection_sample
+
+            def on_raw(processed, *x, **y):
+                return real(logits.float(), *x, **y)
+            rmod.rejection_sample = on_raw
+            try:
+                return orig(rs, logits, *a, **k)
+            finally:
+                rmod.rejection_sample = real
+        return _verify
+    ps.wrap(hp.rejection, "_verify", make)
+
+
+def force_grid_first_row_only(ps, hp):
+    """The forcing kernel is launched over the first logits row of the chunk only."""
+    mod = _tb_module(hp)
+
+    class Short:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            return self.fn[(1,)]
+
+        def __getattr__(self, name):
+            return getattr(self.fn, name)
+
+    ps.wrap(mod, "_thinking_budget_kernel", lambda orig: Short(orig))
+
+
 HELD_OUT = {
     "numpy_marker_write": ("H-i", numpy_marker_write),
     "end_marker_shifted": ("H-i", end_marker_shifted),
@@ -359,6 +464,12 @@ HELD_OUT = {
     "kernel_total_len_short": ("H-d-kernel", kernel_total_len_short),
     "history_marker_erased": ("H-d-history", history_marker_erased),
     "accept_all_drafts": ("H-g", accept_all_drafts),
+    "budget_dropped_before_runner": ("H-c", budget_dropped_before_runner),
+    "markers_rebound": ("H-i", markers_rebound),
+    "caches_zeroed_after_kernels": ("H-d-cache", caches_zeroed_after_kernels),
+    "budget_view_aliased": ("H-d", budget_view_aliased),
+    "verify_on_raw_logits": ("H-e", verify_on_raw_logits),
+    "force_grid_first_row_only": ("H-d-kernel", force_grid_first_row_only),
 }
 
 

@@ -5,7 +5,9 @@ Run with the Python of a venv that holds that vLLM (``setup.sh`` with ``VLLM_CPU
 every venv named in ``WORKBOOK_VERSION_VENVS``. Per speculative method it prints one line
 ``VERSION {json}``: the method skipped with vLLM's own reason when this version's MRV2 rejects
 it, else the hook-API generation, whether checks A and B are exact, the hypothesis the diagnosis
-names for fault H-a (at budget 3, drafts accepted), and whether the guard restores the budget.
+names for fault H-a (at budget 3, drafts accepted), and whether the guard restores the budget;
+with MTP also the contract breaks of a healthy batch (none expected) and the causes named for
+faults H-i, H-d-column and H-j from the trace's direct evidence.
 """
 
 from __future__ import annotations
@@ -43,6 +45,18 @@ def check_method(method: str) -> dict:
         out["fault_row"] = (v.get("first_violation") or {}).get("local_pos")
         with guard.enabled():
             out["guard_honored"] = request.run_reported(eng, budget=3, max_tokens=8)[0].honored
+    if method == "mtp":  # the direct evidence (issue #12) on this API generation
+        with request.zeroed_lm_head(eng), Tracer() as t:
+            outs = request.run_budgets(eng, [1, 3, 6], max_tokens=10)
+        out["healthy_anomalies"] = len(diagnose.diagnose(t.frames(), eng.effective, outs,
+                                                         eng.cfg)["anomalies"])
+        out["named"] = {}
+        for name in ("H-i", "H-d-column", "H-j"):
+            with experiments.any_fault(name, eng):
+                with request.zeroed_lm_head(eng), Tracer() as t:
+                    outs = request.run_budgets(eng, [1, 3, 6], max_tokens=10)
+            out["named"][name] = diagnose.diagnose(t.frames(), eng.effective, outs,
+                                                   eng.cfg)["hypothesis"]
     return out
 
 

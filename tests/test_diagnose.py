@@ -27,7 +27,7 @@ import pytest
 
 from workbook.core import budget as rule
 from workbook.core.config import RunConfig
-from workbook.core.hypotheses import HYPOTHESES, STAGES
+from workbook.core.hypotheses import HYPOTHESES, STAGES, runtime_faults
 from workbook.hooks import faults
 from workbook.hooks.tracer import Tracer
 from workbook.run import diagnose, probes, request
@@ -44,7 +44,8 @@ ACTS_ON = {"H-d-draft": lambda step, pos, k, bp: pos > 0,
            "H-d-cache": lambda step, pos, k, bp: step > 0,
            "H-d-restart": lambda step, pos, k, bp: step > 0,
            "H-j": lambda step, pos, k, bp: bp > 0}
-IN_PROCESS_FAULTS = [f for f in faults.FAULT_NAMES if f != "H-h"]
+IN_PROCESS_FAULTS = runtime_faults()  # not H-h (a V1 run), nor the start-up writers of
+# issue #13 (installed before an engine starts: tests/test_integrity.py)
 
 
 def same_request(traced_id: str, outcome) -> bool:
@@ -195,6 +196,31 @@ def test_reporter_state_h_i_leaves_version_and_storage_and_probes_confirm(engine
         eng.effective["reasoning_start_token_ids"][0],
         eng.effective["reasoning_end_token_ids"][0],
         eng.effective["reasoning_end_token_ids"][0]]
+
+
+def test_pipeline_runs_the_probes_and_feeds_them_back(engines, tmp_path):
+    """``RunConfig(probes=True)``: after the violated verdict, ``probes.json`` holds the probes
+    the cause calls for, and ``verdict.json`` is re-saved with their results in its chain."""
+    from workbook.core import rundir
+    from workbook.run import pipeline
+    from workbook.run.backends import InProcess
+
+    eng = engines(spec_method="mtp")
+    cfg = eng.cfg.replace(fault="H-d", probes=True, thinking_token_budget=1, max_tokens=6)
+    res = pipeline.run(cfg, str(tmp_path), backend=InProcess(cfg, engine=eng))
+    v = rundir.read_json(str(tmp_path / "verdict.json"))
+    p = rundir.read_json(str(tmp_path / "probes.json"))
+    assert v == json_roundtrip(res.verdict) and v["hypothesis"] == "H-d", v["summary"]
+    assert set(p) == {"budget", "guard"} and v["probes"] == p
+    assert p["budget"]["verdict"] == "honored" and p["guard"]["verdict"] == "honored"
+    assert v["chain"][0]["result"] == "budget: honored ✓, guard: honored ✓"
+    assert "probes_s" in res.timings
+
+
+def json_roundtrip(obj):
+    import json
+
+    return json.loads(json.dumps(obj))
 
 
 def test_v2_run_silently_served_by_v1_is_named_h_h(engines):

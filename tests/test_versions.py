@@ -46,4 +46,7 @@ def test_tracer_faults_guard_checks_on_version(venv):
         assert r["A"] and r["B"], r
         assert r["fault_verdict"] == "violated" and r["fault_hypothesis"] == "H-a", r
         assert r["guard_honored"] is True, r
+        if r["method"] == "mtp":
+            assert r["healthy_anomalies"] == 0, r
+            assert r["named"] == {"H-i": "H-i", "H-d-column": "H-d-column", "H-j": "H-j"}, r
     print(json.dumps(rows, indent=1))

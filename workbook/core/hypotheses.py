@@ -59,7 +59,7 @@ STAGES: dict[str, str] = {
     "commit": "the token committed is the token sampled",
 }
 
-_BUDGET_STATE = {"markers": "violated", "state": "violated"}
+_BUDGET_STATE = {"markers": "violated", "budget": "violated", "caches": "violated"}
 _MRV2 = {"guard": "honored", "v1": "honored"}
 
 HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
@@ -76,7 +76,8 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "the request's thinking_token_budget never reached the per-slot state",
                "use_thinking_budget False or host budget != the request's budget",
                "batch of 1 vs several; re-send the request",
-               {**_MRV2, **_BUDGET_STATE}),
+               # no guard / V1 prediction: a budget lost before the runner escapes them too
+               {**_BUDGET_STATE}),
     Hypothesis("H-a", "gate", "gate bypass: logits processing skipped for this request",
                "apply_sampling_params took its fast path or never called the budget's apply: "
                "the per-slot gate lacks the budget",
@@ -97,28 +98,31 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "_version unchanged",
                "markers re-uploaded from the host config; V1 (no device markers); "
                "compute-sanitizer memcheck of a start-up",
-               {**_MRV2, "markers": "honored", "state": "violated", "alone": "violated",
-                "batched": "violated", "no_spec": "violated"}),
+               {**_MRV2, "markers": "honored", "budget": "violated", "caches": "violated",
+                "alone": "violated", "batched": "violated", "no_spec": "violated"}),
     Hypothesis("H-d", "device state", "stale device view of the budget (device != host)",
                "the device copy of the per-slot budget the kernel reads differs from the host "
                "copy (a UVA / staged write that never reached the device)",
                "budget_device != budget_host for the slot",
-               "device state refreshed before apply; batch of 1",
-               {**_MRV2, "state": "honored", "markers": "violated", "alone": "violated"}),
+               "device budget re-copied from the host before apply; batch of 1",
+               {**_MRV2, "budget": "honored", "caches": "violated", "markers": "violated",
+                "alone": "violated"}),
     Hypothesis("H-d-history", "device state", "device view of the committed history is wrong",
                "the committed tokens / length the kernel reads on the device differ from the "
                "tokens committed (all_token_ids / total_len)",
                "total_len or the checksum of all_token_ids[slot, :total_len] != the host history",
                "batch of 1; eager vs CUDA graphs",
-               {"guard": "honored", "markers": "violated"}),
+               {"guard": "honored", "markers": "violated", "budget": "violated",
+                "caches": "violated"}),
     Hypothesis("H-d-cache", "device state", "marker cache corrupted between steps",
                "the cached last <think> / </think> / scan position entering apply do not "
                "describe the committed history: the start marker was lost or moved (the "
                "reasoning count restarted) or the scan skipped it",
                "the marker cache before apply, replayed over the history, gives another "
                "reasoning state than the rule (start lost / count restarted)",
-               "device state refreshed (marker caches reset) before apply",
-               {**_MRV2, "state": "honored", "markers": "violated", "alone": "violated"}),
+               "marker caches reset before apply (a cold scan of the history)",
+               {**_MRV2, "caches": "honored", "budget": "violated", "markers": "violated",
+                "alone": "violated"}),
     Hypothesis("H-j", "device state", "forcing depends on batch composition (the kernel "
                "did not get this request's rows)",
                "the kernel was not handed this request's rows mapped to its own slot, or its "

@@ -23,7 +23,7 @@ REQUEST_COLUMNS = [
     # evidence vs the host truth (workbook.hooks.tracer docstring)
     "batch_pos", "batch_size", "truth_start", "kernel_substituted", "last_start_before",
     "last_end_before", "scan_pos_before", "cache_ref_start", "cache_before_ok",
-    "cache_after_ok", "markers_dev", "markers_ok", "markers_version", "markers_moved",
+    "cache_scan_ok", "cache_after_ok", "markers_dev", "markers_ok", "markers_version", "markers_moved",
     "total_len_dev", "history_ok", "kernel_markers", "kernel_budget", "kernel_history_ok",
     "kernel_total_len", "mapping_ok", "positions_ok"]
 ROW_COLUMNS = [

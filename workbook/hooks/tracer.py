@@ -26,9 +26,10 @@ configuration with the one budget rule (``workbook.core.budget``):
 
 - the state's device marker ids (start, end, natural end) as the kernel reads them, their
   storage address and ``_version``, vs the configured ids (``markers_ok``);
-- the marker caches (last start, last end, scan position) BEFORE and after ``apply``, vs the
-  rule's last start and vs vLLM's cache update replayed on the host
-  (``budget.scan_marker_cache``): ``cache_before_ok``, ``cache_after_ok``;
+- the marker caches (last start, last end, scan position) BEFORE ``apply``, right after the
+  scan kernel and after ``apply``, vs the rule's last start and vs vLLM's cache update replayed
+  on the host (``budget.scan_marker_cache``): ``cache_before_ok``, ``cache_scan_ok``,
+  ``cache_after_ok``;
 - the device view of the committed history (``total_len``, a checksum of
   ``all_token_ids[slot, :total_len]``) vs the host history (``history_ok``);
 - host vs device budget, ``enabled``, registration, gate, fast path, kernels launched, whether
@@ -104,17 +105,17 @@ class _LaunchProxy:
 
         def run(*a, **k):
             t = self._tracer
-            logits = None
+            after = None
             try:
                 named = dict(zip(self._fn.arg_names, a))
                 named.update(k)
-                logits = t._on_launch(self._name, named)
+                after = t._on_launch(self._name, named)
             except Exception as e:  # the tracer must never break the engine
                 t._error(f"launch:{self._name}", e)
             out = launch(*a, **k)
-            if logits is not None:
+            if after is not None:
                 try:
-                    t._after_launch(logits)
+                    after()
                 except Exception as e:
                     t._error(f"launch:{self._name}", e)
             return out
@@ -489,6 +490,7 @@ class Tracer:
         rec["substituted"] = sorted(set(rec.get("substituted", [])) | set(subst))
         if kernel == SCAN_KERNEL and "cache_before" not in rec:
             idx = rec["idx"].long()  # the batch's slots (the kernel's own req_ids may differ)
+            caches = [named["cached_last_start_ptr"], named["cached_last_end_ptr"]]
             self._read_state(rec, idx, named["thinking_token_budget_ptr"],
                              named["all_token_ids_ptr"], named["total_len_ptr"],
                              named["cached_last_start_ptr"], named["cached_last_end_ptr"],
@@ -500,7 +502,12 @@ class Tracer:
                 rec["state_total_len"] = t.clone()
                 rec["state_hist_sum"] = self._device_checksum(
                     state.req_states.all_token_ids.gpu, idx, t)
-            return None
+
+            def after_scan():  # what the scan itself left (before anything else could write)
+                import torch
+
+                rec["cache_scan"] = torch.stack([c.detach() for c in caches])[:, idx]
+            return after_scan
         if kernel != FORCE_KERNEL:
             return None
         rec["launched"] = True
@@ -518,12 +525,12 @@ class Tracer:
             rec["k_input_ids"] = named["input_ids_ptr"].detach().clone()
         logits = named.get("logits_ptr")
         rec["k_ptr"] = None if logits is None else logits.data_ptr()
-        return logits if "logits" in subst else None
+        if logits is None or "logits" not in subst:
+            return None
 
-    def _after_launch(self, logits) -> None:
-        call = self._call
-        if call is not None and logits is not None:
-            call.apply["k_end"] = logits[:, self._end_col()].detach().float().clone()
+        def after_force():  # the tensor the kernel really wrote, when not apply's
+            rec["k_end"] = logits[:, self._end_col()].detach().float().clone()
+        return after_force
 
     def _w_kernel_launch(self, orig):
         tracer = self
@@ -751,6 +758,8 @@ class Tracer:
                    cache_ref_start=budget.cache_start(ref[0], ref[1]),
                    cache_before_ok=budget.cache_start(ref[0], ref[1]) == truth_start,
                    cache_after_ok=budget.cache_start(ls_a, le_a) == truth_start,
+                   cache_scan_ok=None if "cache_scan" not in ap else budget.cache_start(
+                       *(int(x) for x in _host(ap["cache_scan"])[:2, k])) == truth_start,
                    markers_dev=dict(zip(MARKER_KEYS, parts)),
                    markers_ok=parts == self._config_markers,
                    markers_version=[m[1] for m in meta],

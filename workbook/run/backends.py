@@ -82,7 +82,8 @@ class InProcess:
     def __init__(self, cfg, outdir=None, engine=None):
         self.cfg = cfg
         self.outdir = outdir
-        self.engine = engine
+        # a given (shared) engine, seen with this run's request parameters
+        self.engine = None if engine is None else dataclasses.replace(engine, cfg=cfg)
         self.own: _Own | None = None
         self.started_own = False
         self.hooks: list = []

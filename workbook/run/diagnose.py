@@ -131,6 +131,27 @@ def traced_requests(frames: dict, markers: budget.Markers) -> list[dict]:
     return out
 
 
+def _client_budgets(reqs: list[dict], client: list[dict], markers) -> None:
+    """Where the client asked for a budget the runner never received (the request's
+    ``thinking_token_budget`` lost before MRV2), judge the traced request by the client's
+    budget and keep the runner's as ``budget_runner``. Matched by request id (the engine's is
+    the client's plus a suffix), else by a unique identical output."""
+    for o in client:
+        ob, oid = o.get("budget"), str(o.get("request_id") or "")
+        if ob is None:
+            continue
+        same = [r for r in reqs if oid and (r["req_id"] == oid or
+                                            r["req_id"].startswith(oid + "-"))]
+        if not same:
+            same = [r for r in reqs if r["output"] == list(o.get("token_ids") or [])]
+        if len(same) != 1 or same[0]["budget"] == ob:
+            continue
+        r = same[0]
+        j = budget.judge_from_count(r["r0"], r["output"], ob, markers)
+        r.update(budget_runner=r["budget"], budget=ob, expected_end_index=j.expected_end_index,
+                 honored=j.honored, actual_end_index=j.actual_end_index)
+
+
 def locate(req: dict) -> tuple[dict | None, int | None]:
     """The request-step that emitted output index ``expected_end_index``, and its local pos."""
     e = req["expected_end_index"]
@@ -176,10 +197,6 @@ def _cause(hyp: str, saw: str, stage: str | None = None, **extra) -> dict:
             "confirm": h.confirm, **extra}
 
 
-def _tok(t) -> str:
-    return "?" if t is None else str(int(t))
-
-
 # ---- rules, stage by stage (each returns the causes it sees; [] = the stage held) ---------
 
 def _rule_state(c: Ctx) -> list[dict]:
@@ -193,6 +210,10 @@ def _rule_state(c: Ctx) -> list[dict]:
 
 def _rule_registration(c: Ctx) -> list[dict]:
     reg, st, b = c.req["registration"], c.st, c.budget
+    if "budget_runner" in c.req:
+        return [_cause("H-c", f"the client asked for thinking_token_budget={b}, the runner's "
+                              "request carried "
+                              f"{c.req['budget_runner']}: lost before MRV2 registered it")]
     use = reg.get("use_thinking_budget")
     host = reg.get("budget_host")
     if use is False or st.get("use_thinking_budget") is False or (
@@ -271,11 +292,26 @@ def _rule_device_state(c: Ctx) -> list[dict]:
     if st.get("cache_before_ok") is False and st.get("markers_ok") is not False and \
             st.get("history_ok") is not False and (bd is None or int(bd) >= 0):
         prev = _previous_apply(c)
-        if prev is not None and prev.get("cache_after_ok") is False:
-            out.append(_cause("H-d-kernel", f"the marker scan at step {prev['step']} left "
-                                            f"last_start={prev.get('last_start')} last_end="
-                                            f"{prev.get('last_end')}, the history's reasoning "
-                                            f"starts at {prev.get('truth_start')}"))
+        left = (f"the marker scan at step {prev['step']} left last_start="
+                f"{prev.get('last_start')} last_end={prev.get('last_end')}, the history's "
+                f"reasoning starts at {prev.get('truth_start')}") if prev is not None else ""
+        if prev is not None and prev.get("cache_after_ok") is False and \
+                prev.get("markers_ok") is False:
+            out.append(_cause("H-i", f"{left}: it read marker ids {prev.get('markers_dev')}, "
+                                     f"configured {c.config_markers}"))
+        elif prev is not None and prev.get("cache_after_ok") is False and \
+                prev.get("history_ok") is False:
+            out.append(_cause("H-d-history", f"{left}: it read a history of total_len "
+                                             f"{prev.get('total_len_dev')} (committed "
+                                             f"{prev.get('total_len_before')})"))
+        elif prev is not None and prev.get("cache_after_ok") is False and \
+                prev.get("cache_scan_ok") is not True and prev.get("kernels_launched") and \
+                _inputs_right(prev):
+            out.append(_cause("H-d-kernel", left + " from right inputs"))
+        elif prev is not None and prev.get("cache_after_ok") is False:
+            out.append(_cause("H-d-cache", f"{_cache_saw(st)}; the scan at step "
+                                           f"{prev['step']} had computed it right, something "
+                                           "changed it after the scan"))
         else:
             out.append(_cause("H-d-cache", _cache_saw(st) + (
                 "" if prev is None else f"; step {prev['step']}'s apply had left it right")))
@@ -361,6 +397,13 @@ def _rule_kernel(c: Ctx) -> list[dict]:
     if bad:
         return [_cause("H-d-kernel", f"at step {st['step']} apply handed the kernel "
                                      f"{'; '.join(bad)} instead of the state's tensors")]
+    if st.get("cache_after_ok") is False and st.get("cache_before_ok") is not False and \
+            st.get("cache_scan_ok") is True:
+        return [_cause("H-d-cache", f"at step {st['step']} the marker scan computed the cache "
+                                    f"right, yet apply left last_start={st.get('last_start')} "
+                                    f"last_end={st.get('last_end')} (the history's reasoning "
+                                    f"starts at {st.get('truth_start')}): changed after the "
+                                    "scan")]
     if st.get("cache_after_ok") is False and st.get("cache_before_ok") is not False and \
             _inputs_right(st) and st.get("kernels_launched"):
         return [_cause("H-d-kernel", f"from a right cache, the marker scan at step "
@@ -615,11 +658,15 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
                                                 "kernel differ from the batch's")
         if s.get("cache_before_ok") is False:
             hit("device state", "cache before apply", s, _cache_saw(s))
-        if s.get("cache_after_ok") is False and s.get("cache_before_ok") is not False and \
-                s.get("kernels_launched") and _inputs_right(s) and \
-                int(s.get("budget_device") if s.get("budget_device") is not None else -1) >= 0:
-            hit("kernel", "marker scan", s, f"cache after apply last_start="
+        scanned = s.get("kernels_launched") and _inputs_right(s) and \
+            int(s.get("budget_device") if s.get("budget_device") is not None else -1) >= 0
+        if scanned and s.get("cache_scan_ok") is False or (
+                scanned and s.get("cache_scan_ok") is None and s.get("cache_after_ok") is False):
+            hit("kernel", "marker scan", s, f"cache after the scan last_start="
                                             f"{s.get('last_start')} vs {s.get('truth_start')}")
+        elif scanned and s.get("cache_scan_ok") and s.get("cache_after_ok") is False:
+            hit("device state", "cache after the scan", s, "the scan left the cache right, "
+                                                          "apply's exit found it changed")
         if [n for n in (s.get("kernel_substituted") or [])]:
             hit("kernel", "kernel inputs", s, f"not the state's: {s['kernel_substituted']}")
     for r in rows:
@@ -668,12 +715,13 @@ def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> d
     frames = frames or {}
     markers = _markers(frames, effective)
     reqs = traced_requests(frames, markers)
+    client = [_outcome_dict(o) for o in (outcomes or [])]
+    _client_budgets(reqs, client, markers)
     result: dict[str, Any] = {"verdict": "inconclusive", "hypothesis": None,
                               "hypothesis_title": None, "summary": "", "first_violation": None,
                               "evidence": [], "requests": [], "markers": markers.to_dict(),
                               "causes": [], "chain": [], "probes": {}, "violations": [],
                               "anomalies": []}
-    client = [_outcome_dict(o) for o in (outcomes or [])]
     result["requests"] = [{k: r[k] for k in ("req_id", "budget", "r0", "expected_end_index",
                                              "actual_end_index", "honored", "output")}
                           for r in reqs]
@@ -856,9 +904,16 @@ def with_probes(verdict: dict, probes: dict) -> dict:
     causes = [dict(c) for c in v.get("causes") or []]
     for c in causes:
         pred = HYPOTHESES[c["hypothesis"]].predicts if c["hypothesis"] in HYPOTHESES else {}
-        c["confirmed_by"] = [n for n, p in results.items() if pred.get(n) == p["verdict"]]
+        # a probe whose own trace shows this very cause again reproduces it: the switch did
+        # not remove it (e.g. a writer that re-corrupts what the probe repaired), no refutal
+        again = [n for n, p in results.items() if p["verdict"] == "violated"
+                 and c["hypothesis"] in (p.get("causes") or [p.get("hypothesis")])]
+        c["confirmed_by"] = [n for n, p in results.items()
+                             if pred.get(n) == p["verdict"] or n in again]
         c["refuted_by"] = [n for n, p in results.items()
-                           if pred.get(n) not in (None, p["verdict"])]
+                           if pred.get(n) not in (None, p["verdict"]) and n not in again]
+        if again:
+            c["reproduced_by"] = again
     kept = [c for c in causes if not c["refuted_by"]]
     have = {c["hypothesis"] for c in kept}
     for (name, outcome), hyp in POSITIVE.items():
@@ -898,11 +953,13 @@ def chain_rows(verdict: dict) -> list[dict]:
             return "not run (run with probes=True)"
         parts = []
         pred = HYPOTHESES[c["hypothesis"]].predicts if c["hypothesis"] in HYPOTHESES else {}
+        again = c.get("reproduced_by") or []
         for n, p in probes.items():
             if p.get("verdict") not in ("honored", "violated"):
                 continue
             want = pred.get(n)
-            mark = "" if want is None else (" ✓" if want == p["verdict"] else " ✗")
+            mark = " ✓ (same cause again)" if n in again else \
+                "" if want is None else (" ✓" if want == p["verdict"] else " ✗")
             parts.append(f"{n}: {p['verdict']}{mark}")
         return ", ".join(parts) or "no probe applied"
 

@@ -25,7 +25,8 @@ own:
 ``plan`` picks, from the catalogue's predictions (``Hypothesis.predicts``), the probes whose
 outcome separates the remaining candidates, those that would confirm a single one, and the
 guard; probes that need a new engine (20–90 s on a CPU) only when no cheap probe separates the
-candidates. ``run`` executes a plan and returns ``{name: result}`` (``probes.json``).
+candidates, and only for the tiny models (a second engine of a real checkpoint would not fit
+next to the first: those stay A/B variants of notebook 03). ``run`` executes a plan and returns ``{name: result}`` (``probes.json``).
 
 Not here: what a result means (``workbook.run.diagnose.with_probes``).
 """
@@ -36,6 +37,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 
+from workbook.core import models
 from workbook.core.hypotheses import HYPOTHESES
 
 
@@ -69,6 +71,9 @@ def _batch_size(verdict: dict) -> int:
 def applicable(name: str, verdict: dict, cfg, on_cpu: bool) -> str | None:
     """Why probe ``name`` cannot run for this run, or None."""
     p = PROBES[name]
+    if p.needs_engine and getattr(cfg, "model", "") not in models.MODELS:
+        return ("needs a second engine of this checkpoint next to the first (memory): run it "
+                "as an A/B variant (notebook 03)")
     if name == "alone" and _batch_size(verdict) <= 1:
         return "the run already was a batch of 1"
     if name == "batched" and _batch_size(verdict) > 1:
@@ -301,4 +306,6 @@ def _one(name, engine, cfg, budgets, zero, max_tokens) -> dict:
     return {"verdict": {True: "honored", False: "violated", None: "inconclusive"}[
                 target.honored],
             "tokens": target.token_ids[:16], "run_verdict": v["verdict"],
-            "hypothesis": v.get("hypothesis"), "summary": v.get("summary", "")[:400]}
+            "hypothesis": v.get("hypothesis"),
+            "causes": [c["hypothesis"] for c in v.get("causes") or []],
+            "summary": v.get("summary", "")[:400]}
