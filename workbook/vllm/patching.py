@@ -30,6 +30,7 @@ _seq = itertools.count()
 class _Chain:
     original: Any  # the object in cls.__dict__ before any patch, or _MISSING if inherited
     wrappers: list = field(default_factory=list)  # (layer, seq, owner, make)
+    composed: dict = field(default_factory=dict)  # wrapper set -> its composed function
 
 
 _chains: dict[tuple[type, str], _Chain] = {}
@@ -46,10 +47,14 @@ def _compose(cls: type, attr: str) -> None:
         del _chains[(cls, attr)]
         return
     base = chain.original if chain.original is not _MISSING else _inherited_or_none(cls, attr)
-    fn = base
-    for _layer, _s, _owner, make in sorted(chain.wrappers, key=lambda w: (w[0], w[1])):
-        fn = make(fn)
-    setattr(cls, attr, fn)
+    ordered = sorted(chain.wrappers, key=lambda w: (w[0], w[1]))
+    key = tuple((w[1], id(w[2])) for w in ordered)
+    if key not in chain.composed:  # the same set of wrappers gives back the same object, so
+        fn = base                  # removing one layer restores the method of the others exactly
+        for _layer, _s, _owner, make in ordered:
+            fn = make(fn)
+        chain.composed[key] = fn
+    setattr(cls, attr, chain.composed[key])
 
 
 def _inherited(cls: type, attr: str):
