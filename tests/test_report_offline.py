@@ -141,7 +141,7 @@ def test_report_leads_with_the_finding_on_the_first_screen(page, evidence):
     for d in evidence:  # one paragraph per hardware and batch
         assert d.name in finding and d.parent.name in finding
     # each violated run: stage → cause → first step / row, and whether the guard fixed it
-    assert re.search(r"fault-H-d-draft.*kernel → H-d(-kernel)?: .*→ step 41, row 1", finding)
+    assert re.search(r"fault-H-d-draft.*(kernel|device state) → H-d(-kernel)?: .*→ step 41, row 1", finding)
     assert "fixed by the guard (fault-H-d-draft-guard: honored)" in finding
     assert dom["headings"][:2] == ["Verdicts", "Violations: the step × row picture"]
 
