@@ -21,7 +21,7 @@ import time
 from workbook import hooks
 from workbook.run import request
 from workbook.run import server as srv
-from workbook.vllm import engine, env
+from workbook.vllm import engine
 
 
 class _Own:
@@ -40,11 +40,8 @@ def own_engine(cfg, outdir=None) -> tuple[_Own, bool]:
     """The engine of a configuration that needs pre-start hooks: started with them the first
     time (its watch writing progressively into ``outdir/watch/``), reused afterwards (then the
     reusing run did not observe the start-up). Returns (it, started now)."""
-    import json
-
-    key = json.dumps([engine.engine_kwargs(cfg), env.vllm_env(cfg, cpu=False), cfg.fault,
-                      cfg.watched, cfg.localize, cfg.localize_within, cfg.cpu_profile_run],
-                     sort_keys=True, default=str)
+    key = engine.engine_key(cfg, cfg.fault, cfg.watched, cfg.localize, cfg.localize_within,
+                            cfg.cpu_profile_run)
     if key in _OWN:
         return _OWN[key], False
     box: dict = {}

@@ -224,14 +224,20 @@ def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
 _SHARED: dict[str, Engine] = {}
 
 
+def engine_key(cfg: RunConfig, *extra) -> str:
+    """What makes two configs need different engines: the engine arguments and the vLLM-side
+    environment (runner choice), plus ``extra`` (e.g. pre-start hooks)."""
+    import json
+
+    return json.dumps([engine_kwargs(cfg), env.vllm_env(cfg, cpu=False), *extra],
+                      sort_keys=True, default=str)
+
+
 def shared(cfg: RunConfig, log: str | None = None) -> Engine:
     """An in-process engine for ``cfg``, shared by every config with the same engine arguments
     and the same vLLM-side environment (runner choice): one start per configuration (its
     start-up log in ``log``)."""
-    import json
-
-    key = json.dumps([engine_kwargs(cfg), env.vllm_env(cfg, cpu=False)], sort_keys=True,
-                     default=str)
+    key = engine_key(cfg)
     if key not in _SHARED:
         _SHARED[key] = start(cfg, log)
     return _SHARED[key]
