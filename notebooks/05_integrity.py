@@ -182,8 +182,8 @@ pd.DataFrame(rows)
 # %% [markdown]
 # ## What the watch cost
 # Checks during start-up (synchronizing, with localization) and per step afterwards (a device
-# ring buffer, no host sync). `benchmarks/watch_overhead.py` measures the per-step ratio side
-# by side in one engine.
+# ring buffer, no host sync). `benchmarks/step_overhead.py --watch` measures the per-step ratio
+# side by side in one engine.
 
 # %%
 pd.DataFrame({"value": {**(w.get("overhead") or {}), **(w.get("steps") or {})}})

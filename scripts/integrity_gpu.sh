@@ -4,7 +4,9 @@
 # Steps (STEPS="..." picks a subset, in this order):
 #   faults     workbook watch --env h200 --run R --localize auto for the healthy start-up and each
 #              H-i fault (the watch names phase, module, op), then the guard variants (checks A/B)
-#   bench      benchmarks/watch_overhead.py: per-step cost of the watch, side by side in one run
+#   bench      benchmarks/step_overhead.py --watch --sync-check on BENCH_RUN (default mtp-cudagraphs):
+#              per-step cost of the watch, the tracer and the guard side by side in one engine,
+#              and the synchronizations each adds per step
 #   sanitizer  scripts/integrity_sanitizer.sh on a healthy and a faulted start-up (memcheck,
 #              PYTORCH_NO_CUDA_MEMORY_CACHING=1), the report tied to the watched addresses
 #   shape27b   workbook watch --localize auto on the reporter-shaped Qwen3.5 + MTP
@@ -17,7 +19,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/integrity-out}; mkdir -p "$OUT"
 STEPS=${STEPS:-faults bench sanitizer shape27b}
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 WORKBOOK_CACHE=/tmp/workbook-cache
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+export WORKBOOK_CACHE=${WORKBOOK_CACHE:-/tmp/workbook-cache}  # one per concurrent call
 export VLLM_TRITON_FORCE_FIRST_CONFIG=1
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -48,11 +51,10 @@ for step in $STEPS; do
       echo "$run rc=$? $(( $(date +%s) - t0 )) s"; summary "$OUT/$run/watch-summary.json"
     done ;;
   bench)
-    timeout -s INT "${RUN_S:-300}" "$PY" benchmarks/watch_overhead.py --model tiny-qwen3.5-mtp \
-      --set kv_cache_bytes=1073741824 --set "engine_kwargs={gdn_prefill_backend: triton}" \
-      --num-reqs 8 --max-tokens 64 --rounds 6 --json "$OUT/watch_overhead.json" \
-      > "$OUT/watch_overhead.log" 2>&1
-    echo "bench rc=$?"; grep -E "^step time" "$OUT/watch_overhead.log" ;;
+    timeout -s INT "${RUN_S:-300}" "$PY" benchmarks/step_overhead.py --env h200 \
+      --run "${BENCH_RUN:-mtp-cudagraphs}" --watch --sync-check --batch 4 --max-tokens 32 \
+      --rounds 5 --json-out "$OUT/step_overhead.json" > "$OUT/step_overhead.log" 2>&1
+    echo "bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "ms/step" "$OUT/step_overhead.log" ;;
   sanitizer)
     for run in ${SANITIZER_RUNS:-watch-mtp fault-H-i-profile-mtp}; do
       PYTHON="$PY" SANITIZER_TIMEOUT="${RUN_S:-500}" bash scripts/integrity_sanitizer.sh "$OUT/sanitizer-$run" \

@@ -46,8 +46,10 @@ Processing order inside one step (MRV2): ``sample_tokens`` → ``sample`` → ``
 or ``RejectionSampler.__call__`` → ``apply_sampling_params`` (per chunk) →
 ``ThinkingBudgetState.apply`` → ``apply_thinking_budget`` → [guard] → ``postprocess_sampled``
 → ``speculator.propose``. Device tensors are cloned (small: the end column, top-k, per-slot
-values) during the step; they are copied to the host, and the table rows built, only when
-the trace is read (or every ``max_pending`` steps): one synchronization for many steps.
+values) during the step, never synchronizing (device indices only: no Python list or host
+tensor indexes a device tensor inside a step); they are copied to the host, and the table rows
+built, only when the trace is read (or every ``max_pending`` steps): one synchronization for
+many steps.
 
 It never writes into vLLM tensors and never changes a return value, so what vLLM samples is the
 same with or without it; removing it restores the original methods (``workbook.vllm.patching``).
@@ -194,6 +196,7 @@ class Tracer:
         self._rule_markers = budget.Markers()
         self._config_markers: list[list[int]] = [[], [], []]  # raw reasoning_config lists
         self._end_cols: list[int] = [0]
+        self._end_idx: dict = {}  # device -> long tensor of _end_cols (see _end_vals)
         self._budget: dict[str, int | None] = {}  # req_id -> thinking_token_budget asked for
         self._checksum: dict[str, int] = {}  # req_id -> budget.history_checksum(history)
         self._len_ub: dict[str, int] = {}  # req_id -> upper bound of its committed length
@@ -340,7 +343,6 @@ class Tracer:
             args = hookpoints.apply_sampling_args(a, k)
             call = _Call()
             tracer._call = call
-            ends = tracer._end_col()
             call.ptrs = {n: _ptr(t) for n, t in (
                 ("expanded_idx_mapping", args.expanded_idx_mapping),
                 ("req_ids", args.idx_mapping), ("input_ids", args.input_ids),
@@ -350,7 +352,7 @@ class Tracer:
             call.input_ids = args.input_ids.detach().clone()
             call.gate_slots = np.array(args.idx_mapping_np, copy=True)
             call.gate = np.array(sampler.needs_logits_processing[args.idx_mapping_np], copy=True)
-            call.end_in = args.logits[:, ends].detach().float().clone()
+            call.end_in = tracer._end_vals(args.logits)
             call.top_in = tracer._topk(args.logits)
             try:
                 out = orig(sampler, *a, **k)
@@ -358,7 +360,7 @@ class Tracer:
                 tracer._call = None
             call.fast_path = out is args.logits
             call.out_ptr = out.data_ptr()
-            call.end_final = out[:, ends].detach().float().clone()
+            call.end_final = tracer._end_vals(out)
             call.top_final = tracer._topk(out)
             step.calls.append(call)
             return out
@@ -373,14 +375,13 @@ class Tracer:
             if call is None or tracer._step is None:
                 return orig(state, *a, **k)
             args = hookpoints.budget_apply_args(tracer.hp.generation, a, k)
-            ends = tracer._end_col()
             slots_np = np.asarray(args.idx_mapping_np)
             rec = call.apply
             call.apply_called = True
             logits = args.logits
             rec.update(state=state, enabled=bool(state.enabled), a_ptr=logits.data_ptr(),
                        launched=False, substituted=[], idx=args.idx_mapping)
-            rec["before"] = logits[:, ends].detach().float().clone()
+            rec["before"] = tracer._end_vals(logits)
             full_before = None
             if state.enabled:
                 rec["use"] = np.array(state.use_thinking_budget[slots_np], copy=True)
@@ -390,11 +391,13 @@ class Tracer:
                 out = orig(state, *a, **k)
             finally:
                 rec.pop("state", None)
-            rec["after"] = logits[:, ends].detach().float().clone()
+            rec["after"] = tracer._end_vals(logits)
             if full_before is not None:
                 tracer._bias_delta(rec, logits, full_before)
                 del full_before
             if state.enabled:
+                import torch
+
                 idx = args.idx_mapping.long()
                 if "markers_dev" not in rec:  # no kernel ran: what the kernels would read
                     tracer._read_markers(rec, [getattr(state, n) for n in MARKER_ATTRS])
@@ -403,9 +406,10 @@ class Tracer:
                                        state.req_states.all_token_ids.gpu,
                                        state.req_states.total_len.gpu, state.cached_last_start,
                                        state.cached_last_end, state.cached_scan_pos)
-                rec["last_start"] = state.cached_last_start[idx].detach().clone()
-                rec["last_end"] = state.cached_last_end[idx].detach().clone()
-                rec["scan_pos"] = state.cached_scan_pos[idx].detach().clone()
+                # [3, reqs] last start / last end / scan position after apply (one gather)
+                rec["cache_after"] = torch.stack([state.cached_last_start,
+                                                  state.cached_last_end,
+                                                  state.cached_scan_pos]).detach()[:, idx]
             rec["slots"] = slots_np
             return out
 
@@ -417,7 +421,7 @@ class Tracer:
         >= 1e8 (device ops only)."""
         import torch
 
-        d = logits.detach().float() - before.float()
+        d = logits.float() - before.float()
         vals, ids = torch.topk(d, min(2, d.shape[-1]), dim=-1)
         rec["delta"] = (vals, ids, (d >= FORCED_THRESHOLD).sum(-1))
 
@@ -529,7 +533,7 @@ class Tracer:
             return None
 
         def after_force():  # the tensor the kernel really wrote, when not apply's
-            rec["k_end"] = logits[:, self._end_col()].detach().float().clone()
+            rec["k_end"] = self._end_vals(logits)
         return after_force
 
     def _w_kernel_launch(self, orig):
@@ -546,7 +550,7 @@ class Tracer:
     def _consumed(self, call: _Call, logits) -> None:
         """What the sampler consumed: its storage, the end columns and its top-2 per row."""
         call.s_ptr = logits.data_ptr()
-        call.end_s = logits[:, self._end_col()].detach().float().clone()
+        call.end_s = self._end_vals(logits)
         call.top_s = self._topk(logits, 2)
 
     def _w_consume(self, orig):
@@ -625,7 +629,7 @@ class Tracer:
     def _end_step(self, runner, step: _Step) -> None:
         spec_states = getattr(runner.req_states, "draft_tokens", None)
         if spec_states is not None and getattr(runner, "speculator", None) is not None:
-            step.proposed = spec_states[step.idx_mapping_dev.long()].detach().clone()
+            step.proposed = spec_states.detach()[step.idx_mapping_dev.long()]  # a copy
         self._pending.append(step)
         if len(self._pending) >= self.max_pending:
             self.materialize()
@@ -737,7 +741,8 @@ class Tracer:
         M = self._rule_markers
         cb = _host(ap["cache_before"])[:, k]
         ls_b, le_b, sp_b = (int(x) for x in cb)
-        ls_a, le_a = int(_host(ap["last_start"])[k]), int(_host(ap["last_end"])[k])
+        ca = _host(ap["cache_after"])[:, k]
+        ls_a, le_a, sp_a = (int(x) for x in ca)
         md = [int(x) for x in _host(ap["markers_dev"])]
         meta = ap["markers_meta"]
         lens = [m[2] for m in meta]
@@ -753,7 +758,7 @@ class Tracer:
         rec.update(use_thinking_budget=bool(ap["use"][k]),
                    budget_host=int(ap["budget_host"][k]),
                    budget_device=int(_host(ap["budget_dev"])[k]),
-                   last_start=ls_a, last_end=le_a, scan_pos=int(_host(ap["scan_pos"])[k]),
+                   last_start=ls_a, last_end=le_a, scan_pos=sp_a,
                    last_start_before=ls_b, last_end_before=le_b, scan_pos_before=sp_b,
                    cache_ref_start=budget.cache_start(ref[0], ref[1]),
                    cache_before_ok=budget.cache_start(ref[0], ref[1]) == truth_start,
@@ -868,17 +873,30 @@ class Tracer:
         self._config_markers = [[int(t) for t in (getattr(rc, n, None) or [])]
                                 for n in MARKER_ATTRS]
         self._end_cols = list(dict.fromkeys(self._rule_markers.end))[:4] or [0]
+        self._end_idx.clear()
 
     def _end_col(self) -> list[int]:
         """The logits columns recorded: the distinct reasoning-end tokens (the first is the
         ``end_logit_*`` column)."""
         return self._end_cols
 
+    def _end_vals(self, logits):
+        """``logits[:, end columns]`` as a new float tensor [rows, E], gathered with a device
+        index made once per device: indexing with a Python list would copy the list to the
+        device and synchronize the stream at every call (a stall of the whole step)."""
+        import torch
+
+        idx = self._end_idx.get(logits.device)
+        if idx is None:
+            idx = self._end_idx[logits.device] = torch.tensor(
+                self._end_cols, dtype=torch.long, device=logits.device)
+        return logits.index_select(-1, idx).float()  # a copy (no grad in the sampler)
+
     def _topk(self, logits, k: int | None = None):
         import torch
 
         k = min(k or self.topk, logits.shape[-1])
-        vals, ids = torch.topk(logits.detach().float(), k, dim=-1)
+        vals, ids = torch.topk(logits.float(), k, dim=-1)
         return vals, ids
 
     def _reasoning_count(self, hist: list[int]) -> int | None:
