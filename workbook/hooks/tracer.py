@@ -292,12 +292,12 @@ class Tracer:
             step = tracer._step
             if step is not None:
                 sampler_output, num_sampled, num_rejected = out
-                step.sampled = sampler_output.sampled_token_ids.detach().clone()
-                step.num_sampled = num_sampled.detach().clone()
-                step.num_rejected = num_rejected.detach().clone()
+                step.sampled = sampler_output.sampled_token_ids.clone()
+                step.num_sampled = num_sampled.clone()
+                step.num_rejected = num_rejected.clone()
                 g = getattr(runner, "_workbook_guard", None)
                 fixed = getattr(g, "last_fixed", None)
-                step.guard_fixed = fixed.detach().clone() if fixed is not None else None
+                step.guard_fixed = fixed.clone() if fixed is not None else None
             return out
 
         return sample
@@ -309,7 +309,7 @@ class Tracer:
             out = orig(runner, idx_mapping, *a, **k)
             step = tracer._step
             if step is not None:
-                step.total_len_after = runner.req_states.total_len.gpu.detach().clone()
+                step.total_len_after = runner.req_states.total_len.gpu.clone()
             return out
 
         return postprocess_sampled
@@ -325,8 +325,8 @@ class Tracer:
                     step.path = name
                 out = orig(sampler, *a, **k)
                 if outer:
-                    step.sampled_vllm = out.sampled_token_ids.detach().clone()
-                    step.num_sampled_vllm = out.num_sampled.detach().clone()
+                    step.sampled_vllm = out.sampled_token_ids.clone()
+                    step.num_sampled_vllm = out.num_sampled.clone()
                 return out
 
             return __call__
@@ -347,9 +347,9 @@ class Tracer:
                 ("expanded_idx_mapping", args.expanded_idx_mapping),
                 ("req_ids", args.idx_mapping), ("input_ids", args.input_ids),
                 ("expanded_local_pos", args.expanded_local_pos))}
-            call.slots = args.expanded_idx_mapping.detach().clone()
-            call.local_pos = args.expanded_local_pos.detach().clone()
-            call.input_ids = args.input_ids.detach().clone()
+            call.slots = args.expanded_idx_mapping.clone()
+            call.local_pos = args.expanded_local_pos.clone()
+            call.input_ids = args.input_ids.clone()
             call.gate_slots = np.array(args.idx_mapping_np, copy=True)
             call.gate = np.array(sampler.needs_logits_processing[args.idx_mapping_np], copy=True)
             call.end_in = tracer._end_vals(args.logits)
@@ -386,7 +386,7 @@ class Tracer:
             if state.enabled:
                 rec["use"] = np.array(state.use_thinking_budget[slots_np], copy=True)
                 rec["budget_host"] = np.array(state.thinking_token_budget.np[slots_np], copy=True)
-                full_before = logits.detach().clone()
+                full_before = logits.clone()
             try:
                 out = orig(state, *a, **k)
             finally:
@@ -409,7 +409,7 @@ class Tracer:
                 # [3, reqs] last start / last end / scan position after apply (one gather)
                 rec["cache_after"] = torch.stack([state.cached_last_start,
                                                   state.cached_last_end,
-                                                  state.cached_scan_pos]).detach()[:, idx]
+                                                  state.cached_scan_pos])[:, idx]
             rec["slots"] = slots_np
             return out
 
@@ -430,7 +430,7 @@ class Tracer:
         import torch
 
         rec["markers_meta"] = [(m.data_ptr(), _version(m), int(m.numel())) for m in ms]
-        rec["markers_dev"] = torch.cat([m.detach().reshape(-1) for m in ms])  # a new tensor
+        rec["markers_dev"] = torch.cat([m.reshape(-1) for m in ms])  # a new tensor
         if self._marker_ptrs is None and "state_markers" not in rec:
             self._marker_ptrs = [m.data_ptr() for m in ms]
 
@@ -439,10 +439,11 @@ class Tracer:
         """Device clones of the per-slot state a kernel reads (no sync)."""
         import torch
 
-        # advanced indexing copies: no extra clone needed (each line one or two launches)
-        rec["cache_before"] = torch.stack([last_start, last_end, scan_pos]).detach()[:, idx]
-        rec["budget_dev"] = budget_t.detach()[idx]
-        total = total_len.detach()[idx]
+        # advanced indexing copies: no extra clone needed (each line one or two launches); no
+        # detach either: the sampler runs without autograd (every dispatch costs host time)
+        rec["cache_before"] = torch.stack([last_start, last_end, scan_pos])[:, idx]
+        rec["budget_dev"] = budget_t[idx]
+        total = total_len[idx]
         rec["total_len_dev"] = total
         rec["hist_sum_dev"] = self._device_checksum(all_tok, idx, total)
 
@@ -459,7 +460,7 @@ class Tracer:
                                          device=all_tok.device)
         w = self._weights[:width]
         wm = torch.where(w <= total.long().unsqueeze(1), w, 0)  # [reqs, width]
-        return (all_tok.detach()[idx, :width].long() * wm).sum(-1)
+        return (all_tok[idx, :width].long() * wm).sum(-1)
 
     def _substituted(self, rec: dict, call: _Call, named: dict) -> list[str]:
         """Kernel pointer arguments that are not the state's / the batch's tensors."""
@@ -500,9 +501,9 @@ class Tracer:
                              named["cached_last_start_ptr"], named["cached_last_end_ptr"],
                              named["cached_scan_pos_ptr"])
             if state is not None and "budget" in subst:
-                rec["state_budget_dev"] = state.thinking_token_budget.gpu[idx].detach().clone()
+                rec["state_budget_dev"] = state.thinking_token_budget.gpu[idx]
             if state is not None and ("total_len" in subst or "all_token_ids" in subst):
-                t = state.req_states.total_len.gpu[idx].detach()
+                t = state.req_states.total_len.gpu[idx]
                 rec["state_total_len"] = t.clone()
                 rec["state_hist_sum"] = self._device_checksum(
                     state.req_states.all_token_ids.gpu, idx, t)
@@ -510,7 +511,7 @@ class Tracer:
             def after_scan():  # what the scan itself left (before anything else could write)
                 import torch
 
-                rec["cache_scan"] = torch.stack([c.detach() for c in caches])[:, idx]
+                rec["cache_scan"] = torch.stack(caches)[:, idx]
             return after_scan
         if kernel != FORCE_KERNEL:
             return None
@@ -520,13 +521,13 @@ class Tracer:
             import torch
 
             own = [getattr(state, n) for n in MARKER_ATTRS]
-            rec["state_markers"] = torch.cat([m.detach().reshape(-1) for m in own]).clone()
+            rec["state_markers"] = torch.cat([m.reshape(-1) for m in own])  # a copy
             rec["state_markers_len"] = [int(m.numel()) for m in own]
         self._read_markers(rec, ms)
         if any(n in subst for n in ("expanded_idx_mapping", "input_ids", "expanded_local_pos")):
-            rec["k_mapping"] = named["expanded_idx_mapping_ptr"].detach().clone()
-            rec["k_local_pos"] = named["expanded_local_pos_ptr"].detach().clone()
-            rec["k_input_ids"] = named["input_ids_ptr"].detach().clone()
+            rec["k_mapping"] = named["expanded_idx_mapping_ptr"].clone()
+            rec["k_local_pos"] = named["expanded_local_pos_ptr"].clone()
+            rec["k_input_ids"] = named["input_ids_ptr"].clone()
         logits = named.get("logits_ptr")
         rec["k_ptr"] = None if logits is None else logits.data_ptr()
         if logits is None or "logits" not in subst:
@@ -629,7 +630,7 @@ class Tracer:
     def _end_step(self, runner, step: _Step) -> None:
         spec_states = getattr(runner.req_states, "draft_tokens", None)
         if spec_states is not None and getattr(runner, "speculator", None) is not None:
-            step.proposed = spec_states.detach()[step.idx_mapping_dev.long()]  # a copy
+            step.proposed = spec_states[step.idx_mapping_dev.long()]  # a copy
         self._pending.append(step)
         if len(self._pending) >= self.max_pending:
             self.materialize()
