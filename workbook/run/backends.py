@@ -190,65 +190,6 @@ class Served:
                                           self.server.detokenize)]
 
     def check(self, name: str) -> list:
-        return request.CHECKS[name](self.engine)
-
-    def frames(self, n_tokens: int) -> dict:
-        return self.tracer.frames() if self.tracer is not None else {}
-
-    def stop(self) -> None:
-        for h in reversed(self.hooks):
-            h.remove()
-        self.hooks = []
-
-    def save_files(self, outdir: str) -> None:
-        return None
-
-
-class Served:
-    """The reported request through vLLM's OpenAI-compatible server, as #54906 was reported.
-
-    Hooks reach vLLM's processes through the plugin; with ``server`` (a running
-    ``workbook.run.server.Server`` for the same engine configuration) it is reused and left
-    running, and the run reads only the traces of the requests it sent."""
-
-    name = "server"
-    _effective: dict | None = None  # the worker's effective.json, once read
-
-    def __init__(self, cfg, outdir=None, server=None, port=None):
-        self.cfg = cfg
-        self.own = server is None
-        self.server = server or srv.Server(cfg, outdir, port=port)
-        self.before: set = set()
-        self.timings: dict[str, float] = {}
-        self._sent = False  # the worker writes its effective.json on its first request
-
-    @property
-    def handle(self):
-        return None if self.own else self.server
-
-    def start(self) -> None:
-        if self.own and self.cfg.watched:
-            from workbook.hooks import watch as wmod
-
-            wmod.write_options(self.server.worker_dir,
-                               hooks.watch_options(self.cfg, flush_every_steps=1).to_dict())
-        if self.own:
-            self.server.start()
-        else:
-            srv.check_compatible(self.server, self.cfg)
-        self.timings.update(self.server.timings)
-        self.before = srv.traced_req_ids(self.server.frames())
-
-    def effective(self) -> dict:
-        return srv.effective(self.server, wait_s=10.0 if self._sent else 0.0)
-
-    def reported(self) -> list:
-        self._sent = True
-        resp = self.server.chat(self.cfg)
-        return [srv.outcome_from_response(resp, self.cfg, self.effective(),
-                                          self.server.detokenize)]
-
-    def check(self, name: str) -> list:
         return srv.check_a(self.server, self.cfg)
 
     def frames(self, n_tokens: int) -> dict:
