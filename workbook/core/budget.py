@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 KEYS = {"start": "reasoning_start_token_ids", "end": "reasoning_end_token_ids",
         "natural_end": "natural_reasoning_end_token_ids"}
+FORCED_LOGIT = 1e8  # a logit at or above this was set by the budget's forcing bias (+1e9)
 
 
 @dataclass(frozen=True)

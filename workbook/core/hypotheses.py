@@ -222,11 +222,6 @@ def runtime_faults() -> list[str]:
     return [n for n, f in FAULTS.items() if not (f.at_engine_start or f.before_start)]
 
 
-def startup_faults() -> list[str]:
-    """Faults whose patches must be installed before the engine starts."""
-    return [n for n, f in FAULTS.items() if f.before_start]
-
-
 def table() -> list[dict]:
     """The catalogue as rows (notebooks, report)."""
     return [{**h.to_dict(), "faults": [f.name for f in FAULTS.values() if f.hypothesis == h.id]}

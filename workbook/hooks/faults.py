@@ -55,12 +55,13 @@ from __future__ import annotations
 import os
 import weakref
 
+from workbook.core import budget
 from workbook.core.hypotheses import FAULTS
 from workbook.vllm import hookpoints, patching
 
 DESCRIPTIONS = {name: f.description for name, f in FAULTS.items()}
 # faults for a running engine (and H-h); the start-up faults (``before_start``, H-i-*) are
-# installed before the engine starts: ``workbook.core.hypotheses.startup_faults()``
+# installed before the engine starts (``workbook.hooks.pre_start``)
 FAULT_NAMES = tuple(n for n, f in FAULTS.items() if not f.before_start)
 
 
@@ -196,8 +197,7 @@ def _h_h(ps, hp):
                            "injected into a running engine")
 
 
-MARKER_ATTRS = ("reasoning_start_token_ids", "reasoning_end_token_ids",
-                "natural_reasoning_end_token_ids")
+MARKER_ATTRS = tuple(budget.KEYS.values())  # ThinkingBudgetState's marker-id tensors
 CACHE_ATTRS = ("cached_last_start", "cached_last_end")
 
 
@@ -211,6 +211,14 @@ def raw_alias(t):
             t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
 
 
+def raw_alias_zero(t) -> None:
+    """Zero ``t``'s bytes through a raw alias of its storage (``_version`` unchanged)."""
+    import torch
+
+    with torch.inference_mode():
+        raw_alias(t).zero_()
+
+
 def _h_i(ps, hp):
     import torch
 
@@ -220,8 +228,7 @@ def _h_i(ps, hp):
         for name in MARKER_ATTRS + CACHE_ATTRS:
             t = getattr(state, name)
             saved.append((state, name, t.detach().clone()))
-            with torch.inference_mode():
-                raw_alias(t).zero_()
+            raw_alias_zero(t)
 
     def make(orig):
         def add_requests(runner, *a, **k):
@@ -392,18 +399,6 @@ _BUILDERS = {"H-a": _h_a, "H-b": _h_b, "H-c": _h_c, "H-d": _h_d, "H-d-draft": _h
 # also zeroes replica 0 of the guard's per-slot state when the guard is installed).
 
 STEP_N = 3
-HIT = ("reasoning_start_token_ids", "reasoning_end_token_ids",
-       "natural_reasoning_end_token_ids", "cached_last_start", "cached_last_end")
-
-
-def raw_alias_zero(t) -> None:
-    """Zero ``t``'s bytes through a raw alias of its storage (``_version`` unchanged)."""
-    import torch
-
-    with torch.inference_mode():
-        alias = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-            t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
-        alias.fill_(0)
 
 
 class OutOfBandWriter:
@@ -455,7 +450,7 @@ class OutOfBandWriter:
         st = getattr(getattr(self.runner, "sampler", None), "thinking_budget_state", None)
         hit = []
         if st is not None and getattr(st, "enabled", False):
-            for attr in HIT:
+            for attr in MARKER_ATTRS + CACHE_ATTRS:
                 t = getattr(st, attr, None)
                 if t is not None:
                     raw_alias_zero(t)

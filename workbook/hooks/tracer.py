@@ -67,12 +67,11 @@ import numpy as np
 from workbook.core import budget
 from workbook.vllm import hookpoints, patching
 
-FORCED_THRESHOLD = 1e8
+FORCED_THRESHOLD = budget.FORCED_LOGIT
 
 
-MARKER_ATTRS = ("reasoning_start_token_ids", "reasoning_end_token_ids",
-                "natural_reasoning_end_token_ids")  # ThinkingBudgetState, this order
-MARKER_KEYS = ("start", "end", "natural_end")
+MARKER_KEYS = tuple(budget.KEYS)  # start, end, natural_end
+MARKER_ATTRS = tuple(budget.KEYS.values())  # ThinkingBudgetState's (= reasoning_config's) names
 SCAN_KERNEL = "_update_committed_marker_cache_kernel"  # vLLM's two budget kernels (0.28-0.32)
 FORCE_KERNEL = "_thinking_budget_kernel"
 MARKER_ARGS = {"reasoning_start_token_ids": "reasoning_start_token_ids_ptr",
@@ -398,7 +397,7 @@ class Tracer:
             if state.enabled:
                 import torch
 
-                idx = args.idx_mapping.long()
+                idx = _slots(rec)
                 if "markers_dev" not in rec:  # no kernel ran: what the kernels would read
                     tracer._read_markers(rec, [getattr(state, n) for n in MARKER_ATTRS])
                 if "cache_before" not in rec:
@@ -494,7 +493,7 @@ class Tracer:
         subst = self._substituted(rec, call, named)
         rec["substituted"] = sorted(set(rec.get("substituted", [])) | set(subst))
         if kernel == SCAN_KERNEL and "cache_before" not in rec:
-            idx = rec["idx"].long()  # the batch's slots (the kernel's own req_ids may differ)
+            idx = _slots(rec)  # the batch's slots (the kernel's own req_ids may differ)
             caches = [named["cached_last_start_ptr"], named["cached_last_end_ptr"]]
             self._read_state(rec, idx, named["thinking_token_budget_ptr"],
                              named["all_token_ids_ptr"], named["total_len_ptr"],
@@ -504,7 +503,7 @@ class Tracer:
                 rec["state_budget_dev"] = state.thinking_token_budget.gpu[idx]
             if state is not None and ("total_len" in subst or "all_token_ids" in subst):
                 t = state.req_states.total_len.gpu[idx]
-                rec["state_total_len"] = t.clone()
+                rec["state_total_len"] = t
                 rec["state_hist_sum"] = self._device_checksum(
                     state.req_states.all_token_ids.gpu, idx, t)
 
@@ -529,7 +528,6 @@ class Tracer:
             rec["k_local_pos"] = named["expanded_local_pos_ptr"].clone()
             rec["k_input_ids"] = named["input_ids_ptr"].clone()
         logits = named.get("logits_ptr")
-        rec["k_ptr"] = None if logits is None else logits.data_ptr()
         if logits is None or "logits" not in subst:
             return None
 
@@ -876,13 +874,9 @@ class Tracer:
         self._end_cols = list(dict.fromkeys(self._rule_markers.end))[:4] or [0]
         self._end_idx.clear()
 
-    def _end_col(self) -> list[int]:
-        """The logits columns recorded: the distinct reasoning-end tokens (the first is the
-        ``end_logit_*`` column)."""
-        return self._end_cols
-
     def _end_vals(self, logits):
-        """``logits[:, end columns]`` as a new float tensor [rows, E], gathered with a device
+        """``logits[:, end columns]`` as a new float tensor [rows, E] (the distinct
+        reasoning-end tokens; the first is the ``end_logit_*`` column), gathered with a device
         index made once per device: indexing with a Python list would copy the list to the
         device and synchronize the stream at every call (a stall of the whole step)."""
         import torch
@@ -932,6 +926,15 @@ class Tracer:
     def flush(self) -> None:
         if self.flush_dir:
             self.save(self.flush_dir)
+
+
+def _slots(rec: dict):
+    """The apply call's ``idx_mapping`` as int64 (made once: the scan launch and ``apply``
+    both index the per-slot state with it)."""
+    idx = rec.get("idx_long")
+    if idx is None:
+        idx = rec["idx_long"] = rec["idx"].long()
+    return idx
 
 
 def _version(t) -> int | None:

@@ -27,9 +27,10 @@ from typing import Any
 
 import pandas as pd
 
+from workbook.core import budget
 from workbook.report import tokens
 
-FORCED_MIN = 1e6  # an end logit at least this large was set by the budget's bias (1e9)
+FORCED_MIN = budget.FORCED_LOGIT  # an end logit at least this large was set by the budget's bias
 STEP_KEYS = ("path", "phase", "num_drafts", "gate", "fast_path", "budget_host", "budget_device",
              "use_thinking_budget", "enabled", "apply_called", "kernels_launched",
              "reasoning_count", "last_start", "last_end", "num_rejected")
@@ -364,7 +365,7 @@ def explorer(frames: dict, verdict: dict | None, decode: tokens.Decode | None = 
     import ipywidgets as w
 
     decode = decode or tokens.decoder()
-    end_ids = set(end_ids or (verdict or {}).get("markers", {}).get("end") or [])
+    end_ids = set(end_ids or budget.Markers.of((verdict or {}).get("markers")).end)
     reqs = requests_of(frames, verdict)
     if not reqs or frames.get("rows") is None or frames["rows"].empty:
         return w.HTML("<i>no logits rows traced</i>")
@@ -519,7 +520,7 @@ def explorer_static(frames: dict, verdict: dict | None, decode: tokens.Decode | 
                     end_ids=None, window: int = 16) -> str:
     """What ``explorer`` shows first, as HTML (kept by nbconvert's export)."""
     decode = decode or tokens.decoder()
-    end_ids = set(end_ids or (verdict or {}).get("markers", {}).get("end") or [])
+    end_ids = set(end_ids or budget.Markers.of((verdict or {}).get("markers")).end)
     reqs = requests_of(frames, verdict)
     if not reqs:
         return "<i>no requests traced</i>"

@@ -74,7 +74,7 @@ import pandas as pd
 from workbook.core import budget, tracefiles
 from workbook.core.hypotheses import HYPOTHESES, STAGES, title
 
-FORCED = 1e8  # a logit at or above this is the budget's +1e9
+FORCED = budget.FORCED_LOGIT
 
 
 def _markers(frames, effective) -> budget.Markers:
@@ -744,7 +744,7 @@ def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> d
         result["summary"] = (f"{result['verdict']} — but on {effective.get('runner_class')}, "
                              "not Model Runner V2: this run says nothing about MRV2")
     elif result["verdict"] == "violated":
-        _violations(result, frames, reqs, markers, effective)
+        _violations(result, frames, reqs, markers)
     elif result["verdict"] == "honored":
         result["summary"] = "every budget that could bind was honored at the exact position"
     else:
@@ -755,20 +755,12 @@ def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> d
     return json.loads(json.dumps(result, default=_py))
 
 
-def _violations(result: dict, frames: dict, reqs: list, markers, effective) -> None:
+def _violations(result: dict, frames: dict, reqs: list, markers) -> None:
     end = list(markers.end)
     all_steps = _records(frames.get("requests"))
     all_rows = _records(frames.get("rows"))
     path_of = {s["step"]: s["path"] for s in _records(frames.get("steps"))}
-    config = {k: list(v) for k, v in zip(("start", "end", "natural_end"), (
-        effective.get("reasoning_start_token_ids") or list(markers.start),
-        effective.get("reasoning_end_token_ids") or list(markers.end),
-        effective.get("natural_reasoning_end_token_ids") or []))}
-    if not config["natural_end"]:
-        config["natural_end"] = list(markers.natural_end)
-    meta_m = tracefiles.markers(frames)
-    if meta_m.get("end"):  # what the tracer read from the runner's reasoning_config
-        config = {k: list(meta_m.get(k) or []) for k in ("start", "end", "natural_end")}
+    config = markers.to_dict()  # the configured ids (``_markers``: the runner's, else effective)
     vios = []
     for bad in (r for r in reqs if r["honored"] is False):
         st, lp = locate(bad)
