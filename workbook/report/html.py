@@ -38,7 +38,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbook.core import hypotheses, rundir
+from workbook.core import budget, hypotheses, rundir
 from workbook.report import grid, tokens
 
 SPEC_KEYS = ("spec_method", "num_spec_tokens", "draft_model")
@@ -100,11 +100,18 @@ class Run:
         return bool(self.config.get("guard"))
 
     @property
+    def markers(self) -> budget.Markers:
+        """The diagnosis's markers, else the client's end ids, else the effective config's."""
+        m = self.verdict.get("markers")
+        if m and m.get("end"):
+            return budget.Markers.of(m)
+        if self.outcome.get("end_token_ids"):
+            return budget.Markers(end=self.outcome["end_token_ids"])
+        return budget.Markers.of(self.data.get("effective") or {})
+
+    @property
     def end_ids(self) -> set[int]:
-        m = self.verdict.get("markers") or {}
-        ids = m.get("end") or self.outcome.get("end_token_ids") or \
-            (self.data.get("effective") or {}).get("reasoning_end_token_ids") or []
-        return {int(i) for i in ids}
+        return set(self.markers.end)
 
     def decode(self, tok) -> str:
         if self._decode is None:
@@ -170,13 +177,15 @@ def judged_requests(run: Run) -> list[dict]:
 
     From the diagnosis (every traced request), else from what the client saw (the reported
     request and the checks' requests)."""
-    end = run.end_ids
     out = []
     for i, r in enumerate(run.verdict.get("requests") or []):
         output = r.get("output") or []
-        actual = next((j for j, t in enumerate(output) if int(t) in end), None)
+        actual = r.get("actual_end_index")
+        if actual is None:  # evidence from before the diagnosis recorded it
+            actual = budget.first_index_of(output, run.markers.end)
         out.append({"index": i + 1, "req_id": r.get("req_id"), "budget": r.get("budget"),
-                    "expected": r.get("expected_end_index"), "actual": actual,
+                    "expected": r.get("expected_end_index"),
+                    "actual": None if actual == -1 else actual,
                     "honored": r.get("honored"), "output": output})
     if out:
         return out
