@@ -54,6 +54,9 @@ def _compose(cls: type, attr: str) -> None:
         for _layer, _s, _owner, make in ordered:
             fn = make(fn)
         chain.composed[key] = fn
+    live = set(key)  # forget compositions with a removed wrapper (they hold it and its data)
+    for k in [k for k in chain.composed if not live.issuperset(k)]:
+        del chain.composed[k]
     setattr(cls, attr, chain.composed[key])
 
 
