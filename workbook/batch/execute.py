@@ -65,9 +65,10 @@ def execute(env: Environment, *, out: str = "outputs", only: list[str] | None = 
                 row = EXECUTORS[executor](spec, run_dir, extra_env=env.env, kernel=env.kernel,
                                           timeout=timeout, on_progress=bar.stage, guard=guard)
                 guard.current = None
+                manifest["runs"].append(row)  # recorded before the render: a signal there
+                write_json(os.path.join(run_dir, MANIFEST), manifest)  # keeps the row
                 _notebook_html(run_dir, row, notebook_html, hide_code)
-                manifest["runs"].append(row)
-                write_json(os.path.join(run_dir, MANIFEST), manifest)
+                write_json(os.path.join(run_dir, MANIFEST), manifest)  # with its HTML link
                 bar.done(_line(row))
                 if on_run:
                     on_run(row)
