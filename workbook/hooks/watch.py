@@ -60,15 +60,15 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from workbook.core.config import LOCALIZE
 from workbook.vllm import startup
 from workbook.vllm.patching import PatchSet
 
 SCHEMA = "workbook.watch/1"
 CANARY = 0x5AFEC0DE  # int32 pattern of the canary tensors
-LOCALIZE = ("none", "module", "op")
 STEP_BOUNDARIES = {  # kept after the detailed steps (ring mode): they bracket the writers
     ("enter", "ThinkingBudgetState.apply_staged_writes"),
     ("exit", "ThinkingBudgetState.apply_staged_writes"),
@@ -138,7 +138,7 @@ def _current() -> "Watch | None":
 
 class Boundary:
     __slots__ = ("seq", "t", "kind", "where", "stack", "mods", "ops", "step", "kv_ready",
-                 "level", "ptrs", "versions", "np_budget", "rebase")
+                 "level", "ptrs", "versions", "rebase")
 
     def label(self) -> str:
         return f"{self.kind} {self.where}"
@@ -194,7 +194,6 @@ class Watch:
         self.speculator_class: str | None = None
         self.removed = False
         self.rebase = False  # the next boundary is a new baseline (after a suspension)
-        self._written = 0.0
 
     # -- binding ---------------------------------------------------------------------------
     def bind_runner(self, runner) -> None:
@@ -315,13 +314,10 @@ class Watch:
         b.rebase, self.rebase = self.rebase, False
         if light:  # ring mode: no per-boundary host reads of pointers / versions
             b.ptrs = b.versions = {}
-            b.np_budget = None
             return b
         ts = self._tensors() if self.state is not None else {}
         b.ptrs = {n: t.data_ptr() for n, t in ts.items()}
         b.versions = {n: _version_of(t, self.inference.get(n)) for n, t in ts.items()}
-        tb = getattr(self.state, "thinking_token_budget", None)
-        b.np_budget = None if tb is None else tb.np.copy()
         return b
 
     def check(self, kind: str, where: str, level: str = "phase") -> None:
@@ -547,7 +543,6 @@ class Watch:
             with open(tmp, "w") as f:
                 json.dump(self.to_dict(), f, indent=1, default=str)
             os.replace(tmp, path)
-            self._written = time.perf_counter()
         except Exception as e:  # never break the engine over evidence
             self.error = self.error or f"writing watch.json failed: {type(e).__name__}: {e}"
 
@@ -647,7 +642,6 @@ class _Localization:
         self.launches: list[dict] = []
         self.checks = 0
         self.culprit: dict | None = None
-        self.last_ops: list[str] = []  # ops since the last op-level check (stride > 1)
 
     def timed_out(self) -> bool:
         if self.started is None:
@@ -795,8 +789,6 @@ def _op_mode(loc: _Localization):
             _note_alias_writes(loc, name, where, _mutated_args(func, args, kwargs))
             loc.ops_seen += 1
             checked = loc.ops_seen % w.opts.op_stride == 0 and not loc.timed_out()
-            loc.last_ops.append(name)
-            del loc.last_ops[:-w.opts.op_stride]
             if checked:
                 loc.checks += 1
                 w.check("op-before", f"{name} [in {where}]", level="op")
@@ -1003,7 +995,6 @@ def _late_wrap(runner) -> None:
     """At the first watched runner's construction: worker classes (their modules finished
     importing by now), gpu_worker's warm-up functions, the speculator's class, module names."""
     global _late
-    import importlib
     import sys
 
     if _late is None:
@@ -1015,8 +1006,7 @@ def _late_wrap(runner) -> None:
                 continue
             for m in methods:
                 if m in cls.__dict__:
-                    ps.wrap(cls, m, _phase_wrapper(f"{'Worker' if clsname == 'Worker' else clsname}"
-                                                   f".{m}", _find_worker))
+                    ps.wrap(cls, m, _phase_wrapper(f"{clsname}.{m}", _find_worker))
         for modname, funcs in startup.WORKER_FUNCS:
             mod = sys.modules.get(modname)
             for f in funcs if mod is not None else ():
@@ -1032,13 +1022,8 @@ def _late_wrap(runner) -> None:
                 if m in klass.__dict__:
                     if not getattr(klass.__dict__[m], "__watch_qual__", None):
                         _late.wrap(klass, m, _phase_wrapper(f"{startup.SPECULATOR}.{m}",
-                                                            _find_runner_of_spec))
+                                                            _find_runner))
                     break
-    del importlib
-
-
-def _find_runner_of_spec(self, a):
-    return _by_obj.get(id(self))
 
 
 def _name_modules(w: Watch, runner) -> None:
@@ -1113,19 +1098,6 @@ def install(opts: Options | None = None, **kw) -> Watch:
         _pending.append(w)
     atexit.register(w.write)
     return w
-
-
-def uninstall_all() -> None:
-    """Remove every watch wrapper of this process (tests)."""
-    global _late
-    for w in list(set(_by_obj.values())) + list(_pending):
-        w.remove()
-    _pending.clear()
-    _full_out()
-    if _ring_patches is not None:
-        _ring_patches.remove()
-    _func_patches.clear()
-    _late = None
 
 
 _ring_patches: PatchSet | None = None  # after start-up: only the budget state's writers

@@ -31,6 +31,8 @@ from __future__ import annotations
 import inspect
 import re
 
+from workbook.core import budget
+
 PKG = "vllm.v1.worker"
 
 # (module, class, methods): wrapped where the class defines the method itself. Worker classes
@@ -58,9 +60,7 @@ SPECULATOR = "Speculator"  # qualname prefix of the speculator's wrapped methods
 
 # the device tensors of ThinkingBudgetState (attribute path -> role)
 STATE_TENSORS = {
-    "reasoning_start_token_ids": "marker",
-    "reasoning_end_token_ids": "marker",
-    "natural_reasoning_end_token_ids": "marker",
+    **{attr: "marker" for attr in budget.KEYS.values()},
     "cached_last_start": "marker cache",
     "cached_last_end": "marker cache",
     "cached_scan_pos": "scan position",
@@ -158,11 +158,6 @@ SUB = {
     "ThinkingBudgetState.apply_staged_writes": "budget staged writes",
     "ThinkingBudgetState.add_request": "budget registration",
 }
-STARTUP_ORDER = ("runner construction", "model load", "drafter load", "state creation",
-                 "memory profiling", "profiling run", "CUDA-graph memory profiling",
-                 "KV-cache allocation", "warm-up", "CUDA-graph capture")
-
-
 def _key(q: str) -> list[str]:
     return [q, q.rsplit(".", 1)[-1]]
 
