@@ -225,9 +225,9 @@ def cmd_watch(args) -> int:
 
     checks = args.checks or []
     if args.env:
-        cfg = watchcmd.config_from_environment(args.env, args.run, dict(args.overrides))
+        cfg, env_checks = watchcmd.from_environment(args.env, args.run, dict(args.overrides))
         if args.checks is None:
-            checks = watchcmd.checks_from_environment(args.env, args.run)
+            checks = env_checks
     else:
         cfg = RunConfig.from_params(dict(args.overrides))
     cfg = cfg.replace(watch=True)

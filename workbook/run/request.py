@@ -228,7 +228,12 @@ CHECKS = {"A": check_a, "B": check_b}
 
 
 def check_ok(name: str, outcomes) -> bool:
-    """Whether a check's outcomes are all exact."""
+    """Whether a check's outcomes (``Outcome``s, or their dicts as written to checks.json)
+    are all exact."""
+    def get(o, k):
+        return o.get(k) if isinstance(o, dict) else getattr(o, k)
+
     if name == "B":
-        return all(o.extra.get("check_b_prefix_ok") and o.honored is True for o in outcomes)
-    return all(o.honored is True for o in outcomes)
+        return all((get(o, "extra") or {}).get("check_b_prefix_ok") and get(o, "honored") is True
+                   for o in outcomes)
+    return all(get(o, "honored") is True for o in outcomes)

@@ -32,15 +32,18 @@ import sys
 import time
 
 from workbook.core import rundir
+from workbook.run import request
 from workbook.core.config import RunConfig
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def config_from_environment(name: str, run: str | None, overrides: dict) -> RunConfig:
-    """A ``RunConfig`` from ``environments/<name>.yaml`` (or a path): its ``defaults``, then
-    the entry of ``run`` (default: the run named ``integrity``, if any), then ``overrides``.
+def from_environment(name: str, run: str | None,
+                     overrides: dict) -> tuple[RunConfig, list[str]]:
+    """A ``RunConfig`` and the ``checks`` from ``environments/<name>.yaml`` (or a path): its
+    ``defaults``, then the entry of ``run`` (default: the run named ``integrity``, if any),
+    then ``overrides``; the checks are the run's own, else the file's, as the batch uses.
     Keys that are not ``RunConfig`` fields (notebook-only parameters) are ignored."""
     import yaml
 
@@ -58,22 +61,9 @@ def config_from_environment(name: str, run: str | None, overrides: dict) -> RunC
         run = "integrity"
     if run is not None and run not in runs:
         raise ConfigError(f"{path}: no run {run!r} (runs: {sorted(runs)})")
-    params = {**(raw.get("defaults") or {}), **(runs.get(run) or {}), **overrides}
-    return RunConfig.from_params(params)
-
-
-def checks_from_environment(name: str, run: str | None) -> list[str]:
-    """The ``checks`` of an environment's run (its own, else the file's), as the batch uses."""
-    import yaml
-
-    path = name if os.path.isfile(name) else next(
-        (p for p in (os.path.join(root, "environments", f"{name}.yaml")
-                     for root in (os.getcwd(), REPO)) if os.path.isfile(p)), None)
-    with open(path) as f:
-        raw = yaml.safe_load(f) or {}
-    runs = {r.get("name"): r for r in raw.get("runs") or []}
-    run = run if run is not None else ("integrity" if "integrity" in runs else None)
-    return list((runs.get(run) or {}).get("checks", raw.get("checks") or []))
+    entry = runs.get(run) or {}
+    params = {**(raw.get("defaults") or {}), **entry, **overrides}
+    return RunConfig.from_params(params), list(entry.get("checks", raw.get("checks")) or [])
 
 
 def _pass_dir(out: str, n: int, level: str) -> str:
@@ -103,9 +93,7 @@ def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
     verdict = rundir.read_json(os.path.join(outdir, "verdict.json")) or {}
     checks_done = rundir.read_json(os.path.join(outdir, "checks.json")) or {}
     info["budget_verdict"] = verdict.get("verdict")
-    info["checks"] = {name: all(o.get("honored") is True and
-                                o.get("extra", {}).get("check_b_prefix_ok", True)
-                                for o in outs) for name, outs in checks_done.items()}
+    info["checks"] = {name: request.check_ok(name, outs) for name, outs in checks_done.items()}
     if watch is None:
         info["error"] = "no watch evidence (see pass.log)"
     return {"info": info, "watch": watch}
