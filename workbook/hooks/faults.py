@@ -216,7 +216,7 @@ def raw_alias_zero(t) -> None:
     import torch
 
     with torch.inference_mode():
-        raw_alias(t).zero_()
+        raw_alias(t).fill_(0)  # the op the localization names (aten.fill_.Scalar)
 
 
 def _h_i(ps, hp):
@@ -228,7 +228,8 @@ def _h_i(ps, hp):
         for name in MARKER_ATTRS + CACHE_ATTRS:
             t = getattr(state, name)
             saved.append((state, name, t.detach().clone()))
-            raw_alias_zero(t)
+            with torch.inference_mode():
+                raw_alias(t).zero_()
 
     def make(orig):
         def add_requests(runner, *a, **k):
