@@ -15,49 +15,100 @@ the budget binds and the token is not the due end-marker token, writes that toke
 looks like to the rest of MRV2). No sampling path can bypass it because it runs on what will
 be committed.
 
-Semantics (``vllm/v1/worker/gpu/sample/thinking_budget.py``): for a position whose history
-(tokens before it) has ``n`` tokens after the last reasoning start marker, and no natural end
-marker after that start, the budget binds when ``n >= budget``; the token there must be
-``end_ids[p]`` where ``p`` is the longest proper prefix of ``end_ids`` the history already ends
-with. A natural end before the boundary ends enforcement; multi-token end strings continue.
+Semantics (``vllm/v1/worker/gpu/sample/thinking_budget.py``, restated in
+``workbook.core.budget``): for a position whose history (tokens before it) has ``n`` tokens
+after the last reasoning start marker, and no natural end marker after that start, the budget
+binds when ``n >= budget``; the token there must be ``end_ids[p]`` where ``p`` is the longest
+proper prefix of ``end_ids`` the history already ends with. A natural end before the boundary
+ends enforcement; multi-token end strings continue.
+
+The host is the truth; the device state is checked against it. vLLM #54906 is a device write
+nobody made (``ThinkingBudgetState``'s marker tensors zeroed, storage and ``_version``
+unchanged), so nothing the guard decides *whether* and *when* to force with may come from
+memory such a writer can reach:
+
+- the marker ids are ``tl.constexpr`` tuples compiled into the kernel, never device tensors;
+- the host keeps, per slot, the request's budget (from its ``SamplingParams``), and, for a
+  request with a budget, its reasoning count and last ``TAIL`` tokens (``h_budget``,
+  ``h_count``, ``h_tail``: numpy, no device memory), advanced from the tokens the guard itself
+  emitted (see step 4);
+- each guarded step passes that truth *with the launch*: one int32 row per batch row
+  (``slot, budget, count, current, tail...``) staged in a pinned buffer and copied
+  non-blocking; the slot is the guard's own record of which slot its request was added to
+  (``req_id`` → slot at ``add_requests``), never vLLM's device ``idx_mapping``;
+- the device keeps the same per-slot state in three replicas (``GuardState.replicas``, each its
+  own allocation), which the kernel checks field by field against the host's row and repairs;
+  every repair is logged on the device (request row, slot, field, the three values found, the
+  truth) and counted per row in the step's echo.
 
 Processing order, per engine step:
 
-1. ``add_requests`` (after vLLM's): for each new request read
-   ``sampling_params.thinking_token_budget`` itself (never vLLM's ``ThinkingBudgetState``), its
-   slot ``req_states.req_id_to_index[req_id]`` and ``prefill_token_ids``; compute on the host,
-   once, the reasoning count at the end of that history and its last ``TAIL`` tokens; stage
-   them and scatter all staged rows into the guard's own device tensors with one non-blocking
-   H2D copy (plain tensors, deliberately not vLLM's ``UvaBackedTensor``).
-2. ``sample`` (after vLLM's): if a request of the batch has a budget (host mirror, no sync),
-   launch ``_budget_guard_kernel`` once, one program per request of ``input_batch.idx_mapping``.
-   It first validates each request's per-slot state (majority of three replicas, repaired and
-   counted when they disagree), then fixes ``sampled_token_ids`` / ``num_sampled`` /
-   ``num_rejected`` in place, advances the per-slot count and tail over the tokens finally kept,
-   and adds the number of replaced tokens in ``last_fixed`` (device, per batch row of this step)
-   and ``total_fixed``.
+1. ``add_requests`` (after vLLM's): drop finished requests from the guard's ``req_id`` → slot
+   record; for each new request read ``sampling_params.thinking_token_budget`` itself (never
+   vLLM's ``ThinkingBudgetState``), its slot ``req_states.req_id_to_index[req_id]`` and
+   ``prefill_token_ids``; set the host truth of that slot (budget, and for a budget the count
+   and tail at the end of that history, from ``workbook.core.budget``); scatter the staged
+   rows into the three replicas with one non-blocking H2D copy.
+2. ``sample`` (after vLLM's), host part: absorb every earlier step's echo whose copy has landed
+   (``Event.query()``, never a wait) into the host truth (step 4); if no request of the batch
+   has a budget (host truth) return — nothing is launched and no request is touched. Else build
+   the truth rows of the batch: budget always from the host; count and tail from the host when
+   ``current`` (every token this slot committed is on the host), else 0 and the kernel uses the
+   majority of the replicas for them (only when an earlier step's echo has not landed yet:
+   async scheduling; see below).
+3. ``_budget_guard_kernel``, one program per batch row: (a) check the row's three replicas
+   against the truth — budget, count (the host's ``-1`` for a request without a budget) and,
+   for a budgeted request, each tail position; a field where any replica differs is rewritten
+   in all three, logged, and counted; (b) a request the host says has no budget returns here,
+   its tokens untouched whatever the device held; (c) walk the sampled tokens with the truth's
+   budget and count, force the due end token at the first binding position, truncate
+   ``num_sampled`` / add to ``num_rejected``; (d) advance count and tail over the tokens kept
+   into the replicas; (e) write the step's echo row: tokens kept, tokens replaced, fields
+   repaired, the kept tokens.
+4. host, after the launch: one non-blocking D2H copy of the echo (pinned buffer + event; on a
+   CPU the kernel has already run, so it is absorbed at once). Absorbing an echo advances each
+   budgeted slot's host count / tail over its kept tokens (numpy for rows without a marker
+   token, ``_advance`` — the kernel's walk on the host — for the others), adds the replaced
+   tokens and repaired fields to the host counters, remembers which request each repaired row
+   was (for the report), and warns once on vLLM's logger when device state was repaired.
 
-Robust against a stray device writer (#54906: vLLM's marker tensors were zeroed during start-up
-by something that is not a PyTorch write to them): the marker ids are ``tl.constexpr`` tuples
-compiled into the kernel, the per-slot state is triple-redundant and validated every guarded
-step (``GuardState``), and a disagreement becomes a warning on vLLM's logger.
+Reporting (off the hot path, one sync): ``GuardState.report()`` → ``{"installed", "enabled",
+"guarded_steps", "fixed_tokens", "repaired_fields", "repairs": [record ...],
+"repairs_dropped", "truth_lagged_rows"}``; ``GuardState.repairs_table()`` → the same records as
+a DataFrame with ``REPAIR_COLUMNS`` (the trace's ``guard`` table). A record: ``guard_step``
+(the guard's launch counter), ``req_id``, ``slot``, ``row`` (batch row), ``total_len_before``
+(committed tokens of the request before that step, joins the tracer's ``requests`` table),
+``field`` (``budget`` / ``count`` / ``tail[i]``), ``found`` (the three replicas' values),
+``truth`` and ``truth_from`` (``host``, or ``replica majority`` in a lagged step).
 
 What it deliberately does not do: touch logits (so logprobs of a replaced token are those of
-the token vLLM had sampled), read or repair vLLM's budget state or its committed token history,
-guard requests that were added while it was not installed, sync the host on the hot path, or
-run anything per request in Python per step. It does not make vLLM's own forcing redundant on
-healthy vLLM: there the kernel finds nothing to fix and outputs are token-identical.
+the token vLLM had sampled), read or repair vLLM's budget state or its committed token history
+(the host history it keeps is the guard's own output, copied in stream order right after the
+kernel — identical to what vLLM commits unless something rewrites the sampled tokens after the
+guard), guard requests that were added while it was not installed, wait for the device on the
+hot path (no ``.item()``, no ``synchronize``; the echo is read when its event says it landed),
+run Python per token except on rows whose kept tokens contain a marker token, or launch
+anything for a batch in which no request has a budget (an unbudgeted request is then simply
+not looked at: the guard never changes it, and its replicas are checked the next time it
+shares a batch with a budgeted one). Under async scheduling, when a slot's previous echo has
+not landed by the next launch, that one step's count and tail come from the replicas'
+majority (a corruption of two or three replicas inside that window is repaired and reported
+at the slot's next step with a current truth, after that one step's commit); the budget, and so whether a
+request is guarded at all, always comes from the host. On healthy vLLM the kernel finds
+nothing to fix or repair and outputs are token-identical.
 
 Public API: ``install()`` / ``remove()`` / ``with enabled():``, ``patch_set()`` (the
 ``PatchSet`` named "guard", layer "guard"), ``state(runner)`` (the ``GuardState`` on a runner,
-``runner._workbook_guard``).
+``runner._workbook_guard``), ``report(runner)`` / ``repairs_table(runner)``.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -69,13 +120,24 @@ from workbook.vllm.patching import PatchSet
 ATTR = "_workbook_guard"  # GuardState lives on the runner instance under this name
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
+# the truth row of one batch row: slot | budget | count | current | tail[TAIL]
+T_SLOT, T_BUDGET, T_COUNT, T_CURRENT, T_TAIL = 0, 1, 2, 3, 4
+# the echo row of one batch row: kept | replaced | repaired | kept tokens (-1 padded)
+E_KEPT, E_FIXED, E_REPAIRED, E_TOKENS = 0, 1, 2, 3
+# a device repair-log entry: seq | row | slot | field | found x3 | truth | truth from host
+LOG_W = 9
+LOG_N = 4096  # entries kept on the device; more are counted (``repairs_dropped``)
+F_BUDGET, F_COUNT, F_TAIL = 0, 1, 2  # field codes; tail position i is F_TAIL + i
+REPAIR_COLUMNS = ["guard_step", "req_id", "slot", "row", "total_len_before", "field", "found",
+                  "truth", "truth_from"]
+
 _patch_set: PatchSet | None = None
 _generation = 0  # bumped on every install(): state staged under an older install is dropped
 
 
 # ----------------------------------------------------------------------------------------------
-# host side: the reasoning state at the end of a token history (once per request), from the one
-# budget rule of ``workbook.core.budget`` (the kernel below is its device twin)
+# host side: the reasoning state of a token history, from the one budget rule of
+# ``workbook.core.budget`` (the kernel below is its device twin)
 
 def reasoning_count(history: Sequence[int], markers: budget.Markers) -> int:
     """``budget.reasoning_count`` in the kernel's encoding: -1 when not in reasoning."""
@@ -83,36 +145,54 @@ def reasoning_count(history: Sequence[int], markers: budget.Markers) -> int:
     return -1 if n is None else n
 
 
+def _advance(count: int, tail: Sequence[int], tokens: Sequence[int], markers: budget.Markers,
+             tail_len: int) -> tuple[int, list[int]]:
+    """The kernel's walk on the host: (count, tail) after appending ``tokens`` to a history
+    whose reasoning count is ``count`` (-1: not in reasoning) and whose last ``tail_len`` tokens
+    are ``tail``. Tested against ``budget.reasoning_count`` on whole histories."""
+    start, nat = list(markers.start), list(markers.natural_end)
+    hist = [int(t) for t in tail]
+    for tok in tokens:
+        hist.append(int(tok))
+        if count >= 0:
+            count += 1
+        if hist[-len(start):] == start:
+            count = 0
+        if hist[-len(nat):] == nat and count >= 0 and count + len(start) >= len(nat):
+            count = -1  # a natural end ends reasoning unless the last start lies inside it
+    return count, hist[-tail_len:]
+
+
+@dataclass
+class _Pending:
+    """A launch whose echo is on its way to the host."""
+
+    seq: int
+    event: Any  # torch.cuda.Event, None when the echo is already on the host
+    echo: torch.Tensor  # [num_rows, 3 + K1] int32, host (pinned on CUDA)
+    slots: np.ndarray  # [num_rows] the guard's slot of each batch row (-1: not guarded)
+    req_ids: tuple  # [num_rows]
+    lens: np.ndarray  # [num_rows] committed tokens before the step (host truth)
+    budgeted: np.ndarray  # [num_rows] bool: the row's request has a budget (its lens is kept)
+
+
 class GuardState:
-    """Per-runner guard state: the guard's own device tensors and the host staging area.
+    """Per-runner guard state: the host truth, the guard's device replicas, the repair log.
 
-    Nothing the kernel decides with lives in memory a stray device writer can silently change
-    (vLLM #54906: ``ThinkingBudgetState``'s marker tensors were found zeroed on the device,
-    storage and ``_version`` unchanged):
+    Host (numpy, per slot ``[max_num_reqs]``): ``h_budget`` (-1 = none), ``h_count`` (-1 = not
+    in reasoning, or no budget), ``h_tail`` ``[max_num_reqs, TAIL]`` (last committed tokens,
+    oldest first, -1 padded), ``h_len`` (committed tokens), ``lagged`` (an echo of this slot
+    is still on its way); ``slot_of`` / ``req_of_slot`` (the guard's own req_id ↔ slot record).
 
-    - the marker ids (start, natural end, end) are compile-time constants of the kernel
-      (``tl.constexpr`` tuples: one specialization per marker tuple), never device tensors;
-    - the per-slot state is kept in three replicas, each its own allocation
-      (``replicas[k]``: flat int32 ``[max_num_reqs * (2 + TAIL)]`` =
-      budget ``[max_num_reqs]`` | count ``[max_num_reqs]`` | tail ``[max_num_reqs, TAIL]``):
+    Device: ``replicas[k]`` (k = 0..2), flat int32 ``[max_num_reqs * (2 + TAIL)]`` =
+    budget ``[max_num_reqs]`` | count ``[max_num_reqs]`` | tail ``[max_num_reqs, TAIL]`` —
+    the kernel's working copy, checked against the host every guarded step; ``counters``
+    int32 [2] (tokens replaced, log entries reserved); ``log`` int32 ``[LOG_N, LOG_W]``;
+    ``fixed_rows`` int32 [max_num_reqs] (tokens replaced per batch row this step);
+    ``echo`` int32 [max_num_reqs, 3 + K1] (the step's echo, copied to the host).
 
-        budget  thinking_token_budget, -1 = none
-        count   reasoning tokens since the last start marker, -1 = not in reasoning (no
-                start, or a natural end followed it)
-        tail    the last TAIL committed tokens, oldest first, -1 padded; the end-sequence
-                progress (longest emitted prefix of the end ids) is derived from it
-
-      Every step, for every request of a guarded batch, the kernel reads the three replicas,
-      takes the majority of each field, writes the repaired value back to all three when they
-      disagreed and counts the slot in ``repaired_total``; the host turns a new count into a
-      warning (``check_repairs``, read every ``CHECK_EVERY`` guarded steps, never per step).
-
-    ``budget`` / ``count`` / ``tail`` are replica 0's views. Diagnostics: ``fixed_rows``
-    [max_num_reqs] tokens replaced per batch row this step (first num_reqs), ``fixed_total`` [1]
-    since creation, ``repaired_total`` [1] slots whose replicas disagreed.
+    ``budget`` / ``count`` / ``tail`` are replica 0's views.
     """
-
-    CHECK_EVERY = 64
 
     def __init__(self, runner):
         self.markers = budget.Markers.of(getattr(runner.vllm_config, "reasoning_config", None))
@@ -124,20 +204,43 @@ class GuardState:
         self.max_num_reqs = int(runner.req_states.max_num_reqs)
         self.TAIL = max(len(self.start_ids) - 1, len(self.natural_end_ids) - 1,
                         len(self.end_ids) - 1, 1)
+        self._marker_ids = np.array(sorted(set(self.start_ids + self.natural_end_ids
+                                               + self.end_ids)) or [-2], dtype=np.int32)
         self.generation = _generation
         n, d, i32 = self.max_num_reqs, self.device, torch.int32
         self.replicas = [_new_replica(n, self.TAIL, d) for _ in range(3)]
         self.budget, self.count, self.tail = _replica_views(self.replicas[0], n, self.TAIL)
         self.fixed_rows = torch.zeros(n, dtype=i32, device=d)  # [max_num_reqs]
-        self.fixed_total = torch.zeros(1, dtype=i32, device=d)  # [1]
-        self.repaired_total = torch.zeros(1, dtype=i32, device=d)  # [1]
+        self.counters = torch.zeros(2, dtype=i32, device=d)  # fixed tokens | log entries
+        self.log = torch.zeros((LOG_N, LOG_W), dtype=i32, device=d)
+        self.echo = torch.zeros((n, E_TOKENS + 1), dtype=i32, device=d)
         self._no_fix = torch.zeros(1, dtype=i32, device=d)  # last_fixed of a skipped step
         self._last_fixed = self._no_fix
-        self.has_budget = np.zeros(n, dtype=bool)  # host mirror, only gates the launch
-        self._staged: list[list[int]] = []  # rows [slot, budget, count, *tail]
         self.profile: list | None = None  # benchmark: set to [] to time each guarded step
+        self._reset_host()
+
+    def _reset_host(self) -> None:
+        n, tl_ = self.max_num_reqs, self.TAIL
+        self.h_budget = np.full(n, -1, dtype=np.int32)
+        self.h_count = np.full(n, -1, dtype=np.int32)
+        self.h_tail = np.full((n, tl_), -1, dtype=np.int32)
+        self.h_len = np.zeros(n, dtype=np.int64)
+        self.lagged = np.zeros(n, dtype=bool)
+        self.slot_of: dict[str, int] = {}
+        self.req_of_slot: list[str | None] = [None] * n
+        self._staged: list[list[int]] = []  # rows [slot, budget, count, *tail]
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._repaired_steps: dict[int, _Pending] = {}  # seq -> the launch, for the report
         self.launches = 0
-        self.repairs_seen = 0  # host copy of repaired_total at the last check
+        self.fixed_tokens = 0  # host counters, from the echoes absorbed
+        self.repaired_fields = 0
+        self.truth_lagged_rows = 0
+        self._warned_at = 0
+
+    @property
+    def has_budget(self) -> np.ndarray:
+        """Host truth: which slots hold a request with a budget ([max_num_reqs] bool)."""
+        return self.h_budget >= 0
 
     # device views read by the tracer (no sync)
     @property
@@ -148,25 +251,45 @@ class GuardState:
 
     @property
     def total_fixed(self) -> torch.Tensor:
-        return self.fixed_total
+        return self.counters[0:1]
 
     def reset(self) -> None:
-        """Forget every slot (device fills, no sync)."""
+        """Forget every slot and every count (device fills, no sync)."""
         with torch.inference_mode():  # the tensors were made in vLLM's inference mode
             for rep in self.replicas:
                 rep.fill_(-1)
-        self.has_budget[:] = False
-        self._staged.clear()
+            self.counters.zero_()
+        self._reset_host()
         self.generation = _generation
 
-    # -- step 1: staging ------------------------------------------------------------------
-    def stage(self, slot: int, budget: int | None, history: Sequence[int]) -> None:
-        b = -1 if budget is None else min(int(budget), _INT32_MAX)
+    # -- step 1: requests ---------------------------------------------------------------------
+    def forget(self, req_ids) -> None:
+        """Requests that finished: their slots are no longer this guard's to check."""
+        for r in req_ids or ():
+            s = self.slot_of.pop(r, None)
+            if s is not None and self.req_of_slot[s] == r:
+                self.req_of_slot[s] = None
+                self.h_budget[s] = -1
+                self.h_count[s] = -1
+
+    def stage(self, slot: int, budget_value: int | None, history: Sequence[int],
+              req_id: str | None = None) -> None:
+        b = -1 if budget_value is None or int(budget_value) < 0 \
+            else min(int(budget_value), _INT32_MAX)
         cnt = reasoning_count(history, self.markers) if b >= 0 else -1
         tail = [int(t) for t in list(history)[-self.TAIL:]]
         tail = [-1] * (self.TAIL - len(tail)) + tail
         self._staged.append([int(slot), b, cnt, *tail])
-        self.has_budget[slot] = b >= 0
+        self.h_budget[slot], self.h_count[slot] = b, cnt
+        self.h_tail[slot] = tail
+        self.h_len[slot] = len(history)
+        self.lagged[slot] = False
+        if req_id is not None:
+            old = self.req_of_slot[slot]
+            if old is not None and self.slot_of.get(old) == slot:
+                del self.slot_of[old]
+            self.slot_of[req_id] = int(slot)
+            self.req_of_slot[slot] = req_id
 
     def flush(self) -> None:
         """Scatter the staged rows into the three replicas: one non-blocking H2D copy."""
@@ -183,39 +306,172 @@ class GuardState:
             c.index_copy_(0, slots, rows[:, 2])
             t.index_copy_(0, slots, rows[:, 3:])
 
-    # -- step 2: enforcement --------------------------------------------------------------
+    # -- steps 2-4: enforcement ---------------------------------------------------------------
     def enforce(self, sampler_output, num_sampled: torch.Tensor, num_rejected: torch.Tensor,
                 input_batch) -> None:
         """Fix this step's sampled tokens in place (no host sync)."""
         self._last_fixed = self._no_fix
-        idx_np = np.asarray(input_batch.idx_mapping_np)
-        if not self.has_budget[idx_np[idx_np >= 0]].any():
+        self.catch_up()
+        sampled = sampler_output.sampled_token_ids  # [num_rows, k+1]
+        num_rows = int(sampled.shape[0])
+        req_ids = tuple(input_batch.req_ids)
+        if num_rows == 0 or not req_ids:
             return
-        sampled = sampler_output.sampled_token_ids  # [num_reqs, k+1]
-        idx_mapping = input_batch.idx_mapping  # [num_reqs]
-        num_reqs = idx_mapping.shape[0]
-        if num_reqs == 0:
+        slots = np.full(num_rows, -1, dtype=np.int32)
+        get, m = self.slot_of.get, min(num_rows, len(req_ids))
+        slots[:m] = [get(r, -1) for r in req_ids[:m]]
+        sc = np.maximum(slots, 0)
+        budgets = np.where(slots >= 0, self.h_budget[sc], -1)
+        if not (budgets >= 0).any():
             return
-        fixed_rows = self.fixed_rows[:num_reqs]
-        launch(sampled, num_sampled, num_rejected, idx_mapping, self.replicas,
-               self.max_num_reqs, self.TAIL, fixed_rows, self.fixed_total, self.repaired_total,
-               self.markers)
-        self._last_fixed = fixed_rows
+        truth = np.empty((num_rows, T_TAIL + self.TAIL), dtype=np.int32)  # [num_rows, 4+TAIL]
+        truth[:, T_SLOT] = slots
+        truth[:, T_BUDGET] = budgets
+        truth[:, T_COUNT] = self.h_count[sc]
+        lag = self.lagged[sc] & (budgets >= 0)
+        truth[:, T_CURRENT] = ~lag
+        truth[:, T_TAIL:] = self.h_tail[sc]
+        self.truth_lagged_rows += int(lag.sum())
+        truth_t = torch.from_numpy(truth)
+        if self.device.type == "cuda":
+            truth_t = truth_t.pin_memory().to(self.device, non_blocking=True)
+        else:
+            truth_t = truth_t.to(self.device)
+        k1 = int(sampled.shape[1])
+        if self.echo.shape[0] < num_rows or self.echo.shape[1] < E_TOKENS + k1:
+            self.echo = torch.zeros((max(num_rows, self.max_num_reqs), E_TOKENS + k1),
+                                    dtype=torch.int32, device=self.device)
+        echo = self.echo[:num_rows]
+        fixed_rows = self.fixed_rows[:num_rows] if num_rows <= self.fixed_rows.shape[0] else \
+            torch.zeros(num_rows, dtype=torch.int32, device=self.device)
+        seq = self.launches
         self.launches += 1
-        if self.launches % self.CHECK_EVERY == 0:
-            self.check_repairs()
+        launch(sampled, num_sampled, num_rejected, truth_t, self.replicas, self.max_num_reqs,
+               self.TAIL, fixed_rows, self.counters, self.log, echo, seq, self.markers)
+        self._last_fixed = fixed_rows
+        lens = self.h_len[sc].copy()
+        if self.device.type == "cuda":
+            host = torch.empty(tuple(echo.shape), dtype=torch.int32, pin_memory=True)
+            host.copy_(echo, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self.lagged[slots[budgets >= 0]] = True
+            self._pending.append(_Pending(seq, ev, host, slots, req_ids, lens, budgets >= 0))
+        else:  # the interpreted kernel has run: absorb now
+            self._absorb(_Pending(seq, None, echo.clone(), slots, req_ids, lens, budgets >= 0))
+
+    def catch_up(self, wait: bool = False) -> None:
+        """Absorb every echo that has landed (``wait``: all of them — one sync, off the hot
+        path), in launch order."""
+        while self._pending:
+            p = self._pending[0]
+            if p.event is not None:
+                if wait:
+                    p.event.synchronize()
+                elif not p.event.query():
+                    break
+            self._pending.popleft()
+            self._absorb(p)
+        self.lagged[:] = False
+        for p in self._pending:
+            s = p.slots[p.slots >= 0]
+            self.lagged[s] = True
+
+    def _absorb(self, p: _Pending) -> None:
+        echo = p.echo.numpy()  # [num_rows, 3 + K1]
+        kept, fixed, repaired = echo[:, E_KEPT], echo[:, E_FIXED], echo[:, E_REPAIRED]
+        self.fixed_tokens += int(fixed.sum())
+        n_rep = int(repaired.sum())
+        if n_rep:
+            self.repaired_fields += n_rep
+            self._repaired_steps[p.seq] = p
+            self._warn(n_rep)
+        # advance the host truth of each budgeted row still owned by the same request
+        owned = np.array([s >= 0 and i < len(p.req_ids) and self.req_of_slot[s] == p.req_ids[i]
+                          and self.h_budget[s] >= 0 for i, s in enumerate(p.slots)], dtype=bool)
+        rows = np.nonzero(owned)[0]
+        if rows.size == 0:
+            return
+        s = p.slots[rows]
+        k = kept[rows].astype(np.int64)
+        toks = echo[rows, E_TOKENS:]  # [n, K1], -1 past kept
+        self.h_len[s] += k
+        has_marker = (np.isin(toks, self._marker_ids) &
+                      (np.arange(toks.shape[1])[None, :] < k[:, None])).any(axis=1)
+        fast = ~has_marker
+        if fast.any():
+            fs, fk = s[fast], k[fast]
+            c = self.h_count[fs]
+            self.h_count[fs] = np.where(c >= 0, c + fk, c)
+            cat = np.concatenate([self.h_tail[fs], toks[fast]], axis=1)
+            self.h_tail[fs] = np.take_along_axis(cat, fk[:, None] + np.arange(self.TAIL)[None, :],
+                                                 axis=1)
+        for i in np.nonzero(has_marker)[0]:
+            slot, n = int(s[i]), int(k[i])
+            cnt, tail = _advance(int(self.h_count[slot]), self.h_tail[slot].tolist(),
+                                 toks[i, :n].tolist(), self.markers, self.TAIL)
+            self.h_count[slot] = cnt
+            self.h_tail[slot] = tail
+
+    def _warn(self, n: int) -> None:
+        if self.repaired_fields >= 2 * self._warned_at:
+            _log().warning(
+                "workbook budget guard: %d field(s) of its device state differed from the host's "
+                "truth and were repaired (%d in total) — device memory written by something "
+                "else (vLLM #54906); details: guard.report(runner)", n, self.repaired_fields)
+            self._warned_at = self.repaired_fields
+
+    # -- reporting (syncs: not for the hot path) ----------------------------------------------
+    def repairs(self) -> tuple[list[dict[str, Any]], int]:
+        """Every repair the kernel logged, as records (see the module docstring), and how many
+        were counted but not kept (log full)."""
+        self.catch_up(wait=True)
+        n = int(self.counters[1].item())
+        log = self.log[:min(n, LOG_N)].cpu().numpy()
+        out = []
+        for seq, row, slot, fld, f0, f1, f2, truth, from_host in log.tolist():
+            p = self._repaired_steps.get(seq)
+            req_id = p.req_ids[row] if p is not None and row < len(p.req_ids) else None
+            out.append({"guard_step": seq, "req_id": req_id, "slot": slot, "row": row,
+                        "total_len_before": int(p.lens[row]) if p is not None
+                        and self._budgeted(p, row) else None,
+                        "field": _field_name(fld), "found": [f0, f1, f2], "truth": truth,
+                        "truth_from": "host" if from_host else "replica majority"})
+        out.sort(key=lambda r: (r["guard_step"], r["row"], r["field"]))
+        return out, max(0, n - LOG_N)
+
+    @staticmethod
+    def _budgeted(p: _Pending, row: int) -> bool:
+        return bool(p.budgeted[row]) if row < len(p.budgeted) else False
+
+    def report(self, max_records: int | None = None) -> dict[str, Any]:
+        """The guard's section of a verdict: what it fixed and repaired (one sync)."""
+        recs, dropped = self.repairs()
+        out = {"installed": installed(), "enabled": bool(self.enabled),
+               "guarded_steps": self.launches, "fixed_tokens": self.fixed_tokens,
+               "repaired_fields": self.repaired_fields,
+               "repaired_requests": sorted({r["req_id"] for r in recs if r["req_id"]}),
+               "repairs": recs if max_records is None else recs[:max_records],
+               "repairs_dropped": dropped + (len(recs) - max_records
+                                             if max_records is not None and
+                                             len(recs) > max_records else 0),
+               "truth_lagged_rows": self.truth_lagged_rows}
+        return out
+
+    def repairs_table(self):
+        import pandas as pd
+
+        recs, _ = self.repairs()
+        return pd.DataFrame.from_records(recs, columns=REPAIR_COLUMNS)
 
     def check_repairs(self) -> int:
-        """Read ``repaired_total`` (one sync); warn when replicas disagreed since the last
-        check. Returns the total."""
-        total = int(self.repaired_total.item())
-        if total > self.repairs_seen:
-            _log().warning(
-                "workbook budget guard: %d per-slot state(s) changed outside the guard and were "
-                "repaired from their replicas (%d in total) — device memory written by "
-                "something else (vLLM #54906)", total - self.repairs_seen, total)
-            self.repairs_seen = total
-        return total
+        """Fields repaired so far (host counter, after absorbing every echo: one sync)."""
+        self.catch_up(wait=True)
+        return self.repaired_fields
+
+
+def _field_name(code: int) -> str:
+    return {F_BUDGET: "budget", F_COUNT: "count"}.get(code, f"tail[{code - F_TAIL}]")
 
 
 def _new_replica(max_num_reqs: int, tail_len: int, device) -> torch.Tensor:
@@ -242,11 +498,13 @@ def _ids(x) -> tuple[int, ...]:
     return tuple(int(t) for t in x)
 
 
-def launch(sampled, num_sampled, num_rejected, idx_mapping, replicas, max_num_reqs: int,
-           tail_len: int, fixed_rows, fixed_total, repaired_total, markers) -> None:
-    """One program per request row of ``sampled`` ([num_reqs, k+1]); see ``GuardState``.
-    ``replicas``: three flat int32 tensors (``_new_replica`` layout); ``markers``: a
-    ``budget.Markers`` (its ids become ``tl.constexpr`` tuples)."""
+def launch(sampled, num_sampled, num_rejected, truth, replicas, max_num_reqs: int,
+           tail_len: int, fixed_rows, counters, log, echo, seq: int, markers) -> None:
+    """One program per row of ``sampled`` ([num_rows, k+1]); see the module docstring.
+    ``truth``: int32 [num_rows, 4 + tail_len] (``T_*`` columns); ``replicas``: three flat int32
+    tensors (``_new_replica`` layout); ``counters`` int32 [2]; ``log`` int32 [LOG_N, LOG_W];
+    ``echo`` int32 [num_rows, >= 3 + k+1]; ``markers``: a ``budget.Markers`` (its ids become
+    ``tl.constexpr`` tuples)."""
     _jit()
     from vllm.triton_utils import triton
 
@@ -254,32 +512,47 @@ def launch(sampled, num_sampled, num_rejected, idx_mapping, replicas, max_num_re
     if not (start and nat and end):
         raise ValueError(f"the guard needs start, natural-end and end ids, got {markers}")
     r0, r1, r2 = replicas
-    _budget_guard_kernel[(idx_mapping.shape[0],)](
-        sampled, sampled.stride(0), num_sampled, num_rejected, idx_mapping,
-        r0, r1, r2, max_num_reqs, fixed_rows, fixed_total, repaired_total,
+    k1 = int(sampled.shape[1])
+    _budget_guard_kernel[(int(sampled.shape[0]),)](
+        sampled, sampled.stride(0), k1, num_sampled, num_rejected, truth, truth.stride(0),
+        r0, r1, r2, max_num_reqs, fixed_rows, counters, log, log.shape[0], echo,
+        echo.stride(0), seq,
         START_IDS=start, NAT_END_IDS=nat, END_IDS=end,
         START_LEN=len(start), NAT_END_LEN=len(nat), END_LEN=len(end), TAIL=tail_len,
-        TAIL_P2=max(2, triton.next_power_of_2(tail_len)), num_warps=1)
+        TAIL_P2=max(2, triton.next_power_of_2(tail_len)),
+        K1_P2=max(2, triton.next_power_of_2(k1)), LOG_W=log.shape[1], num_warps=1)
 
 
 def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget, count, tail,
-                        fixed_rows, fixed_total, start_ids, natural_end_ids, end_ids,
-                        repaired_total=None) -> None:
-    """``launch`` over separate ``budget`` [n] / ``count`` [n] / ``tail`` [n, TAIL] tensors
-    (one replica, packed and unpacked around the launch: tests and notebooks; the engine path
-    is ``GuardState.enforce``)."""
+                        fixed_rows, fixed_total, start_ids, natural_end_ids, end_ids) -> dict:
+    """``launch`` with the host truth taken from separate per-slot ``budget`` [n] /
+    ``count`` [n] / ``tail`` [n, TAIL] tensors and ``idx_mapping`` [num_rows] (row → slot,
+    -1 padding), three replicas made from them (so nothing needs repair): tests and benchmarks;
+    the engine path is ``GuardState.enforce``. Updates ``count`` / ``tail`` and adds to
+    ``fixed_total`` [1]; returns the echo and the repair counter."""
     n, tail_len = budget.shape[0], tail.shape[1]
+    dev = budget.device
     rep = torch.cat([budget.reshape(-1), count.reshape(-1), tail.reshape(-1)]).to(torch.int32)
     reps = [rep, rep.clone(), rep.clone()]
-    repaired = repaired_total if repaired_total is not None else \
-        torch.zeros(1, dtype=torch.int32, device=budget.device)
-    launch(sampled, num_sampled, num_rejected, idx_mapping, reps, n, tail_len, fixed_rows,
-           fixed_total, repaired,
-           budget_markers(start_ids, end_ids, natural_end_ids))
+    idx = idx_mapping.long()
+    ok = idx >= 0
+    sc = idx.clamp(min=0)
+    truth = torch.cat([idx_mapping.to(torch.int32)[:, None],
+                       torch.where(ok, budget[sc], -1).to(torch.int32)[:, None],
+                       count[sc].to(torch.int32)[:, None],
+                       torch.ones_like(idx_mapping, dtype=torch.int32)[:, None],
+                       tail[sc].to(torch.int32)], dim=1).contiguous()
+    counters = torch.zeros(2, dtype=torch.int32, device=dev)
+    log = torch.zeros((16, LOG_W), dtype=torch.int32, device=dev)
+    echo = torch.zeros((sampled.shape[0], E_TOKENS + sampled.shape[1]), dtype=torch.int32,
+                       device=dev)
+    launch(sampled, num_sampled, num_rejected, truth, reps, n, tail_len, fixed_rows, counters,
+           log, echo, 0, budget_markers(start_ids, end_ids, natural_end_ids))
     b, c, t = _replica_views(rep, n, tail_len)
-    budget.copy_(b)
+    fixed_total += counters[0:1]
     count.copy_(c)
     tail.copy_(t)
+    return {"echo": echo, "repairs": counters[1:2]}
 
 
 def budget_markers(start, end, natural_end) -> budget.Markers:
@@ -289,8 +562,8 @@ def budget_markers(start, end, natural_end) -> budget.Markers:
 # ----------------------------------------------------------------------------------------------
 # the kernel
 #
-# ``_hist``, ``_vote`` and ``_budget_guard_kernel`` stay plain Python until the first launch:
-# ``_jit()`` imports Triton through vLLM (after the CPU shim had its chance to set
+# ``_hist``, ``_vote``, ``_check`` and ``_budget_guard_kernel`` stay plain Python until the
+# first launch: ``_jit()`` imports Triton through vLLM (after the CPU shim had its chance to set
 # TRITON_INTERPRET) and rebinds the names, in this module's globals, to their ``triton.jit``
 # versions, so that the kernel's calls resolve to the jitted helpers, compiled or interpreted.
 
@@ -299,7 +572,7 @@ _jitted = False
 
 
 def _jit() -> None:
-    global tl, _hist, _vote, _budget_guard_kernel, _jitted
+    global tl, _hist, _vote, _check, _budget_guard_kernel, _jitted
     if _jitted:
         return
     from vllm.triton_utils import HAS_TRITON, tl as _tl, triton
@@ -311,6 +584,7 @@ def _jit() -> None:
     tl = _tl
     _hist = triton.jit(_hist)
     _vote = triton.jit(_vote)
+    _check = triton.jit(_check)
     _budget_guard_kernel = triton.jit(_budget_guard_kernel)
     _jitted = True
 
@@ -331,19 +605,52 @@ def _vote(a, b, c):
     return tl.where((a == b) | (a == c), a, b)
 
 
+def _check(rep0_ptr, rep1_ptr, rep2_ptr, off, truth, from_host, counters_ptr, log_ptr, log_n,
+           seq, req, slot, field, LOG_W: tl.constexpr):
+    # One field of the slot's state: the three replicas against the truth. A field where any
+    # replica differs is rewritten in all three and logged. Returns 1 when repaired, else 0.
+    v0 = tl.load(rep0_ptr + off)
+    v1 = tl.load(rep1_ptr + off)
+    v2 = tl.load(rep2_ptr + off)
+    bad = (v0 != truth) | (v1 != truth) | (v2 != truth)
+    if bad:
+        tl.store(rep0_ptr + off, truth)
+        tl.store(rep1_ptr + off, truth)
+        tl.store(rep2_ptr + off, truth)
+        i = tl.atomic_add(counters_ptr + 1, 1)
+        if i < log_n:
+            e = log_ptr + i * LOG_W
+            tl.store(e + 0, seq)
+            tl.store(e + 1, req)
+            tl.store(e + 2, slot)
+            tl.store(e + 3, field)
+            tl.store(e + 4, v0)
+            tl.store(e + 5, v1)
+            tl.store(e + 6, v2)
+            tl.store(e + 7, truth)
+            tl.store(e + 8, from_host)
+    return bad.to(tl.int32)
+
+
 def _budget_guard_kernel(
-    sampled_ptr,  # [num_reqs, k+1] tokens of this step, fixed in place
+    sampled_ptr,  # [num_rows, k+1] tokens of this step, fixed in place
     sampled_stride,
-    num_sampled_ptr,  # [num_reqs] int32, in place
-    num_rejected_ptr,  # [num_reqs] int32, in place
-    idx_mapping_ptr,  # [num_reqs] batch row -> slot (-1: padding)
+    k1,  # k+1: columns of sampled
+    num_sampled_ptr,  # [num_rows] int32, in place
+    num_rejected_ptr,  # [num_rows] int32, in place
+    truth_ptr,  # [num_rows, 4 + TAIL] int32 from the host: slot|budget|count|current|tail
+    truth_stride,
     rep0_ptr,  # three replicas, each [max_reqs * (2 + TAIL)] int32:
     rep1_ptr,  # budget [max_reqs] | count [max_reqs] | tail [max_reqs, TAIL]
     rep2_ptr,
     max_reqs,
-    fixed_rows_ptr,  # [num_reqs] int32, tokens replaced per row (written by every program)
-    fixed_total_ptr,  # [1] int32
-    repaired_ptr,  # [1] int32, slots whose replicas disagreed
+    fixed_rows_ptr,  # [num_rows] int32, tokens replaced per row (written by every program)
+    counters_ptr,  # [2] int32: tokens replaced, repair-log entries reserved
+    log_ptr,  # [log_n, LOG_W] int32 repair log
+    log_n,
+    echo_ptr,  # [num_rows, >= 3 + k1] int32: kept | replaced | repaired | kept tokens
+    echo_stride,
+    seq,  # the guard's launch counter (logged with each repair)
     START_IDS: tl.constexpr,  # marker ids: compile-time constants, not device memory
     NAT_END_IDS: tl.constexpr,
     END_IDS: tl.constexpr,
@@ -352,45 +659,50 @@ def _budget_guard_kernel(
     END_LEN: tl.constexpr,
     TAIL: tl.constexpr,
     TAIL_P2: tl.constexpr,
+    K1_P2: tl.constexpr,
+    LOG_W: tl.constexpr,
 ):
     req = tl.program_id(0)
     tl.store(fixed_rows_ptr + req, 0)
-    slot = tl.load(idx_mapping_ptr + req)
+    echo_row = echo_ptr + req * echo_stride
+    tl.store(echo_row + 0, 0)
+    tl.store(echo_row + 1, 0)
+    tl.store(echo_row + 2, 0)
+    koffs = tl.arange(0, K1_P2)
+    tl.store(echo_row + 3 + koffs, tl.full([K1_P2], -1, tl.int32), mask=koffs < k1)
+    t_row = truth_ptr + req * truth_stride
+    slot = tl.load(t_row + 0)
     if slot < 0:
         return
-    # validate the slot's state: majority of the three replicas, repaired where they disagree
+    budget = tl.load(t_row + 1)  # always the host's: whether and when this row is guarded
+    h_count = tl.load(t_row + 2)
+    current = tl.load(t_row + 3) != 0
+    has_budget = budget >= 0
     count_off = max_reqs + slot
     tail_off = 2 * max_reqs + slot * TAIL
-    b0 = tl.load(rep0_ptr + slot)
-    b1 = tl.load(rep1_ptr + slot)
-    b2 = tl.load(rep2_ptr + slot)
-    c0 = tl.load(rep0_ptr + count_off)
-    c1 = tl.load(rep1_ptr + count_off)
-    c2 = tl.load(rep2_ptr + count_off)
-    offs = tl.arange(0, TAIL_P2)
-    valid = offs < TAIL
-    t0 = tl.load(rep0_ptr + tail_off + offs, mask=valid, other=-1)
-    t1 = tl.load(rep1_ptr + tail_off + offs, mask=valid, other=-1)
-    t2 = tl.load(rep2_ptr + tail_off + offs, mask=valid, other=-1)
-    budget = _vote(b0, b1, b2)
-    count = _vote(c0, c1, c2)
-    tail = _vote(t0, t1, t2)
-    t_bad = tl.sum(((t0 != t1) | (t0 != t2)).to(tl.int32), axis=0)
-    bad = (b0 != b1) | (b0 != b2) | (c0 != c1) | (c0 != c2) | (t_bad > 0)
-    if bad:
-        tl.store(rep0_ptr + slot, budget)
-        tl.store(rep1_ptr + slot, budget)
-        tl.store(rep2_ptr + slot, budget)
-        tl.store(rep0_ptr + count_off, count)
-        tl.store(rep1_ptr + count_off, count)
-        tl.store(rep2_ptr + count_off, count)
-        tl.store(rep0_ptr + tail_off + offs, tail, mask=valid)
-        tl.store(rep1_ptr + tail_off + offs, tail, mask=valid)
-        tl.store(rep2_ptr + tail_off + offs, tail, mask=valid)
-        tl.atomic_add(repaired_ptr, 1)
+    # (a) the slot's device state against the truth
+    nrep = _check(rep0_ptr, rep1_ptr, rep2_ptr, slot, budget, 1, counters_ptr, log_ptr, log_n,
+                  seq, req, slot, 0, LOG_W)
+    c_maj = _vote(tl.load(rep0_ptr + count_off), tl.load(rep1_ptr + count_off),
+                  tl.load(rep2_ptr + count_off))
+    c_host = current | (budget < 0)
+    count = tl.where(budget < 0, -1, tl.where(current, h_count, c_maj))
+    nrep += _check(rep0_ptr, rep1_ptr, rep2_ptr, count_off, count, c_host.to(tl.int32),
+                   counters_ptr, log_ptr, log_n, seq, req, slot, 1, LOG_W)
+    if has_budget:
+        for i in tl.static_range(0, TAIL):
+            t_maj = _vote(tl.load(rep0_ptr + tail_off + i), tl.load(rep1_ptr + tail_off + i),
+                          tl.load(rep2_ptr + tail_off + i))
+            t_true = tl.where(current, tl.load(t_row + 4 + i), t_maj)
+            nrep += _check(rep0_ptr, rep1_ptr, rep2_ptr, tail_off + i, t_true,
+                           current.to(tl.int32), counters_ptr, log_ptr, log_n, seq, req, slot,
+                           2 + i, LOG_W)
+    tl.store(echo_row + 2, nrep)
     tl.debug_barrier()
+    # (b) a request without a budget (host truth) is never touched
     if budget < 0:
         return
+    # (c) enforcement with the truth's budget and count; the tail is replica 0's, now repaired
     n = tl.load(num_sampled_ptr + req)
     row_ptr = sampled_ptr + req * sampled_stride
     slot_tail_ptr = rep0_ptr + tail_off
@@ -432,6 +744,7 @@ def _budget_guard_kernel(
             count = tl.where(e_match & (count >= 0) & (count + START_LEN >= NAT_END_LEN),
                              -1, count)
             last = tok
+    # (d) the replicas advance over the kept tokens
     tl.store(rep0_ptr + count_off, count)
     tl.store(rep1_ptr + count_off, count)
     tl.store(rep2_ptr + count_off, count)
@@ -440,9 +753,17 @@ def _budget_guard_kernel(
         rej = tl.load(num_rejected_ptr + req)
         tl.store(num_rejected_ptr + req, rej + (n - kept))
         tl.store(fixed_rows_ptr + req, nfixed)
-        tl.atomic_add(fixed_total_ptr, nfixed)
+        tl.atomic_add(counters_ptr, nfixed)
+    # (e) the echo: what the host's truth advances over
+    tl.debug_barrier()
+    toks = tl.load(row_ptr + koffs, mask=koffs < kept, other=-1).to(tl.int32)
+    tl.store(echo_row + 3 + koffs, toks, mask=koffs < k1)
+    tl.store(echo_row + 0, kept)
+    tl.store(echo_row + 1, nfixed)
     if kept > 0:
         # new tail = last TAIL tokens of (old tail ++ row[:kept])
+        offs = tl.arange(0, TAIL_P2)
+        valid = offs < TAIL
         pos = kept - TAIL + offs
         a = tl.load(row_ptr + tl.maximum(pos, 0), mask=valid & (pos >= 0), other=-1)
         b = tl.load(slot_tail_ptr + TAIL + tl.minimum(pos, -1), mask=valid & (pos < 0),
@@ -480,11 +801,12 @@ def _w_add_requests(orig):
         st = state(self, create=bool(new_reqs))
         if st is None or not st.enabled:
             return out
+        st.forget(getattr(scheduler_output, "finished_req_ids", None))
         for new_req_data in new_reqs:
             sp = new_req_data.sampling_params
-            budget = getattr(sp, "thinking_token_budget", None) if sp is not None else None
+            b = getattr(sp, "thinking_token_budget", None) if sp is not None else None
             slot = self.req_states.req_id_to_index[new_req_data.req_id]
-            st.stage(slot, budget, new_req_data.prefill_token_ids or [])
+            st.stage(slot, b, new_req_data.prefill_token_ids or [], new_req_data.req_id)
         st.flush()
         return out
 
@@ -569,12 +891,34 @@ def enabled():
             remove()
 
 
+def report(runner, max_records: int | None = None) -> dict[str, Any]:
+    """The guard's verdict section for ``runner`` (one sync); ``{"installed": False, ...}``
+    when it never ran there under the current install."""
+    st = runner.__dict__.get(ATTR) if runner is not None else None
+    if st is None or st.generation != _generation:
+        return {"installed": installed(), "enabled": None, "guarded_steps": 0,
+                "fixed_tokens": 0, "repaired_fields": 0, "repaired_requests": [],
+                "repairs": [], "repairs_dropped": 0, "truth_lagged_rows": 0}
+    return st.report(max_records)
+
+
+def repairs_table(runner):
+    """The trace's ``guard`` table for ``runner``: one row per repair (``REPAIR_COLUMNS``)."""
+    import pandas as pd
+
+    st = runner.__dict__.get(ATTR) if runner is not None else None
+    if st is None or st.generation != _generation:
+        return pd.DataFrame(columns=REPAIR_COLUMNS)
+    return st.repairs_table()
+
+
 def describe(runner) -> dict[str, Any]:
     """Small host-side summary for notebooks (syncs: not for the hot path)."""
     st = state(runner)
     if st is None:
         return {"installed": installed(), "state": None}
+    rep = st.report(max_records=0)
     return {"installed": installed(), "enabled": st.enabled, "start_ids": st.start_ids,
             "end_ids": st.end_ids, "natural_end_ids": st.natural_end_ids, "tail_len": st.TAIL,
             "slots_with_budget": int(st.has_budget.sum()),
-            "total_fixed": int(st.total_fixed.item()), "repaired_total": st.check_repairs()}
+            "total_fixed": rep["fixed_tokens"], "repaired_total": rep["repaired_fields"]}
