@@ -283,6 +283,9 @@ def test_guard_is_identity_on_healthy_vllm(live_engine, method):
         with experiments.StepCounter() as on:
             outs_on = request.run_budgets(eng, budgets, max_tokens=IDENTITY_MAX_TOKENS)
         b_on = request.check_b(eng, budgets=CHECK_B_BUDGETS[method], max_tokens=CHECK_B_MAX_TOKENS)
+        rep = guard.report(eng.runner)
+    assert rep["guarded_steps"] > 0 and rep["fixed_tokens"] == 0
+    assert rep["repaired_fields"] == 0 and rep["repairs"] == []  # its state was never wrong
     assert [o.token_ids for o in outs_on] == [o.token_ids for o in outs_off]
     assert [o.finish_reason for o in outs_on] == [o.finish_reason for o in outs_off]
     # same steps, same drafts, same acceptance: the guard changed nothing
@@ -295,3 +298,214 @@ def test_guard_is_identity_on_healthy_vllm(live_engine, method):
     assert off.draft_tokens > 0  # speculation really ran
     assert all(o.extra["check_b_prefix_ok"] for o in b_on), [o.token_ids for o in b_on]
     assert [o.actual_end_index for o in b_on] == [o.expected_end_index for o in b_on]
+
+
+# ---- 5. the guard's own device state corrupted by a raw device writer (written here) ----------
+#
+# A writer below the guard (layer "fault", in ``sample`` before vLLM samples, i.e. after the
+# forward and before the guard's kernel) overwrites the guard's per-slot replicas through a raw
+# alias of their storage (``_version`` unchanged, as #54906's writer did): all three replicas,
+# two, one, or one field (count / tail / budget) in all three. Every guarded step, or once. The
+# batch mixes requests with and without a budget, under MTP with drafts accepted (zeroed
+# lm_head). vLLM itself is healthy or loses the budget (H-c: the guard must force).
+# Expected: every request's tokens are exactly healthy vLLM's (= the budget rule; requests
+# without a budget untouched), and every repair is reported with its request, field, the values
+# found and the host's truth.
+
+MIXED_BUDGETS = (None, 0, 1, 2, 5, 6, 9, None)
+MIXED_MAX_TOKENS = 12
+
+
+def _raw(t):
+    """A tensor on ``t``'s storage that PyTorch does not know as ``t`` (no ``_version`` bump)."""
+    import torch
+
+    with torch.inference_mode():
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+
+def _fill(t, value) -> None:
+    import torch
+
+    with torch.inference_mode():
+        _raw(t).fill_(value)
+
+
+def _fields(st, k):
+    """(budget, count, tail) views of replica ``k``."""
+    return guard._replica_views(st.replicas[k], st.max_num_reqs, st.TAIL)
+
+
+CORRUPTIONS = {  # name -> (write(state, start_id), fields the guard must report repaired)
+    "all-replicas-zero": (lambda st, s: [_fill(r, 0) for r in st.replicas],
+                          {"budget", "count", "tail[0]"}),
+    "two-replicas-7": (lambda st, s: [_fill(r, 7) for r in st.replicas[:2]],
+                       {"budget", "count", "tail[0]"}),
+    "one-replica-zero": (lambda st, s: _fill(st.replicas[1], 0), {"budget", "count", "tail[0]"}),
+    "count-all-1000": (lambda st, s: [_fill(_fields(st, k)[1], 1000) for k in range(3)],
+                       {"count"}),
+    "tail-all-start": (lambda st, s: [_fill(_fields(st, k)[2], s) for k in range(3)],
+                       {"tail[0]"}),
+    "budget-all-none": (lambda st, s: [_fill(_fields(st, k)[0], -1) for k in range(3)],
+                        {"budget"}),
+    "budget-all-zero": (lambda st, s: [_fill(_fields(st, k)[0], 0) for k in range(3)],
+                        {"budget"}),
+}
+
+
+class _GuardStateWriter:
+    """The raw writer: a ``PatchSet`` on the runner's ``sample`` (layer "fault")."""
+
+    def __init__(self, write, start_id: int, every: bool, at_call: int = 2):
+        from workbook.vllm import hookpoints
+
+        self.write, self.start_id, self.every, self.at_call = write, start_id, every, at_call
+        self.calls = self.writes = 0
+        self.ps = patching.PatchSet("test:guard-state-writer", layer="fault")
+        self.ps.wrap(hookpoints.resolve().runner, "sample", self._make)
+
+    def _make(self, orig):
+        writer = self
+
+        def sample(runner, *a, **k):
+            st = runner.__dict__.get(guard.ATTR)
+            if st is not None and st.generation == guard._generation:
+                writer.calls += 1
+                if writer.every or writer.calls == writer.at_call:
+                    writer.write(st, writer.start_id)
+                    writer.writes += 1
+            return orig(runner, *a, **k)
+
+        return sample
+
+    def __enter__(self):
+        self.ps.install()
+        return self
+
+    def __exit__(self, *exc):
+        self.ps.remove()
+        return False
+
+
+_REFERENCE: dict = {}
+
+
+def _engine_id(req_id: str, outs) -> str | None:
+    """The ``Outcome.request_id`` of an engine-side request id (vLLM suffixes ``-<random>``)."""
+    return next((o.request_id for o in outs
+                 if req_id == o.request_id or req_id.startswith(o.request_id + "-")), None)
+
+
+def _healthy_reference(eng):
+    """Healthy vLLM, no guard, no writer: the mixed batch's tokens (= the budget rule)."""
+    if "mixed" not in _REFERENCE:
+        with request.zeroed_lm_head(eng), experiments.StepCounter() as c:
+            outs = request.run_budgets(eng, MIXED_BUDGETS, max_tokens=MIXED_MAX_TOKENS)
+        assert c.draft_tokens > 0 and c.num_rejected < c.draft_tokens  # drafts accepted
+        _REFERENCE["mixed"] = outs
+    return _REFERENCE["mixed"]
+
+
+@pytest.mark.parametrize("vllm_fault", ["none", "H-c"])
+@pytest.mark.parametrize("corruption,every", [(c, True) for c in sorted(CORRUPTIONS)]
+                         + [("all-replicas-zero", False)])
+def test_guard_exact_under_corruption_of_its_own_state(live_engine, corruption, every,
+                                                       vllm_fault):
+    eng = live_engine.get("mtp")
+    ref = _healthy_reference(eng)
+    assert all(o.honored is True for o, b in zip(ref, MIXED_BUDGETS) if b is not None)
+    write, want_fields = CORRUPTIONS[corruption]
+    start_id = eng.effective["reasoning_start_token_ids"][0]
+    end = eng.effective["reasoning_end_token_ids"]
+    handle = faults.inject(vllm_fault, engine=eng) if vllm_fault != "none" else None
+    try:
+        with guard.enabled(), _GuardStateWriter(write, start_id, every) as w, \
+                request.zeroed_lm_head(eng), experiments.StepCounter() as c:
+            outs = request.run_budgets(eng, MIXED_BUDGETS, max_tokens=MIXED_MAX_TOKENS)
+            rep = guard.report(eng.runner)
+            table = guard.repairs_table(eng.runner)
+    finally:
+        if handle is not None:
+            handle.remove()
+    assert w.writes >= 1 and c.draft_tokens > 0
+    # tokens: exactly healthy vLLM's, request by request (budgeted = the rule; None untouched)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref], (corruption, vllm_fault)
+    for o, b in zip(outs, MIXED_BUDGETS):
+        if b is None:
+            assert end[0] not in o.token_ids  # never forced where the host says: no budget
+        else:
+            assert o.honored is True and o.actual_end_index == o.expected_end_index
+    if vllm_fault == "none":
+        assert rep["fixed_tokens"] == 0  # vLLM forced by itself: nothing to replace
+    else:
+        assert rep["fixed_tokens"] > 0
+    # every repair reported: which request, which field, found vs the host's truth
+    recs = rep["repairs"]
+    assert rep["repaired_fields"] == len(recs) > 0 and rep["repairs_dropped"] == 0
+    assert {r["field"] for r in recs} == want_fields, recs[:5]
+    budget_of = {_engine_id(r["req_id"], outs): b for r in recs
+                 for o, b in zip(outs, MIXED_BUDGETS) if _engine_id(r["req_id"], outs) ==
+                 o.request_id}
+    assert set(budget_of) <= {o.request_id for o in outs}
+    assert {r["req_id"] for r in recs} == set(rep["repaired_requests"])
+    for r in recs:
+        assert r["truth_from"] == "host" and any(v != r["truth"] for v in r["found"]), r
+        if r["field"] == "budget":
+            b = budget_of[_engine_id(r["req_id"], outs)]
+            assert r["truth"] == (-1 if b is None else b), r
+    if corruption == "all-replicas-zero":  # the unbudgeted requests' budget read 0, truth -1
+        none_ids = {o.request_id for o, b in zip(outs, MIXED_BUDGETS) if b is None}
+        assert any(_engine_id(r["req_id"], outs) in none_ids and r["found"] == [0, 0, 0]
+                   and r["truth"] == -1 for r in recs if r["field"] == "budget")
+    assert len(table) == len(recs) and list(table.columns) == guard.REPAIR_COLUMNS
+
+
+def test_guard_section_in_the_pipeline_verdict_and_trace(live_engine, tmp_path):
+    """``pipeline.run`` with the guard on: ``verdict.json["guard"]`` and ``trace/guard.parquet``
+    carry the repairs of a writer that zeroes all three replicas."""
+    from workbook.core import rundir, tracefiles
+    from workbook.run import backends, pipeline
+
+    eng = live_engine.get("mtp")
+    cfg = eng.cfg.replace(guard=True, fault="H-c", zero_lm_head=True, trace=True,
+                          thinking_token_budget=3, max_tokens=12)
+    start_id = eng.effective["reasoning_start_token_ids"][0]
+    out = str(tmp_path / "run")
+    write, _ = CORRUPTIONS["all-replicas-zero"]
+    with _GuardStateWriter(write, start_id, every=True):
+        res = pipeline.run(cfg, out, backend=backends.InProcess(cfg, out, engine=eng))
+    g = res.verdict["guard"]
+    assert g["available"] and g["installed"] and g["fixed_tokens"] > 0
+    assert g["repaired_fields"] > 0 and g["repairs"]
+    assert res.outcome.honored is True
+    saved = rundir.read_json(f"{out}/verdict.json")
+    assert saved["guard"]["repaired_fields"] == g["repaired_fields"]
+    assert saved["guard"]["repairs"] == g["repairs"]
+    frames = tracefiles.load(f"{out}/trace")
+    assert len(frames["guard"]) == g["repaired_fields"]
+    assert {_engine_id(r, res.outcomes) for r in frames["guard"]["req_id"]} == \
+        {res.outcome.request_id}
+    # healthy vLLM with the guard on: the section says nothing was fixed or repaired
+    cfg2 = eng.cfg.replace(guard=True, zero_lm_head=True, trace=True, thinking_token_budget=3,
+                           max_tokens=12)
+    res2 = pipeline.run(cfg2, None, backend=backends.InProcess(cfg2, None, engine=eng))
+    assert res2.verdict["guard"]["fixed_tokens"] == 0
+    assert res2.verdict["guard"]["repaired_fields"] == 0 and res2.verdict["guard"]["repairs"] == []
+
+
+# ---- host twin of the kernel's walk (pure Python) ----------------------------------------------
+
+@pytest.mark.parametrize("markers", sorted(MARKERS))
+def test_host_advance_matches_the_budget_rule(markers):
+    start, nat, end = MARKERS[markers]
+    m = Markers(start, end, nat)
+    tail_len = max(len(start) - 1, len(nat) - 1, len(end) - 1, 1)
+    rng = random.Random(len(markers))
+    for _ in range(300):
+        hist = [rng.choice([0, 1, 2, 3, 4, 5, 6]) for _ in range(rng.randint(0, 8))]
+        new = [rng.choice([0, 1, 2, 3, 4, 5, 6]) for _ in range(rng.randint(0, 6))]
+        tail = ([-1] * tail_len + hist)[-tail_len:]
+        cnt, t = guard._advance(guard.reasoning_count(hist, m), tail, new, m, tail_len)
+        assert cnt == guard.reasoning_count(hist + new, m), (hist, new)
+        assert t == ([-1] * tail_len + hist + new)[-tail_len:]

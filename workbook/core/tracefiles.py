@@ -34,8 +34,12 @@ ROW_COLUMNS = [
     "from_draft", "count_host", "due", "due_token", "due_logit_after_apply", "due_logit_kernel",
     "due_logit_sampled", "sampled_top", "sampled_top_logit", "sampled_is_biased",
     "returned_is_biased", "bias_cols", "n_bias_cols"]
+# the guard's repairs of its own device state (``workbook.hooks.guard``: one row per field
+# repaired; ``found`` = the three replicas' values, ``truth`` = the host's)
+GUARD_COLUMNS = ["guard_step", "req_id", "slot", "row", "total_len_before", "field", "found",
+                 "truth", "truth_from"]
 JSON_COLUMNS = ("markers_dev", "kernel_markers")  # dicts, stored as JSON text
-TABLES = ("steps", "requests", "rows", "registrations", "meta")
+TABLES = ("steps", "requests", "rows", "registrations", "meta", "guard")
 
 
 def frame(records: list[dict], columns: list[str]) -> pd.DataFrame:
@@ -85,7 +89,7 @@ def load(path: str) -> dict[str, pd.DataFrame]:
         frames[name] = pd.concat([frames[name], merged], ignore_index=True) \
             if name in frames else merged
     for name, cols in (("steps", STEP_COLUMNS), ("requests", REQUEST_COLUMNS),
-                       ("rows", ROW_COLUMNS)):
+                       ("rows", ROW_COLUMNS), ("guard", GUARD_COLUMNS)):
         frames.setdefault(name, pd.DataFrame(columns=cols))
     return frames
 

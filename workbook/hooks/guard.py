@@ -114,7 +114,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from workbook.core import budget
+from workbook.core import budget, tracefiles
 from workbook.vllm.patching import PatchSet
 
 ATTR = "_workbook_guard"  # GuardState lives on the runner instance under this name
@@ -128,8 +128,7 @@ E_KEPT, E_FIXED, E_REPAIRED, E_TOKENS = 0, 1, 2, 3
 LOG_W = 9
 LOG_N = 4096  # entries kept on the device; more are counted (``repairs_dropped``)
 F_BUDGET, F_COUNT, F_TAIL = 0, 1, 2  # field codes; tail position i is F_TAIL + i
-REPAIR_COLUMNS = ["guard_step", "req_id", "slot", "row", "total_len_before", "field", "found",
-                  "truth", "truth_from"]
+REPAIR_COLUMNS = tracefiles.GUARD_COLUMNS  # the trace's ``guard`` table
 
 _patch_set: PatchSet | None = None
 _generation = 0  # bumped on every install(): state staged under an older install is dropped

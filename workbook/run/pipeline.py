@@ -12,11 +12,15 @@ dies half-way still leaves what it had):
    the plugin); ``effective.json`` — the configuration the engine really runs
 3. ``request``   the reported request; ``outcome.json`` (an error there is recorded, then raised)
 4. ``checks``    the deterministic checks asked for (A, B); ``checks.json``
-5. ``trace``     the per-step trace of this run's requests; ``trace/*.parquet``
+5. ``trace``     the per-step trace of this run's requests; ``trace/*.parquet`` (with the guard
+   on, in-process: ``trace/guard.parquet``, one row per field of the guard's device state it
+   repaired — ``workbook.core.tracefiles.GUARD_COLUMNS``)
 6. ``watch``     with ``cfg.watch`` / ``cfg.localize``: the start-up watch's evidence
    (``workbook.hooks.watch``); ``watch.json`` (+ ``watch/`` as it was written during start-up)
 7. ``diagnose``  verdict, first violation, causes and hypothesis (``workbook.run.diagnose``), and
-   the watch's reading of the state's integrity (``workbook.run.integrity``); ``verdict.json``
+   the watch's reading of the state's integrity (``workbook.run.integrity``); with the guard on,
+   ``verdict["guard"]`` (``guard_section``: tokens it replaced, fields of its own state it
+   repaired); ``verdict.json``
 8. ``probes``    only with ``cfg.probes`` and a violated verdict: the checks that separate the
    remaining causes, each a re-run of the violating request with one switch on the in-process
    engine (``workbook.run.probes``); ``probes.json``, and ``verdict.json`` re-saved with the
@@ -165,6 +169,11 @@ class Run:
             return res.frames
         n = sum(o.completion_tokens for o in res.outcomes)
         res.frames = self._timed("trace", lambda: self.backend.frames(n))
+        runner = self._guard_runner()
+        if res.frames and runner is not None:
+            from workbook.hooks import guard
+
+            res.frames["guard"] = guard.repairs_table(runner)
         if res.outdir and res.frames:
             tracefiles.save(res.frames, os.path.join(res.outdir, "trace"))
         return res.frames
@@ -186,8 +195,34 @@ class Run:
             res.frames, res.effective, res.outcomes, self.cfg))
         if res.watch is not None:
             res.verdict["integrity"] = integrity.verdict_from_watch(res.watch)
+        if self.cfg.guard:
+            res.verdict["guard"] = self.guard_section()
         self.save("verdict", res.verdict)
         return res.verdict
+
+    # -- the guard's evidence (the guard lives on the in-process runner)
+    GUARD_RECORDS = 200  # repairs listed in the verdict; the trace's guard table has them all
+
+    def _guard_runner(self):
+        if not self.cfg.guard:
+            return None
+        eng = getattr(self.backend, "engine", None)
+        return getattr(eng, "runner", None) if self.cfg.mode == "in-process" else None
+
+    def guard_section(self) -> dict:
+        """``verdict["guard"]``: ``workbook.hooks.guard.report`` of this run's runner —
+        ``installed``, ``enabled``, ``guarded_steps``, ``fixed_tokens``, ``repaired_fields``,
+        ``repaired_requests``, ``repairs`` (the first ``GUARD_RECORDS`` records),
+        ``repairs_dropped``, ``truth_lagged_rows`` — plus ``available``; a server run's guard
+        lives in the server's worker (``available: False`` and ``why``)."""
+        runner = self._guard_runner()
+        if runner is None:
+            return {"installed": True, "available": False,
+                    "why": f"mode={self.cfg.mode!r}: the guard runs in the server's worker "
+                           "process; its repairs are logged there (vllm.workbook.guard)"}
+        from workbook.hooks import guard
+
+        return {"available": True, **guard.report(runner, max_records=self.GUARD_RECORDS)}
 
     def probes(self) -> dict:
         """Confirm the cause: run the probes the verdict calls for and feed them back."""
