@@ -1,0 +1,327 @@
+"""The budget guard's device side: the Triton kernel and its memory layout.
+
+``workbook.hooks.guard`` holds the host truth and the hooks and calls ``launch`` once per guarded
+step; its docstring gives the design and the processing order. This module: the layouts the host
+and the kernel share (the truth row, the echo row, the repair-log entry, the replica), ``launch``
+and ``launch_guard_kernel`` (the kernel over plain per-slot tensors: tests, benchmarks), and the
+kernel itself — per batch row: (a) the slot's three replicas checked field by field against the
+host's truth row, repaired and logged; (b) a row without a budget returns untouched; (c) the
+sampled tokens walked with the truth's budget and count, the due end token forced at the first
+binding position, ``num_sampled`` / ``num_rejected`` fixed; (d) count and tail advanced into the
+replicas; (e) the echo row written.
+
+The kernel is the device twin of ``workbook.core.budget``'s rule (tested against vLLM's own
+forcing kernel and the rule in ``tests/test_guard.py``). Not here: anything on the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from workbook.core import budget
+
+# the truth row of one batch row: slot | budget | count | current | tail[TAIL]
+T_SLOT, T_BUDGET, T_COUNT, T_CURRENT, T_TAIL = 0, 1, 2, 3, 4
+# the echo row of one batch row: kept | replaced | repaired | kept tokens (-1 padded)
+E_KEPT, E_FIXED, E_REPAIRED, E_TOKENS = 0, 1, 2, 3
+# a device repair-log entry: seq | row | slot | field | found x3 | truth | truth from host
+LOG_W = 9
+F_BUDGET, F_COUNT, F_TAIL = 0, 1, 2  # field codes (the kernel's): tail position i is F_TAIL + i
+
+
+def _new_replica(max_num_reqs: int, tail_len: int, device) -> torch.Tensor:
+    """One replica: flat int32 [max_num_reqs * (2 + tail_len)], all -1 (its own allocation)."""
+    return torch.full((max_num_reqs * (2 + tail_len),), -1, dtype=torch.int32, device=device)
+
+
+def _replica_views(rep: torch.Tensor, max_num_reqs: int, tail_len: int):
+    """(budget [n], count [n], tail [n, tail_len]) views of a replica."""
+    n = max_num_reqs
+    return rep[:n], rep[n:2 * n], rep[2 * n:].view(n, tail_len)
+
+
+def _ids(x) -> tuple[int, ...]:
+    """Marker ids as a tuple of Python ints (a tensor is read once: tests and benchmarks)."""
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    return tuple(int(t) for t in x)
+
+
+def launch(sampled, num_sampled, num_rejected, truth, replicas, max_num_reqs: int,
+           tail_len: int, fixed_rows, counters, log, echo, seq: int, markers) -> None:
+    """One program per row of ``sampled`` ([num_rows, k+1]); see the module docstring.
+    ``truth``: int32 [num_rows, 4 + tail_len] (``T_*`` columns); ``replicas``: three flat int32
+    tensors (``_new_replica`` layout); ``counters`` int32 [2]; ``log`` int32 [LOG_N, LOG_W];
+    ``echo`` int32 [num_rows, >= 3 + k+1]; ``markers``: a ``budget.Markers`` (its ids become
+    ``tl.constexpr`` tuples)."""
+    _jit()
+    from vllm.triton_utils import triton
+
+    start, nat, end = _ids(markers.start), _ids(markers.natural_end), _ids(markers.end)
+    if not (start and nat and end):
+        raise ValueError(f"the guard needs start, natural-end and end ids, got {markers}")
+    r0, r1, r2 = replicas
+    k1 = int(sampled.shape[1])
+    _budget_guard_kernel[(int(sampled.shape[0]),)](
+        sampled, sampled.stride(0), k1, num_sampled, num_rejected, truth, truth.stride(0),
+        r0, r1, r2, max_num_reqs, fixed_rows, counters, log, log.shape[0], echo,
+        echo.stride(0), seq,
+        START_IDS=start, NAT_END_IDS=nat, END_IDS=end,
+        START_LEN=len(start), NAT_END_LEN=len(nat), END_LEN=len(end), TAIL=tail_len,
+        TAIL_P2=max(2, triton.next_power_of_2(tail_len)),
+        K1_P2=max(2, triton.next_power_of_2(k1)), LOG_W=log.shape[1], num_warps=1)
+
+
+def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget, count, tail,
+                        fixed_rows, fixed_total, start_ids, natural_end_ids, end_ids) -> dict:
+    """``launch`` with the host truth taken from separate per-slot ``budget`` [n] /
+    ``count`` [n] / ``tail`` [n, TAIL] tensors and ``idx_mapping`` [num_rows] (row → slot,
+    -1 padding), three replicas made from them (so nothing needs repair): tests and benchmarks;
+    the engine path is ``GuardState.enforce``. Updates ``count`` / ``tail`` and adds to
+    ``fixed_total`` [1]; returns the echo and the repair counter."""
+    n, tail_len = budget.shape[0], tail.shape[1]
+    dev = budget.device
+    rep = torch.cat([budget.reshape(-1), count.reshape(-1), tail.reshape(-1)]).to(torch.int32)
+    reps = [rep, rep.clone(), rep.clone()]
+    idx = idx_mapping.long()
+    ok = idx >= 0
+    sc = idx.clamp(min=0)
+    truth = torch.cat([idx_mapping.to(torch.int32)[:, None],
+                       torch.where(ok, budget[sc], -1).to(torch.int32)[:, None],
+                       count[sc].to(torch.int32)[:, None],
+                       torch.ones_like(idx_mapping, dtype=torch.int32)[:, None],
+                       tail[sc].to(torch.int32)], dim=1).contiguous()
+    counters = torch.zeros(2, dtype=torch.int32, device=dev)
+    log = torch.zeros((16, LOG_W), dtype=torch.int32, device=dev)
+    echo = torch.zeros((sampled.shape[0], E_TOKENS + sampled.shape[1]), dtype=torch.int32,
+                       device=dev)
+    launch(sampled, num_sampled, num_rejected, truth, reps, n, tail_len, fixed_rows, counters,
+           log, echo, 0, budget_markers(start_ids, end_ids, natural_end_ids))
+    b, c, t = _replica_views(rep, n, tail_len)
+    fixed_total += counters[0:1]
+    count.copy_(c)
+    tail.copy_(t)
+    return {"echo": echo, "repairs": counters[1:2]}
+
+
+def budget_markers(start, end, natural_end) -> budget.Markers:
+    return budget.Markers(_ids(start), _ids(end), _ids(natural_end))
+
+
+# ----------------------------------------------------------------------------------------------
+# the kernel
+#
+# ``_hist``, ``_vote``, ``_check`` and ``_budget_guard_kernel`` stay plain Python until the
+# first launch: ``_jit()`` imports Triton through vLLM (after the CPU shim had its chance to set
+# TRITON_INTERPRET) and rebinds the names, in this module's globals, to their ``triton.jit``
+# versions, so that the kernel's calls resolve to the jitted helpers, compiled or interpreted.
+
+tl: Any = None
+_jitted = False
+
+
+def _jit() -> None:
+    global tl, _hist, _vote, _check, _budget_guard_kernel, _jitted
+    if _jitted:
+        return
+    from vllm.triton_utils import HAS_TRITON, tl as _tl, triton
+
+    if not HAS_TRITON:
+        raise RuntimeError("the budget guard needs Triton; vLLM disabled it in this process (on a"
+                           " CPU: WORKBOOK_TRITON_CPU=1 / workbook.vllm.env.prepare_process before"
+                           " vLLM is imported)")
+    tl = _tl
+    _hist = triton.jit(_hist)
+    _vote = triton.jit(_vote)
+    _check = triton.jit(_check)
+    _budget_guard_kernel = triton.jit(_budget_guard_kernel)
+    _jitted = True
+
+
+def _hist(row_ptr, tail_ptr, TAIL: tl.constexpr, pos, cur_pos, cur_tok):
+    # Token at relative position ``pos`` of the running history: pos >= 0 is this step's
+    # row, pos < 0 the committed tail (TAIL + pos), pos == cur_pos the token being decided.
+    in_row = pos >= 0
+    a = tl.load(row_ptr + tl.maximum(pos, 0)).to(tl.int32)
+    b = tl.load(tail_ptr + TAIL + tl.minimum(tl.maximum(pos, -TAIL), -1))
+    tok = tl.where(in_row, a, b)
+    tok = tl.where(pos < -TAIL, -1, tok)
+    return tl.where(pos == cur_pos, cur_tok, tok)
+
+
+def _vote(a, b, c):
+    # Majority of three replicas (a when it agrees with one of the others, else b).
+    return tl.where((a == b) | (a == c), a, b)
+
+
+def _check(rep0_ptr, rep1_ptr, rep2_ptr, off, truth, from_host, counters_ptr, log_ptr, log_n,
+           seq, req, slot, field, LOG_W: tl.constexpr):
+    # One field of the slot's state: the three replicas against the truth. A field where any
+    # replica differs is rewritten in all three and logged. Returns 1 when repaired, else 0.
+    v0 = tl.load(rep0_ptr + off)
+    v1 = tl.load(rep1_ptr + off)
+    v2 = tl.load(rep2_ptr + off)
+    bad = (v0 != truth) | (v1 != truth) | (v2 != truth)
+    if bad:
+        tl.store(rep0_ptr + off, truth)
+        tl.store(rep1_ptr + off, truth)
+        tl.store(rep2_ptr + off, truth)
+        i = tl.atomic_add(counters_ptr + 1, 1)
+        if i < log_n:
+            e = log_ptr + i * LOG_W
+            tl.store(e + 0, seq)
+            tl.store(e + 1, req)
+            tl.store(e + 2, slot)
+            tl.store(e + 3, field)
+            tl.store(e + 4, v0)
+            tl.store(e + 5, v1)
+            tl.store(e + 6, v2)
+            tl.store(e + 7, truth)
+            tl.store(e + 8, from_host)
+    return bad.to(tl.int32)
+
+
+def _budget_guard_kernel(
+    sampled_ptr,  # [num_rows, k+1] tokens of this step, fixed in place
+    sampled_stride,
+    k1,  # k+1: columns of sampled
+    num_sampled_ptr,  # [num_rows] int32, in place
+    num_rejected_ptr,  # [num_rows] int32, in place
+    truth_ptr,  # [num_rows, 4 + TAIL] int32 from the host: slot|budget|count|current|tail
+    truth_stride,
+    rep0_ptr,  # three replicas, each [max_reqs * (2 + TAIL)] int32:
+    rep1_ptr,  # budget [max_reqs] | count [max_reqs] | tail [max_reqs, TAIL]
+    rep2_ptr,
+    max_reqs,
+    fixed_rows_ptr,  # [num_rows] int32, tokens replaced per row (written by every program)
+    counters_ptr,  # [2] int32: tokens replaced, repair-log entries reserved
+    log_ptr,  # [log_n, LOG_W] int32 repair log
+    log_n,
+    echo_ptr,  # [num_rows, >= 3 + k1] int32: kept | replaced | repaired | kept tokens
+    echo_stride,
+    seq,  # the guard's launch counter (logged with each repair)
+    START_IDS: tl.constexpr,  # marker ids: compile-time constants, not device memory
+    NAT_END_IDS: tl.constexpr,
+    END_IDS: tl.constexpr,
+    START_LEN: tl.constexpr,
+    NAT_END_LEN: tl.constexpr,
+    END_LEN: tl.constexpr,
+    TAIL: tl.constexpr,
+    TAIL_P2: tl.constexpr,
+    K1_P2: tl.constexpr,
+    LOG_W: tl.constexpr,
+):
+    req = tl.program_id(0)
+    tl.store(fixed_rows_ptr + req, 0)
+    echo_row = echo_ptr + req * echo_stride
+    tl.store(echo_row + 0, 0)
+    tl.store(echo_row + 1, 0)
+    tl.store(echo_row + 2, 0)
+    koffs = tl.arange(0, K1_P2)
+    tl.store(echo_row + 3 + koffs, tl.full([K1_P2], -1, tl.int32), mask=koffs < k1)
+    t_row = truth_ptr + req * truth_stride
+    slot = tl.load(t_row + 0)
+    if slot < 0:
+        return
+    budget = tl.load(t_row + 1)  # always the host's: whether and when this row is guarded
+    h_count = tl.load(t_row + 2)
+    current = tl.load(t_row + 3) != 0
+    has_budget = budget >= 0
+    count_off = max_reqs + slot
+    tail_off = 2 * max_reqs + slot * TAIL
+    # (a) the slot's device state against the truth
+    nrep = _check(rep0_ptr, rep1_ptr, rep2_ptr, slot, budget, 1, counters_ptr, log_ptr, log_n,
+                  seq, req, slot, 0, LOG_W)
+    c_maj = _vote(tl.load(rep0_ptr + count_off), tl.load(rep1_ptr + count_off),
+                  tl.load(rep2_ptr + count_off))
+    c_host = current | (budget < 0)
+    count = tl.where(budget < 0, -1, tl.where(current, h_count, c_maj))
+    nrep += _check(rep0_ptr, rep1_ptr, rep2_ptr, count_off, count, c_host.to(tl.int32),
+                   counters_ptr, log_ptr, log_n, seq, req, slot, 1, LOG_W)
+    if has_budget:
+        for i in tl.static_range(0, TAIL):
+            t_maj = _vote(tl.load(rep0_ptr + tail_off + i), tl.load(rep1_ptr + tail_off + i),
+                          tl.load(rep2_ptr + tail_off + i))
+            t_true = tl.where(current, tl.load(t_row + 4 + i), t_maj)
+            nrep += _check(rep0_ptr, rep1_ptr, rep2_ptr, tail_off + i, t_true,
+                           current.to(tl.int32), counters_ptr, log_ptr, log_n, seq, req, slot,
+                           2 + i, LOG_W)
+    tl.store(echo_row + 2, nrep)
+    tl.debug_barrier()
+    # (b) a request without a budget (host truth) is never touched
+    if budget < 0:
+        return
+    # (c) enforcement with the truth's budget and count; the tail is replica 0's, now repaired
+    n = tl.load(num_sampled_ptr + req)
+    row_ptr = sampled_ptr + req * sampled_stride
+    slot_tail_ptr = rep0_ptr + tail_off
+    kept = n
+    nfixed = n * 0
+    last = n * 0 - 1
+    for j in range(0, n):
+        if j < kept:
+            tok = tl.load(row_ptr + j).to(tl.int32)
+            if count >= budget:  # budget >= 0, so count >= 0 here: in reasoning
+                # end-sequence progress: longest proper prefix of END_IDS ending the history
+                p = tok * 0
+                for pl in tl.static_range(1, END_LEN):
+                    match = True
+                    for q in tl.static_range(0, pl):
+                        h = _hist(row_ptr, slot_tail_ptr, TAIL, j - pl + q, j, tok)
+                        match = match & (h == END_IDS[q])
+                    p = tl.where(match, pl, p)
+                forced = tok * 0 + END_IDS[0]
+                for pl in tl.static_range(1, END_LEN):
+                    forced = tl.where(p == pl, END_IDS[pl], forced)
+                if tok != forced:
+                    tl.store(row_ptr + j, forced.to(sampled_ptr.dtype.element_ty))
+                    tok = forced
+                    kept = j + 1
+                    nfixed = nfixed + 1
+            # advance the reasoning state over the kept token at position j
+            count = tl.where(count >= 0, count + 1, count)
+            s_match = True
+            for q in tl.static_range(0, START_LEN):
+                h = _hist(row_ptr, slot_tail_ptr, TAIL, j - START_LEN + 1 + q, j, tok)
+                s_match = s_match & (h == START_IDS[q])
+            count = tl.where(s_match, 0, count)
+            e_match = True
+            for q in tl.static_range(0, NAT_END_LEN):
+                h = _hist(row_ptr, slot_tail_ptr, TAIL, j - NAT_END_LEN + 1 + q, j, tok)
+                e_match = e_match & (h == NAT_END_IDS[q])
+            # the natural end ends reasoning unless the last start lies inside it
+            count = tl.where(e_match & (count >= 0) & (count + START_LEN >= NAT_END_LEN),
+                             -1, count)
+            last = tok
+    # (d) the replicas advance over the kept tokens
+    tl.store(rep0_ptr + count_off, count)
+    tl.store(rep1_ptr + count_off, count)
+    tl.store(rep2_ptr + count_off, count)
+    if nfixed > 0:
+        tl.store(num_sampled_ptr + req, kept)
+        rej = tl.load(num_rejected_ptr + req)
+        tl.store(num_rejected_ptr + req, rej + (n - kept))
+        tl.store(fixed_rows_ptr + req, nfixed)
+        tl.atomic_add(counters_ptr, nfixed)
+    # (e) the echo: what the host's truth advances over
+    tl.debug_barrier()
+    toks = tl.load(row_ptr + koffs, mask=koffs < kept, other=-1).to(tl.int32)
+    tl.store(echo_row + 3 + koffs, toks, mask=koffs < k1)
+    tl.store(echo_row + 0, kept)
+    tl.store(echo_row + 1, nfixed)
+    if kept > 0:
+        # new tail = last TAIL tokens of (old tail ++ row[:kept])
+        offs = tl.arange(0, TAIL_P2)
+        valid = offs < TAIL
+        pos = kept - TAIL + offs
+        a = tl.load(row_ptr + tl.maximum(pos, 0), mask=valid & (pos >= 0), other=-1)
+        b = tl.load(slot_tail_ptr + TAIL + tl.minimum(pos, -1), mask=valid & (pos < 0),
+                    other=-1)
+        vals = tl.where(pos >= 0, a.to(tl.int32), b)
+        vals = tl.where(pos == kept - 1, last, vals)
+        tl.debug_barrier()
+        tl.store(rep0_ptr + tail_off + offs, vals, mask=valid)
+        tl.store(rep1_ptr + tail_off + offs, vals, mask=valid)
+        tl.store(rep2_ptr + tail_off + offs, vals, mask=valid)
