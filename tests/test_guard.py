@@ -9,7 +9,14 @@ ngram, draft_model):
 3. broken vLLM (mtp, k=4): every in-process fault of the hypothesis catalogue
    (``workbook.hooks.faults``); without the guard checks A/B fail, with it both are exact;
 4. healthy vLLM: guard on vs off token-identical with identical step / acceptance counters, and
-   ``request.check_b`` exact with the guard on, per spec method.
+   ``request.check_b`` exact with the guard on, per spec method, with 0 repairs reported;
+5. the guard's own device state corrupted by raw writes written here (all three replicas zeroed,
+   two set to 7, one zeroed, every count / tail / budget), every step or once, under MTP with
+   drafts accepted and a batch of requests with and without a budget, on healthy vLLM and with
+   vLLM losing the budget (H-c): tokens equal healthy vLLM's request by request, every repair
+   reported (request, field, values found, the host's truth) — also through ``pipeline.run``
+   into ``verdict.json["guard"]`` and ``trace/guard.parquet``;
+6. the host's twin of the kernel's walk (``guard._advance``) against the budget rule.
 
 Budgets covered in (4) (union = 0..9 and "no budget"): mtp None,0,1,2,6,9; eagle 0,3,5,7,9;
 ngram 1,2,4,6,8; draft_model 0,1,5,7,9. ``request.check_b`` budgets (union = 2..9): mtp 2,6
