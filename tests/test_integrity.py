@@ -49,8 +49,8 @@ def _guard_off_after():
 
 # ---- fast: the guard's state cannot be silently zeroed -----------------------------------------
 
-@pytest.mark.parametrize("replica", [0, 1, 2])
-def test_guard_kernel_outvotes_a_zeroed_replica(replica):
+@pytest.mark.parametrize("replicas", [(0,), (1,), (2,), (0, 1), (0, 1, 2)])
+def test_guard_kernel_checks_its_replicas_against_the_host(replicas):
     import torch
 
     from workbook.core.budget import Markers
@@ -63,15 +63,24 @@ def test_guard_kernel_outvotes_a_zeroed_replica(replica):
     for rep in reps:
         b, c, t = guard._replica_views(rep, n, tail)
         b[2], c[2], t[2] = 3, 2, 0  # budget 3, two reasoning tokens so far
-    raw_alias_zero(reps[replica])  # a stray writer: _version unchanged
+    for k in replicas:
+        raw_alias_zero(reps[k])  # a stray writer: _version unchanged
     sampled = torch.tensor([[0, 0, 0]], dtype=torch.int64)
     num_sampled = torch.tensor([3], dtype=torch.int32)
     num_rejected = torch.tensor([0], dtype=torch.int32)
-    fixed_rows, fixed_total, repaired = (torch.zeros(1, dtype=torch.int32) for _ in range(3))
-    guard.launch(sampled, num_sampled, num_rejected, torch.tensor([2], dtype=torch.int32), reps,
-                 n, tail, fixed_rows, fixed_total, repaired, markers)
+    truth = torch.tensor([[2, 3, 2, 1, 0]], dtype=torch.int32)  # the host's: slot|budget|count|
+    fixed_rows = torch.zeros(1, dtype=torch.int32)               # current|tail
+    counters = torch.zeros(2, dtype=torch.int32)
+    log = torch.zeros((8, guard.LOG_W), dtype=torch.int32)
+    echo = torch.zeros((1, guard.E_TOKENS + 3), dtype=torch.int32)
+    guard.launch(sampled, num_sampled, num_rejected, truth, reps, n, tail, fixed_rows, counters,
+                 log, echo, 7, markers)
     assert sampled[0, :int(num_sampled[0])].tolist() == [0, 3]  # </think> at count == budget
-    assert repaired.tolist() == [1] and fixed_total.tolist() == [1]
+    assert counters.tolist() == [1, 2]  # one token replaced; budget and count repaired
+    assert [r[:4] for r in log[:2].tolist()] == [[7, 0, 2, 0], [7, 0, 2, 1]]  # step|row|slot|field
+    assert log[0, 4:].tolist() == [0 if k in replicas else 3 for k in range(3)] + [3, 1]
+    assert log[1, 4:].tolist() == [0 if k in replicas else 2 for k in range(3)] + [2, 1]
+    assert echo[0].tolist() == [2, 1, 2, 0, 3, -1]  # kept, replaced, repaired, tokens
     views = [[v[2].tolist() for v in guard._replica_views(r, n, tail)] for r in reps]
     assert views[0] == views[1] == views[2] == [3, -1, [3]]
 
