@@ -16,7 +16,9 @@ ngram, draft_model):
    vLLM losing the budget (H-c): tokens equal healthy vLLM's request by request, every repair
    reported (request, field, values found, the host's truth) — also through ``pipeline.run``
    into ``verdict.json["guard"]`` and ``trace/guard.parquet``;
-6. the host's twin of the kernel's walk (``guard._advance``) against the budget rule.
+6. the host's twin of the kernel's walk (``guard._advance``) against the budget rule;
+7. no engine: ``GuardState`` over a simulated batch whose echo lands a step late (async
+   scheduling): the lagged step falls back to the replicas' majority, the host catches up.
 
 Budgets covered in (4) (union = 0..9 and "no budget"): mtp None,0,1,2,6,9; eagle 0,3,5,7,9;
 ngram 1,2,4,6,8; draft_model 0,1,5,7,9. ``request.check_b`` budgets (union = 2..9): mtp 2,6
@@ -516,3 +518,97 @@ def test_host_advance_matches_the_budget_rule(markers):
         cnt, t = guard._advance(guard.reasoning_count(hist, m), tail, new, m, tail_len)
         assert cnt == guard.reasoning_count(hist + new, m), (hist, new)
         assert t == ([-1] * tail_len + hist + new)[-tail_len:]
+
+
+# ---- 7. no engine: GuardState over a simulated batch, an echo that lands late -----------------
+
+def _fake_state(markers, max_num_reqs: int):
+    import types
+
+    import torch
+
+    rc = types.SimpleNamespace(reasoning_start_token_ids=list(markers[0]),
+                               natural_reasoning_end_token_ids=list(markers[1]),
+                               reasoning_end_token_ids=list(markers[2]))
+    return guard.GuardState(types.SimpleNamespace(
+        vllm_config=types.SimpleNamespace(reasoning_config=rc), device=torch.device(_device()),
+        req_states=types.SimpleNamespace(max_num_reqs=max_num_reqs)))
+
+
+class _Late:
+    """A stand-in CUDA event that has not completed until ``done``."""
+
+    def __init__(self):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+
+
+@pytest.mark.parametrize("corrupt", ["one-replica", "all-replicas"])
+def test_state_exact_when_an_echo_lands_late(corrupt):
+    """Async scheduling: step 2's echo lands only at step 4. Rows of step 3 then take count and
+    tail from the replicas' majority (``truth_from`` "replica majority"), the host absorbs the
+    echoes in order and is current again; with one replica corrupted every step the tokens stay
+    exact throughout; with all three corrupted they are exact in every step whose truth is
+    current — the lagged step itself is the window the guard's docstring names."""
+    import types
+
+    import torch
+
+    markers = ([1], [3], [3])
+    m = Markers(*markers[:1], markers[2], markers[1])
+    st = _fake_state(markers, 8)
+    rng = random.Random(3)
+    slots, ids = [5, 2, 7, 0], ["a", "b", "c", "d"]
+    budgets = [None, 2, 4, 7]
+    hists = [[9, 1, 0], [9, 1], [1, 0, 0], [9, 9, 1]]
+    for s, b, h, r in zip(slots, budgets, hists, ids):
+        st.stage(s, b, h, r)
+    st.flush()
+    late: list = []
+    absorb = st._absorb
+
+    def deferring(p):
+        if p.event is None and p.seq == 2:  # this step's echo is still on its way
+            p.event = _Late()
+            late.append(p.event)
+            st._pending.append(p)
+            return
+        absorb(p)
+
+    st._absorb = deferring
+    for step in range(7):
+        if step == 4:
+            late[0].done = True
+        with torch.inference_mode():
+            reps = st.replicas if corrupt == "all-replicas" else st.replicas[:1]
+            for r in reps:
+                torch.empty(0, dtype=r.dtype).set_(r.untyped_storage(), r.storage_offset(),
+                                                   r.size(), r.stride()).fill_(0)
+        rows = [[rng.choice([0, 0, 4, 3]) for _ in range(5)] for _ in ids]
+        ns = [rng.randint(1, 5) for _ in ids]
+        sampled = torch.tensor(rows, dtype=torch.int64)
+        num_sampled = torch.tensor(ns, dtype=torch.int32)
+        st.enforce(types.SimpleNamespace(sampled_token_ids=sampled), num_sampled,
+                   torch.zeros(4, dtype=torch.int32), types.SimpleNamespace(req_ids=ids))
+        for i in range(4):
+            want = list(rows[i][:ns[i]]) if budgets[i] is None else \
+                _rule_fixed(hists[i], rows[i][:ns[i]], budgets[i], m)
+            got = sampled[i, :int(num_sampled[i])].tolist()
+            if corrupt == "one-replica" or step != 3:
+                assert got == want, (step, i, got, want)
+            hists[i] = hists[i] + got
+    rep = st.report()
+    assert rep["truth_lagged_rows"] == 3  # the three budgeted rows of step 3
+    lagged = [r for r in rep["repairs"] if r["truth_from"] == "replica majority"]
+    if corrupt == "one-replica":  # the odd replica out-voted and reported in the lagged step
+        assert lagged and {r["guard_step"] for r in lagged} == {3}
+    else:  # three replicas that agree cannot be caught without the host: the window named
+        assert lagged == []
+    assert all(r["truth_from"] == "host" for r in rep["repairs"] if r["guard_step"] != 3)
+    assert {r["guard_step"] for r in rep["repairs"]} >= {0, 1, 2, 4, 5, 6}
+    assert not st._pending and not st.lagged.any()

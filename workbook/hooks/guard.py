@@ -368,9 +368,10 @@ class GuardState:
             self._pending.popleft()
             self._absorb(p)
         self.lagged[:] = False
-        for p in self._pending:
-            s = p.slots[p.slots >= 0]
-            self.lagged[s] = True
+        for p in self._pending:  # slots whose request still has tokens on their way
+            for i, s in enumerate(p.slots.tolist()):
+                if s >= 0 and i < len(p.req_ids) and self.req_of_slot[s] == p.req_ids[i]:
+                    self.lagged[s] = True
 
     def _absorb(self, p: _Pending) -> None:
         echo = p.echo.numpy()  # [num_rows, 3 + K1]
