@@ -43,8 +43,8 @@ memory such a writer can reach:
 
 Processing order, per engine step:
 
-1. ``add_requests`` (after vLLM's): drop finished requests from the guard's ``req_id`` → slot
-   record; for each new request read ``sampling_params.thinking_token_budget`` itself (never
+1. ``add_requests`` (after vLLM's): drop finished and preempted requests from the guard's
+   ``req_id`` → slot record (MRV2 frees their slots; a resumed request is added anew); for each new request read ``sampling_params.thinking_token_budget`` itself (never
    vLLM's ``ThinkingBudgetState``), its slot ``req_states.req_id_to_index[req_id]`` and
    ``prefill_token_ids``; set the host truth of that slot (budget, and for a budget the count
    and tail at the end of that history, from ``workbook.core.budget``); scatter the staged
@@ -512,6 +512,8 @@ def _w_add_requests(orig):
         if st is None or not st.enabled:
             return out
         st.forget(getattr(scheduler_output, "finished_req_ids", None))
+        st.forget(getattr(scheduler_output, "preempted_req_ids", None))  # MRV2 removes them too;
+        # a resumed request comes back as a new one (its prefill holds its outputs)
         for new_req_data in new_reqs:
             sp = new_req_data.sampling_params
             b = getattr(sp, "thinking_token_budget", None) if sp is not None else None
