@@ -164,7 +164,7 @@ class _Pending:
 
     seq: int
     event: Any  # torch.cuda.Event, None when the echo is already on the host
-    echo: torch.Tensor  # [num_rows, 3 + K1] int32, host (pinned on CUDA)
+    echo: torch.Tensor | None  # [num_rows, 3 + K1] int32, host (pinned on CUDA)
     slots: np.ndarray  # [num_rows] the guard's slot of each batch row (-1: not guarded)
     req_ids: tuple  # [num_rows]
     lens: np.ndarray  # [num_rows] committed tokens before the step (host truth)
@@ -380,7 +380,9 @@ class GuardState:
         n_rep = int(repaired.sum())
         if n_rep:
             self.repaired_fields += n_rep
-            self._repaired_steps[p.seq] = p
+            if len(self._repaired_steps) < LOG_N:  # each such step fills >= 1 log entry
+                self._repaired_steps[p.seq] = _Pending(p.seq, None, None, p.slots, p.req_ids,
+                                                       p.lens, p.budgeted)  # no echo kept
             self._warn(n_rep)
         # advance the host truth of each budgeted row still owned by the same request
         owned = np.array([s >= 0 and i < len(p.req_ids) and self.req_of_slot[s] == p.req_ids[i]
