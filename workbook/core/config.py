@@ -40,7 +40,7 @@ class ConfigError(ValueError):
 class RunConfig:
     # model
     model: str = "tiny-mimo-mtp"  # a built-in model name (workbook.core.models.names()) or a checkpoint path
-    draft_model: str | None = None  # eagle/draft_model: draft path or tiny name (default: tiny)
+    draft_model: str | None = None  # eagle/draft_model: draft path or tiny name; None: the tiny default draft
     # speculative decoding
     spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
     num_spec_tokens: int = 4  # draft tokens per step (k)
@@ -54,7 +54,7 @@ class RunConfig:
     dtype: str = "auto"
     seed: int = 0
     kv_cache_bytes: int | None = 64 << 20  # None: gpu_memory_utilization decides
-    gpu_memory_utilization: float | None = None
+    gpu_memory_utilization: float | None = None  # None: vLLM's default
     reasoning_parser: str = "qwen3"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed through to vllm.LLM
     # request
