@@ -113,6 +113,15 @@ def _runs(n: int, what: str = "run") -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
+def identity(run: Run) -> dict[str, int] | None:
+    """Notebook 04's guard on / off comparison on healthy vLLM (``fix.json``): requests
+    compared and how many were token-identical; None when the run holds none."""
+    rows = (run.fix.get("identity") or {}).get("rows") or []
+    if not rows:
+        return None
+    return {"n": len(rows), "same": sum(bool(r.get("identical")) for r in rows)}
+
+
 def guard_result(run: Run, runs: list[Run]) -> dict[str, Any] | None:
     """What the guard did for a run with an injected fault, from the evidence: the guard-off
     result (a guarded twin's counterpart, or the run's own ``fix.json``) and the guard-on one.
@@ -125,13 +134,14 @@ def guard_result(run: Run, runs: list[Run]) -> dict[str, Any] | None:
         twin = guard_twin(run, runs)
         if twin is None:
             return None
-        return {"off": run.name, "off_violated": verdict_of(run) == "violated",
+        return {"off": run.name, "off_violated": verdict_of(run) == "violated", "in_run": False,
                 "on": twin.name, "on_verdict": verdict_of(twin) or twin.row.get("status"),
                 "fixed": verdict_of(run) == "violated" and verdict_of(twin) == "honored"}
     off = run.guard_off
     if off is None:
         return None
     return {"off": f"{run.name} (guard off, fix.json)", "off_violated": not off["honored"],
+            "in_run": True,
             "on": run.name, "on_verdict": verdict_of(run) or run.row.get("status"),
             "fixed": not off["honored"] and verdict_of(run) == "honored"}
 
@@ -224,18 +234,33 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
         parts.append("No run without a fault finished: there is no verdict on healthy vLLM "
                      "here.")
     if faults_judged:
-        text = (f"Injected faults with the guard off: {len(caught)} of "
-                f"{_runs(len(faults_judged))} caught at their first step and row")
-        text += (", each with its cause named" if len(named) == len(caught)
-                 else f", {len(named)} with a cause named")
+        n = len(faults_judged)
+        text = (f"Injected faults with the guard off: the budget was violated in {len(caught)} "
+                f"of {_runs(n)}" + (", caught at its first step and row" if len(caught) == 1
+                                    else ", each caught at its first step and row"
+                                    if caught else ""))
+        if caught:
+            text += (" with its cause named" if len(named) == len(caught)
+                     else f"; a cause was named in {len(named)} of them")
         parts.append(text + ".")
     if tried:
-        parts.append(f"The guard fixed {len(fixed)} of the {len(tried)} violation(s) it was "
-                     f"tried on ({', '.join(g['on'] for g in tried)}).")
+        said = [f"{g['on']}: {g['on_verdict']}" + (
+                    " — the same request violated with the guard off in that run"
+                    if g["in_run"] else "") for g in tried]
+        did = (("fixed" if fixed else "did not fix") + " the one violation" if len(tried) == 1
+               else f"fixed {len(fixed)} of the {len(tried)} violations")
+        parts.append(f"The guard {did} it was tried on ({'; '.join(said)}).")
     if guarded_healthy:
         ok = sum(verdict_of(r) == "honored" for r in guarded_healthy)
-        parts.append(f"With the guard on healthy vLLM: {ok} of "
-                     f"{_runs(len(guarded_healthy))} honoured.")
+        parts.append(f"With the guard on healthy vLLM: {ok} of {_runs(len(guarded_healthy))} "
+                     "honoured.")
+    ident = [(r, identity(r)) for r in all_runs]
+    ident = [(r, i) for r, i in ident if i is not None]
+    if ident:
+        same = sum(i["same"] for _, i in ident)
+        total = sum(i["n"] for _, i in ident)
+        parts.append(f"Guard on vs off on healthy vLLM: {same} of {total} requests "
+                     f"token-identical ({', '.join(r.name for r, _ in ident)}).")
     not_ok = [r for r in all_runs if r.row.get("status") not in (None, "ok")]
     if not_ok:
         parts.append(f"{_runs(len(not_ok))} did not finish ({_count_line(not_ok)}).")
