@@ -103,7 +103,7 @@ def test_reporter_templates_need_a_model_path(tmp_path):
 def test_run_writes_layout_manifest_sums_and_verify_detects_tampering(tmp_path):
     out = tmp_path / "outputs"
     env = env_file(tmp_path, "one", [{"name": "mtp", "spec_method": "mtp", "checks": ["A"]}])
-    res = workbook("run", env, "--out", out)
+    res = workbook("run", env, "--out", out, "--progress")
     assert res.returncode == 0, res.stderr[-3000:]
     (run_dir,) = run_dirs(out)
     assert res.stdout.strip().endswith(run_dir.name)
@@ -246,7 +246,7 @@ def start_run(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
     env = env_file(tmp_path, name, [{"name": "first", "spec_method": "mtp"},
                                     {"name": "second", "spec_method": "none"}])
     proc = subprocess.Popen([sys.executable, "-m", "workbook.cli", "run", str(env), "--out",
-                             str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                             str(out), "--progress"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     return proc, out
 

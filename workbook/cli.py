@@ -2,7 +2,7 @@
 
     workbook run ENV [--only NAME ...] [--timeout S] [--out outputs] [--set KEY=VALUE ...]
                      [--no-report] [--in-process] [--hide-code] [--no-notebook-html]
-                     [--probes] [--no-progress]     # prints the finding, the report's path,
+                     [--probes] [--[no-]progress]   # prints the finding, the report's path,
                                                     # then the folder
     workbook validate ENV [--only NAME ...] [--set KEY=VALUE ...]   # the run's rules; start nothing
     workbook verify RUN_DIR                          # SHA256SUMS; exit 1 on any mismatch
@@ -51,8 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
                    metavar="KEY=VALUE", help="override a RunConfig field for every selected "
                                              "run (YAML)")
-    r.add_argument("--no-progress", action="store_true",
-                   help="no progress bar (default: drawn only on a terminal)")
+    bar = r.add_mutually_exclusive_group()
+    bar.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                     help="no progress bar (default: drawn only when stdout and stderr are "
+                          "terminals)")
+    bar.add_argument("--progress", dest="progress", action="store_true",
+                     help="progress even when not on a terminal (one line per step)")
     r.add_argument("--no-report", action="store_true", help="no report.html in the run folder")
     r.add_argument("--probes", action="store_true",
                    help="after a violation, run the probes that confirm its cause (sets "
@@ -110,7 +114,7 @@ def cmd_run(args) -> int:
     env = batch.load_environment(args.env, overrides, notebooks=not args.in_process,
                                  only=args.only)
     run_dir = batch.execute(env, out=args.out, only=args.only, timeout=args.timeout,
-                            progress=not args.no_progress and _terminal(),
+                            progress=_terminal() if args.progress is None else args.progress,
                             report=not args.no_report,
                             executor="in-process" if args.in_process else "papermill",
                             hide_code=args.hide_code, notebook_html=not args.no_notebook_html)

@@ -105,7 +105,9 @@ def _count_line(runs: list[Run]) -> str:
 
 
 def _n_requests(runs: list[Run]) -> tuple[int, int]:
-    reqs = [q for r in runs for q in judged_requests(r)]
+    """(requests that honoured the budget rule, requests judged against it): a request the
+    evidence did not judge (``honored`` None: no budget that could bind) is not counted."""
+    reqs = [q for r in runs for q in judged_requests(r) if q["honored"] is not None]
     return sum(q["honored"] is True for q in reqs), len(reqs)
 
 
@@ -226,8 +228,8 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
                      f"{len(healthy_bad)} of {_runs(len(judged), 'finished run')}: {names}.")
     elif judged and all(verdict_of(r) == "honored" for r in judged):
         parts.append(f"Healthy vLLM honoured thinking_token_budget in {every} on {hw}: "
-                     f"{_runs(len(judged))} without a fault, {ok_req} of {n_req} requests with "
-                     f"</think> exactly where the budget puts it.")
+                     f"{_runs(len(judged))} without a fault, {ok_req} of {n_req} requests judged "
+                     f"with </think> exactly where the budget puts it.")
     elif judged:
         parts.append(f"Runs without a fault on {hw}: {_count_line(judged)}.")
     elif healthy:

@@ -70,7 +70,8 @@ def _finding_html(f: dict) -> str:
                 out.append(f"<li><b>{len(cats[k])} run{'' if len(cats[k]) == 1 else 's'} "
                            f"{labels[k]}</b>: "
                            f"{html.escape(_count_line(cats[k]))} "
-                           f"<span class=\"note\">({ok}/{n} requests honoured)</span></li>")
+                           f"<span class=\"note\">({ok} of {n} requests judged honoured the "
+                           "budget)</span></li>")
         out.append("</ul>")
         if pb.get("state"):
             out.append(f'<p class="bad">{html.escape(pb["state"])}</p>')
@@ -143,6 +144,13 @@ def _sampling(c: dict) -> str:
     return ", ".join([f"T={t}"] + extra)
 
 
+def _budget_cell(c: dict) -> str:
+    if "thinking_token_budget" not in c:
+        return f"budget {NOT_RECORDED}"
+    said = wording.budget_text(c["thinking_token_budget"])
+    return said if said == wording.NO_BUDGET else f"budget {said}"
+
+
 def verdict_table(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for r in runs:
@@ -151,7 +159,7 @@ def verdict_table(runs: list[Run]) -> pd.DataFrame:
         fv = v.get("first_violation") or {}
         conf = [_spec(c), _sampling(c), None if c.get("enforce_eager") is None else
                 ("eager" if c.get("enforce_eager") else "CUDA graphs"),
-                f"budget {c.get('thinking_token_budget')}"]
+                _budget_cell(c)]
         outcome = None
         if o:
             outcome = (f"{o.get('finish_reason')}, {o.get('completion_tokens')} tokens "
@@ -162,7 +170,8 @@ def verdict_table(runs: list[Run]) -> pd.DataFrame:
             "status": r.row.get("status"), "verdict": v.get("verdict"),
             "cause": cause_text(v) if v.get("hypothesis") else None,
             "first violation": (f"step {fv.get('step')} · row {fv.get('row')}" if fv else None),
-            "requests honoured": (f"{sum(q['honored'] is True for q in reqs)}/{len(reqs)}"
+            "requests honoured": (f"{sum(q['honored'] is True for q in reqs)} of "
+                                  f"{sum(q['honored'] is not None for q in reqs)} judged"
                                   if reqs else None),
             "configuration": " · ".join(x for x in conf if x),
             "fault": r.fault, "guard": "on" if r.guard else "off",
@@ -449,14 +458,17 @@ def _violations(page: Page, runs: list[Run]) -> None:
             page.raw(grid.grid_html(g, gr, r.decode, r.end_ids, steps=win))
             if focus_step is not None:
                 page.plain(grid.rows_at_step(g, int(focus_step), r.decode),
-                           f"step {focus_step}: every logits row of the request")
+                           f"step {focus_step}: every logits row of the request",
+                           empty=f"The trace holds no logits row of this request at step "
+                                 f"{focus_step}.")
         other = nearest_honoured(r, runs)
         if other is not None:
             first, table, index = divergence(r, other)
             page.p(f"Against {other.short} (request {index + 1}): "
                    + ("identical emitted tokens" if first is None
                       else f"first divergence at output #{first}"), "note")
-            page.plain(table, f"A = {r.short}, B = {other.short}")
+            page.plain(table, f"A = {r.short}, B = {other.short}",
+                       empty="Neither run emitted a token for this request.")
         page.raw("</div>")
     if len(bad) > MAX_VIOLATIONS:
         page.p(f"… and {len(bad) - MAX_VIOLATIONS} more violated runs (see the verdict "
@@ -476,7 +488,8 @@ def _divergences(page: Page, runs: list[Run]) -> None:
         page.h(3, f"A = {a.short}  vs  B = {b.short} (request {index + 1})")
         page.p("identical emitted tokens" if first is None
                else f"first divergence at output #{first}", "note")
-        page.plain(table, "emitted tokens step by step (path, forced from the trace)")
+        page.plain(table, "emitted tokens step by step (path, forced from the trace)",
+                   empty="Neither run emitted a token for this request.")
 
 
 def build(batches: list[Batch], base: str | None = None) -> str:
@@ -498,7 +511,8 @@ def build(batches: list[Batch], base: str | None = None) -> str:
     page.h(2, "Verdicts", "verdicts")
     vt = verdict_table(runs)
     page.plain(verdict_matrix(vt), "verdict per run name and batch (a run that did not "
-                                   "finish shows its status)")
+                                   "finish shows its status)",
+               empty="No run recorded a verdict.")
     page.table(vt, "every run: verdict, cause, requests honoured, configuration, outcome as "
                    "the server reports it")
     _violations(page, runs)
@@ -514,13 +528,19 @@ def build(batches: list[Batch], base: str | None = None) -> str:
     page.h(2, "Time per run", "time")
     page.image(plot_timings(runs), "timings")
     page.h(2, "Run folders", "folders")
-    page.plain(batches_table(batches))
+    page.plain(batches_table(batches), empty="No batch folder.")
     page.h(2, "Effective configuration", "effective")
     for b in batches:
         differ, common = effective_tables(b.runs)
         page.h(3, f"{b.hardware} {b.run_id}: read from the live engine")
-        page.plain(differ, "what differs between the runs")
-        page.plain(common, "the same in every run")
+        if differ.empty and common.empty:
+            page.p("No run of this batch recorded its effective configuration "
+                   "(effective.json): none reached a live engine.", "empty")
+            continue
+        page.plain(differ, "what differs between the runs",
+                   empty="Every run of this batch ran the same effective configuration.")
+        page.plain(common, "the same in every run",
+                   empty="No setting is the same in every run.")
     for b in batches:
         ce = (b.environment.get("collect_env") or {}).get("output")
         if ce:

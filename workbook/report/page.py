@@ -60,13 +60,14 @@ class Page:
     def raw(self, text: str) -> None:
         self.parts.append(text)
 
-    def table(self, df: pd.DataFrame, caption: str | None = None) -> None:
+    def table(self, df: pd.DataFrame, caption: str | None = None,
+              empty: str = "Nothing to show here.") -> None:
         """Interactive (sort, search), never paged, wrapping to the page width."""
         from itables import to_html_datatable
 
         self.n_tables += 1
         if df.empty:
-            self.p(f"({caption or 'table'}: nothing)", "empty")
+            self.p(empty, "empty")
             return
         df = df.map(_esc_cell) if hasattr(df, "map") else df.applymap(_esc_cell)
         self.parts.append('<div class="tw">' + to_html_datatable(
@@ -76,10 +77,11 @@ class Page:
             layout={"topStart": None, "topEnd": "search", "bottomStart": "info",
                     "bottomEnd": None}) + "</div>")
 
-    def plain(self, df: pd.DataFrame, caption: str | None = None, cls: str = "") -> None:
+    def plain(self, df: pd.DataFrame, caption: str | None = None, cls: str = "",
+              empty: str = "Nothing to show here.") -> None:
         """A plain HTML table (small tables)."""
         if df.empty:
-            self.p(f"({caption or 'table'}: nothing)", "empty")
+            self.p(empty, "empty")
             return
         head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
         body = []
@@ -99,7 +101,7 @@ class Page:
         if uri:
             self.parts.append(f'<img alt="{html.escape(alt)}" src="{uri}">')
         else:
-            self.p(f"({alt}: no finished run to draw)", "empty")
+            self.p(f"No finished run to draw ({alt}).", "empty")
 
     def pre(self, text: str, summary: str) -> None:
         self.parts.append(f"<details><summary>{html.escape(summary)}</summary>"
