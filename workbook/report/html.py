@@ -62,7 +62,7 @@ def _finding_html(f: dict) -> str:
             "</span>")
         out.append(f"<div class=\"fb\"><h3>{html.escape(b.hardware)} — vLLM {html.escape(b.vllm)}"
                    f" on {html.escape(b.device)}, batch {html.escape(b.run_id)}{state}</h3><ul>")
-        labels = {"healthy": "without a fault", "fault": "with an injected fault",
+        labels = {"healthy": "without a fault", "fault": "with an injected fault, guard off",
                   "guard": "with the guard on"}
         for k in ("healthy", "fault", "guard"):
             if cats[k]:
