@@ -44,7 +44,7 @@ from workbook.report.page import CSS, Page, _link, offline_init  # noqa: F401
 from workbook.report.runs import (SPEC_KEYS, Batch, NoRuns, Run, _n_diff,  # noqa: F401
                                   _same_batch, _verdict, judged_requests, load_batch,
                                   nearest_honoured, verdict_of)
-from workbook.report.wording import DASH, NOT_RECORDED
+from workbook.report.wording import DASH, NOT_RECORDED  # noqa: F401  (DASH: the tables' "not applicable")
 
 MAX_VIOLATIONS = 12
 CONTEXT_AFTER = 3
