@@ -390,6 +390,9 @@ def test_signal_stops_the_run_and_leaves_a_complete_record(tmp_path, sig, code):
     assert (run_dir / "SHA256SUMS").exists() and workbook("verify", run_dir).returncode == 0
     report = (run_dir / "report.html").read_text()
     assert "interrupted by " + sig.name in report and "Every run finished" not in report
+    said = "0 of 2 planned runs finished; not started: second."
+    assert said in report and said in stdout  # what finished, in the report and the terminal
+    assert "every run" not in stdout.splitlines()[0]
 
     from workbook.core import rundir
 
