@@ -70,7 +70,7 @@ checks: list = []  # deterministic checks to run as well: A, B
 
 # %%
 import pandas as pd
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from workbook.core.config import RunConfig
 from workbook.report import views
@@ -109,7 +109,9 @@ for line in res.effective.get("log_lines", []):
 # %%
 def as_server_reply(o) -> dict:
     return {"finish_reason": o.finish_reason, "completion_tokens": o.completion_tokens,
-            "reasoning_tokens": o.reasoning_tokens, "content": o.content,
+            "reasoning_tokens": o.reasoning_tokens,
+            "content": o.content if o.content is not None else
+            "none (null): no token came after the reasoning",
             "first_token": o.first_token, "first_token_text": o.first_token_text,
             "token_ids": o.token_ids, "end_token_ids": o.end_token_ids,
             "expected_end_index": o.expected_end_index, "actual_end_index": o.actual_end_index,
@@ -138,7 +140,7 @@ views.table(rows, "No deterministic check was asked for in this run (`checks` is
 
 # %%
 v = res.verdict
-display(Markdown(f"**{views.verdict_heading(v)}**"))
+display(views.verdict_markdown(v, ""))
 views.table([v["first_violation"]] if v.get("first_violation") else [],
             "No request was violated: there is no first violating step.")
 

@@ -52,7 +52,7 @@ outdir: str = ""  # folder for the evidence files (empty: memory only)
 import os
 
 import pandas as pd
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from workbook.core import hypotheses
 from workbook.core.config import RunConfig
@@ -67,7 +67,7 @@ cfg = RunConfig.from_params(globals())
 # %%
 res = pipeline.run(cfg, outdir or None)
 v = res.verdict
-display(Markdown(f"### {views.verdict_heading(v)}\n\n{v.get('summary') or ''}"))
+display(views.verdict_markdown(v))
 views.table([v["first_violation"]] if v.get("first_violation") else [],
             "No request was violated: there is no first violating step.")
 
@@ -105,7 +105,7 @@ views.table([{"req_id": x["req_id"], "budget": x["budget"],
             "Every request honoured its budget: no violated request to list.")
 
 # %%
-display(views.table(v.get("offsets") or [], "No budgeted request: no offsets to show."))
+display(views.table(views.offsets(v), "No request of this run had a budget: no offsets."))
 views.table((v.get("first_violation") or {}).get("batch") or [],
             "No violating step, so no batch to show.")
 

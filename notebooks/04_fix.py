@@ -110,7 +110,9 @@ views.readable(pd.DataFrame(checks))
 
 # %%
 ident = experiments.identity(eng, identity_budgets, identity_max_tokens)
-display(Markdown(f"**identical: {ident['identical']}**"))
+same = sum(bool(r["identical"]) for r in ident["rows"])
+display(Markdown(f"**Guard on vs off: {same} of {len(ident['rows'])} requests token-identical"
+                 f"{'' if ident['identical'] else ' — NOT identical'}.**"))
 pd.DataFrame({"guard off": ident["counters_off"], "guard on": ident["counters_on"]})
 
 # %%
@@ -123,7 +125,7 @@ views.readable(pd.DataFrame(ident["rows"]))
 # %%
 session.finish()
 fixed = pipeline.run(cfg.replace(fault=fault, guard=True, trace=True), outdir or None)
-display(Markdown(f"**{views.verdict_heading(fixed.verdict)}**"))
+display(views.verdict_markdown(fixed.verdict, ""))
 
 # %% [markdown]
 # ## Verdict

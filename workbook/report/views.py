@@ -116,6 +116,39 @@ def verdict_heading(verdict: dict | None) -> str:
     return wording.verdict_heading(verdict)
 
 
+def verdict_markdown(verdict: dict | None, level: str = "###"):
+    """The verdict's heading, then its summary when the heading does not already say it."""
+    from IPython.display import Markdown
+
+    head = wording.verdict_heading(verdict)
+    said = (verdict or {}).get("summary")
+    body = "" if wording.absent(said) or said in head else f"\n\n{said}"
+    return Markdown(f"{level} {head}{body}" if level else f"**{head}**{body}")
+
+
+def offsets(verdict: dict | None) -> list[dict]:
+    """Expected vs actual end index of every budgeted request: the verdict's ``offsets`` when
+    it lists them (violated runs), else derived from its judged ``requests`` and markers."""
+    from workbook.core import budget
+
+    v = verdict or {}
+    if v.get("offsets"):
+        return list(v["offsets"])
+    end = budget.Markers.of(v.get("markers") or {}).end
+    out = []
+    for r in v.get("requests") or []:
+        if r.get("budget") is None:
+            continue
+        actual = r.get("actual_end_index")
+        if actual is None and end:
+            found = budget.first_index_of(list(r.get("output") or []), end)
+            actual = None if found == -1 else found
+        out.append({"req_id": r.get("req_id"), "budget": r.get("budget"),
+                    "expected_end_index": r.get("expected_end_index"),
+                    "actual_end_index": actual, "honored": r.get("honored")})
+    return out
+
+
 def _cols(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
     return df[[c for c in cols if c in df.columns]]
 
