@@ -241,3 +241,26 @@ def test_default_cpu_batch_counts_match_its_files():
     violated = [r for r in faults if runs.verdict_of(r) == "violated"]
     assert f"violated in {len(violated)} of {len(faults)} run" in f["headline"]
     assert not math.isnan(len(f["headline"]))
+
+
+@pytest.mark.parametrize("meta,stripped", [
+    ({"jupytext": {"formats": "ipynb,py:percent"}, "kernelspec": {"name": "workbook"}}, True),
+    ({"jupytext": {"formats": "ipynb,py:percent"}, "kernelspec": {"name": "python3"}}, False),
+    ({"kernelspec": {"name": "workbook"}}, False),  # not a jupytext pair
+])
+def test_save_hook_strips_workbook_notebooks_only(meta, stripped):
+    from workbook.report import nbclean
+
+    nb = {"metadata": {**meta, "language_info": {"name": "python"}},
+          "cells": [{"cell_type": "code", "execution_count": 3, "source": "1",
+                     "metadata": {"tags": ["parameters"], "execution": {"t": 1},
+                                  "lines_to_next_cell": 2},
+                     "outputs": [{"output_type": "stream", "name": "stdout", "text": "1"}]}]}
+    nbclean.pre_save_hook({"type": "notebook", "content": nb}, "notebooks/x.ipynb")
+    cell = nb["cells"][0]
+    assert (cell["outputs"] == [] and cell["execution_count"] is None) is stripped
+    if stripped:
+        assert cell["metadata"] == {"tags": ["parameters"], "lines_to_next_cell": 2}
+        assert set(nb["metadata"]) == {"jupytext", "kernelspec"}
+    else:
+        assert "language_info" in nb["metadata"]

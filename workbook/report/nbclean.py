@@ -9,8 +9,8 @@ save (and autosave); the repository would then be dirty a minute after a noteboo
 outputs and execution counts, cell metadata reduced to the pair's ``cell_metadata_filter``
 (``tags``) and jupytext's own round-trip keys, notebook metadata reduced to ``jupytext`` (without its ``text_representation``)
 and ``kernelspec``. ``pre_save_hook`` applies it to every notebook a Jupyter server saves
-that is paired with a ``py:percent`` file (the workbook's notebooks; other notebooks are left
-as they are). ``setup.sh`` installs it into the venv's Jupyter server configuration
+that is paired with a ``py:percent`` file and runs on the ``workbook`` kernel (the workbook's
+notebooks; other notebooks are left as they are). ``setup.sh`` installs it into the venv's Jupyter server configuration
 (``<venv>/etc/jupyter/jupyter_server_config.json``: ``ContentsManager.pre_save_hook``, merged
 into what the file already holds; nothing in ``~/.jupyter``). Outputs stay in the open browser tab; executed copies with outputs
 are what ``workbook run`` writes under ``outputs/``.
@@ -33,9 +33,12 @@ SERVER_CONFIG = {"ContentsManager": {"pre_save_hook": "workbook.report.nbclean.p
 
 
 def is_workbook_notebook(nb: dict) -> bool:
-    """A notebook paired with a jupytext percent script (the workbook's notebooks)."""
-    formats = ((nb.get("metadata") or {}).get("jupytext") or {}).get("formats") or ""
-    return "ipynb" in str(formats) and "py:percent" in str(formats)
+    """A workbook notebook: paired with a jupytext percent script and on the ``workbook``
+    kernel (any other notebook a server of this venv saves is left as it is)."""
+    meta = nb.get("metadata") or {}
+    formats = str((meta.get("jupytext") or {}).get("formats") or "")
+    kernel = (meta.get("kernelspec") or {}).get("name")
+    return "ipynb" in formats and "py:percent" in formats and kernel == "workbook"
 
 
 def strip(nb: dict) -> dict:
