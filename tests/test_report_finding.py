@@ -264,3 +264,15 @@ def test_save_hook_strips_workbook_notebooks_only(meta, stripped):
         assert set(nb["metadata"]) == {"jupytext", "kernelspec"}
     else:
         assert "language_info" in nb["metadata"]
+
+
+def test_workbook_run_prints_the_finding(tmp_path, capsys):
+    from workbook import cli
+
+    folder = write_batch(tmp_path, DEFAULT_CPU)
+    cli._print_finding(folder)
+    out = capsys.readouterr().out.splitlines()
+    f = finding.finding([runs.load_batch(folder)])
+    assert out[0] == f["headline"] and len(out) == 2
+    assert out[1].startswith("  violated: cpu · fault-H-a (fault H-a): gate → H-a: gate bypass")
+    assert "step 0, row 0 (local_pos 0, Sampler), request 1 of 1 (budget 1)" in out[1]
