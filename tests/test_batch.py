@@ -111,6 +111,7 @@ def _two_notebooks(tmp_path: Path) -> Path:
     (["--only", "a", "--set", "mode=server"], 2, ["run 'a'", "check B", "mode='in-process'"]),
     # ... and the platform's (this machine is a CPU host)
     (["--only", "c", "--set", "async_scheduling=true"], 2, ["async_scheduling", "CPU"]),
+    (["--only", "c", "--set", "async_scheduling=true", "--platform", "gpu"], 0, ["ok  c"]),
     (["--only", "nope"], 2, ["--only ['nope']", "runs: ['a', 'b', 'c']"]),
 ])
 def test_validate_selected_runs_with_the_runs_rules(tmp_path, args, code, needles):

@@ -4,7 +4,8 @@
                      [--no-report] [--in-process] [--hide-code] [--no-notebook-html]
                      [--probes] [--[no-]progress]   # prints the finding, the report's path,
                                                     # then the folder
-    workbook validate ENV [--only NAME ...] [--set KEY=VALUE ...]   # the run's rules; start nothing
+    workbook validate ENV [--only NAME ...] [--set KEY=VALUE ...] [--platform cpu|gpu]
+                                                    # the run's rules; start nothing
     workbook verify RUN_DIR                          # SHA256SUMS; exit 1 on any mismatch
     workbook report [RUN_DIR ...] [-o FILE] [--out outputs]
     workbook params NOTEBOOK                         # the notebook's parameters (papermill)
@@ -72,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "applies; start nothing")
     v.add_argument("env")
     v.add_argument("--only", nargs="+", metavar="NAME", help="validate only these runs")
+    v.add_argument("--platform", choices=["cpu", "gpu"],
+                   help="apply this platform's rules (default: this machine's, as the run does)")
     v.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
                    metavar="KEY=VALUE", help="override a RunConfig field for every selected "
                                              "run (YAML)")
@@ -154,7 +157,8 @@ def _print_finding(run_dir: str) -> None:
 def cmd_validate(args) -> int:
     from workbook import batch
 
-    env = batch.load_environment(args.env, dict(args.overrides), only=args.only)
+    on_cpu = None if args.platform is None else args.platform == "cpu"
+    env = batch.load_environment(args.env, dict(args.overrides), only=args.only, on_cpu=on_cpu)
     for spec in env.runs:
         print(f"ok  {spec.name}  ({os.path.relpath(spec.notebook)}, checks={spec.checks})")
     return 0
