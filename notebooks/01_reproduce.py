@@ -69,16 +69,15 @@ checks: list = []  # deterministic checks to run as well: A, B
 # The parameters become a `RunConfig`; `validate` rejects a bad one before any engine starts.
 
 # %%
-import json
-
 import pandas as pd
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from workbook.core.config import RunConfig
+from workbook.report import views
 from workbook.run import pipeline
 
 cfg = RunConfig.from_params(globals())
-pd.DataFrame({"value": {k: repr(v) for k, v in cfg.to_dict().items()}})
+views.config_table(cfg)
 
 # %% [markdown]
 # ## Run
@@ -96,7 +95,7 @@ pd.DataFrame({"seconds": res.timings}).round(2)
 
 # %%
 eff = {k: v for k, v in res.effective.items() if k != "log_lines"}
-pd.DataFrame({"effective": {k: json.dumps(v, default=str) for k, v in eff.items()}})
+views.values_table(eff, "effective")
 
 # %%
 for line in res.effective.get("log_lines", []):
@@ -110,26 +109,30 @@ for line in res.effective.get("log_lines", []):
 # %%
 def as_server_reply(o) -> dict:
     return {"finish_reason": o.finish_reason, "completion_tokens": o.completion_tokens,
-            "reasoning_tokens": o.reasoning_tokens, "content": o.content,
+            "reasoning_tokens": o.reasoning_tokens,
+            "content": o.content if o.content is not None else
+            "none (null): no token came after the reasoning",
             "first_token": o.first_token, "first_token_text": o.first_token_text,
             "token_ids": o.token_ids, "end_token_ids": o.end_token_ids,
             "expected_end_index": o.expected_end_index, "actual_end_index": o.actual_end_index,
             "honored": o.honored}
 
 
-pd.DataFrame([as_server_reply(o) for o in res.outcomes]).T
+views.table(pd.DataFrame([as_server_reply(o) for o in res.outcomes]).T,
+            "The engine returned no outcome (see the run's failure).")
 
 # %% [markdown]
 # ## Deterministic checks (docs/facts.md)
 # A: greedy, budget 1 and 0 → `</think>` first. B: drafts accepted, `</think>` exactly at every
-# budget 2..9. Empty when no checks were asked for.
+# budget 2..9.
 
 # %%
 rows = [dict(check=name, budget=o["budget"], expected=o["expected_end_index"],
              actual=o["actual_end_index"], honored=o["honored"],
              tokens=o["token_ids"][:12])
         for name, outs in res.checks.items() for o in outs]
-pd.DataFrame(rows, columns=["check", "budget", "expected", "actual", "honored", "tokens"])
+views.table(rows, "No deterministic check was asked for in this run (`checks` is empty).",
+            columns=["check", "budget", "expected", "actual", "honored", "tokens"])
 
 # %% [markdown]
 # ## Verdict
@@ -137,15 +140,13 @@ pd.DataFrame(rows, columns=["check", "budget", "expected", "actual", "honored", 
 
 # %%
 v = res.verdict
-display(Markdown(f"**{v.get('verdict', '?')}** — hypothesis `{v.get('hypothesis')}` — "
-                 f"{v.get('summary', '')}"))
-if v.get("first_violation"):
-    display(pd.DataFrame([v["first_violation"]]))
-else:
-    print("first violation: none")
+display(views.verdict_markdown(v, ""))
+views.table([v["first_violation"]] if v.get("first_violation") else [],
+            "No request was violated: there is no first violating step.")
 
 # %% [markdown]
-# The evidence rows behind the hypothesis (empty when nothing was violated).
+# The evidence rows behind the hypothesis.
 
 # %%
-pd.DataFrame(v.get("evidence") or [], columns=None if v.get("evidence") else ["evidence"])
+views.table(v.get("evidence") or [], "No evidence rows: the diagnosis names no cause "
+            + ("(nothing was violated)." if v.get("verdict") == "honored" else "for this run."))

@@ -44,7 +44,7 @@ outdir: str = ""  # folder for the evidence files (empty: memory only)
 
 # %%
 import pandas as pd
-from IPython.display import HTML, Markdown, display
+from IPython.display import HTML, display
 
 from workbook.core.budget import Markers
 from workbook.core.config import RunConfig
@@ -57,7 +57,7 @@ res = pipeline.run(cfg, outdir or None)  # vLLM's start-up log goes to a file (p
 frames, verdict = res.frames, res.verdict
 END = Markers.of(res.effective).end[0]
 decode = views.decoder(model=cfg.model, tokenizer=getattr(res.engine, "tokenizer", None))
-display(Markdown(f"**{verdict['verdict']}** — {verdict['summary']}"))
+display(views.verdict_markdown(verdict, ""))
 print("emitted:", " ".join(views.tokens.show(decode(t)) for t in res.outcome.token_ids))
 
 # %% [markdown]

@@ -52,10 +52,11 @@ outdir: str = ""  # folder for the evidence files (empty: memory only)
 import os
 
 import pandas as pd
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from workbook.core import hypotheses
 from workbook.core.config import RunConfig
+from workbook.report import views
 from workbook.run import diagnose, experiments, pipeline
 
 cfg = RunConfig.from_params(globals())
@@ -66,10 +67,9 @@ cfg = RunConfig.from_params(globals())
 # %%
 res = pipeline.run(cfg, outdir or None)
 v = res.verdict
-display(Markdown(f"### {v['verdict']} — `{v['hypothesis']}`"
-                 f"{' (' + v['hypothesis_title'] + ')' if v['hypothesis_title'] else ''}\n\n"
-                 f"{v['summary']}"))
-pd.DataFrame([v["first_violation"] or {}])
+display(views.verdict_markdown(v))
+views.table([v["first_violation"]] if v.get("first_violation") else [],
+            "No request was violated: there is no first violating step.")
 
 # %% [markdown]
 # The chain, one row per cause (and per candidate a probe refuted): the stage whose contract
@@ -78,8 +78,10 @@ pd.DataFrame([v["first_violation"] or {}])
 # report shows the same rows).
 
 # %%
-pd.DataFrame(diagnose.chain_rows(v), columns=["stage", "anomaly", "cause", "confirm", "result",
-                                              "status"])
+views.table(diagnose.chain_rows(v), "No chain: no stage broke its contract at a violating "
+            "row (nothing was violated)." if v.get("verdict") == "honored" else
+            "No chain: the diagnosis named no cause for this run.",
+            columns=["stage", "anomaly", "cause", "confirm", "result", "status"])
 
 # %% [markdown]
 # The probes that ran (each the violating request re-sent with one switch) and every violated
@@ -87,21 +89,25 @@ pd.DataFrame(diagnose.chain_rows(v), columns=["stage", "anomaly", "cause", "conf
 # end index of every budgeted request) and the batch of the violating step.
 
 # %%
-pd.DataFrame([{"probe": n, **{k: p.get(k) for k in ("switch", "ran", "verdict", "budgets",
-                                                      "hypothesis", "why", "seconds")}}
-              for n, p in (res.probes or {}).items()])
+views.table([{"probe": n, **{k: p.get(k) for k in ("switch", "ran", "verdict", "budgets",
+                                                     "hypothesis", "why", "seconds")}}
+             for n, p in (res.probes or {}).items()],
+            "No probe ran: probes run only after a violation" + (
+                "." if cfg.probes else ", with `probes=True` (off in this run)."))
 
 # %%
-pd.DataFrame([{"req_id": x["req_id"], "budget": x["budget"],
-               "step": x["first_violation"]["step"],
-               "local_pos": x["first_violation"]["local_pos"],
-               "hypothesis": x["hypothesis"],
-               "causes": [c["hypothesis"] for c in x["causes"]]}
-              for x in v.get("violations") or []])
+views.table([{"req_id": x["req_id"], "budget": x["budget"],
+              "step": x["first_violation"]["step"],
+              "local_pos": x["first_violation"]["local_pos"],
+              "hypothesis": x["hypothesis"] or "no cause named",
+              "causes": [c["hypothesis"] for c in x["causes"]]}
+             for x in v.get("violations") or []],
+            "Every request honoured its budget: no violated request to list.")
 
 # %%
-display(pd.DataFrame(v.get("offsets") or []))
-pd.DataFrame((v["first_violation"] or {}).get("batch") or [])
+display(views.table(views.offsets(v), "No request of this run had a budget: no offsets."))
+views.table((v.get("first_violation") or {}).get("batch") or [],
+            "No violating step, so no batch to show.")
 
 # %% [markdown]
 # Every contract break anywhere in the trace (empty on healthy vLLM), by stage, and the evidence
@@ -110,9 +116,11 @@ pd.DataFrame((v["first_violation"] or {}).get("batch") or [])
 # column after apply and in the tensor sampled).
 
 # %%
-display(pd.DataFrame(v.get("anomalies") or [], columns=["stage", "check", "count", "saw",
-                                                          "first"]))
-pd.DataFrame(v["evidence"] or []).T
+display(views.table(v.get("anomalies") or [], "No contract break anywhere in the trace.",
+                    columns=["stage", "check", "count", "saw", "first"]))
+views.table(pd.DataFrame(v.get("evidence") or []).T, "No evidence rows: the diagnosis names "
+            "no cause" + (" (nothing was violated)." if v.get("verdict") == "honored"
+                          else " for this run."))
 
 # %% [markdown]
 # ## The hypotheses
@@ -123,7 +131,7 @@ pd.DataFrame(v["evidence"] or []).T
 pd.DataFrame([{"stage": s, "contract": c} for s, c in hypotheses.STAGES.items()])
 
 # %%
-pd.DataFrame(hypotheses.table())
+views.readable(pd.DataFrame(hypotheses.table()))
 
 # %% [markdown]
 # ## Decisive A/B checks
@@ -134,4 +142,4 @@ pd.DataFrame(hypotheses.table())
 ab = experiments.run_variants(cfg.replace(probes=False), variants or None)
 if outdir:
     ab.to_csv(os.path.join(outdir, "ab_checks.csv"), index=False)
-ab
+views.readable(ab)

@@ -62,6 +62,7 @@ from IPython.display import Markdown, display
 from workbook.core import hypotheses
 from workbook.core.config import ConfigError, RunConfig
 from workbook.hooks import guard as guard_hook
+from workbook.report import views
 from workbook.run import experiments, pipeline
 
 if fault != "none" and fault not in hypotheses.runtime_faults():
@@ -75,7 +76,7 @@ eff = {k: eng.effective.get(k) for k in ("vllm_version", "runner_class", "runner
                                           "thinking_budget_enabled", "reasoning_start_token_ids",
                                           "reasoning_end_token_ids",
                                           "natural_reasoning_end_token_ids")}
-pd.DataFrame({"effective": {k: json.dumps(v) for k, v in eff.items()}})
+views.values_table(eff, "effective")
 
 # %% [markdown]
 # ## 1. The reported request, vLLM broken on purpose
@@ -88,7 +89,7 @@ desc = (hypotheses.FAULTS[fault].description if fault != "none"
         else "none: healthy vLLM (both rows should honour the budget)")
 display(Markdown(f"**fault `{fault}`**: {desc}"))
 before_after = experiments.before_after(eng, fault, thinking_token_budget, max_tokens)
-pd.DataFrame(before_after).set_index("run").T
+views.readable(pd.DataFrame(before_after).set_index("run").T)
 
 # %% [markdown]
 # ## 2. Checks A and B under the same fault
@@ -98,21 +99,24 @@ pd.DataFrame(before_after).set_index("run").T
 
 # %%
 checks = experiments.checks_under_fault(eng, fault)
-pd.DataFrame(checks)
+views.readable(pd.DataFrame(checks))
 
 # %% [markdown]
 # ## 3. Healthy vLLM: the guard changes nothing
-# The same batch (one request per budget, `None` = no budget) without and with the guard:
+# The same batch (one request per budget; "no budget": a request without one) without and
+# with the guard:
 # identical tokens, identical engine steps, tokens kept, rejections and draft counts, and
 # `guard_fixed == 0` (vLLM's own forcing already did the job).
 
 # %%
 ident = experiments.identity(eng, identity_budgets, identity_max_tokens)
-display(Markdown(f"**identical: {ident['identical']}**"))
+same = sum(bool(r["identical"]) for r in ident["rows"])
+display(Markdown(f"**Guard on vs off: {same} of {len(ident['rows'])} requests token-identical"
+                 f"{'' if ident['identical'] else ' — NOT identical'}.**"))
 pd.DataFrame({"guard off": ident["counters_off"], "guard on": ident["counters_on"]})
 
 # %%
-pd.DataFrame(ident["rows"])
+views.readable(pd.DataFrame(ident["rows"]))
 
 # %% [markdown]
 # ## 4. Through the pipeline: the reported request with the fault and the guard
@@ -121,7 +125,7 @@ pd.DataFrame(ident["rows"])
 # %%
 session.finish()
 fixed = pipeline.run(cfg.replace(fault=fault, guard=True, trace=True), outdir or None)
-display(Markdown(f"**{fixed.verdict['verdict']}** — {fixed.verdict['summary']}"))
+display(views.verdict_markdown(fixed.verdict, ""))
 
 # %% [markdown]
 # ## Verdict
@@ -143,4 +147,4 @@ if outdir:
     with open(os.path.join(outdir, "fix.json"), "w") as f:
         json.dump({"summary": summary, "before_after": before_after, "checks": checks,
                    "identity": ident, "effective": eff}, f, indent=1, default=str)
-pd.DataFrame({"value": summary})
+views.values_table(summary)

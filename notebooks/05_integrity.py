@@ -73,12 +73,11 @@ checks: list = []  # deterministic checks of the pipeline run: A, B
 # without eager mode).
 
 # %%
-import json
-
 import pandas as pd
 from IPython.display import Markdown, display
 
 from workbook.core.config import RunConfig
+from workbook.report import views
 from workbook.run import integrity, pipeline
 from workbook.vllm import env as wb_env
 
@@ -138,11 +137,10 @@ integrity.timeline_table(w)
 
 # %%
 v = res.verdict.get("integrity") or integrity.verdict_from_watch(w)
-display(Markdown(f"**{v.get('verdict')}** — hypothesis `{v.get('hypothesis')}` — "
-                 f"{v.get('saw')}"))
-pd.DataFrame({"culprit": {k: json.dumps(v.get(k), default=str) for k in
-                          ("phase", "module", "op", "kernel", "tensors", "before", "after",
-                           "last_clean", "first_dirty", "startup_observed")}})
+display(Markdown(f"**{views.verdict_heading(v)}** — {v.get('saw') or 'no unexpected change'}"))
+views.values_table({k: v.get(k) for k in ("phase", "module", "op", "kernel", "tensors", "before",
+                                          "after", "last_clean", "first_dirty",
+                                          "startup_observed")}, "culprit", missing="none found")
 
 # %%
 integrity.changes_table(w)
@@ -154,10 +152,10 @@ integrity.changes_table(w)
 
 # %%
 loc = w.get("localization") or {}
-display(pd.DataFrame({"localization": {k: json.dumps(loc.get(k), default=str) for k in
-                                       ("level", "within", "checks", "elapsed_s", "complete",
-                                        "stopped")}}))
-pd.DataFrame(loc.get("alias_writes") or [], columns=["op", "tensor", "alias", "module", "phase"])
+display(views.values_table({k: loc.get(k) for k in ("level", "within", "checks", "elapsed_s",
+                                                     "complete", "stopped")}, "localization"))
+views.table(loc.get("alias_writes") or [], "No op wrote watched memory through an alias.",
+            columns=["op", "tensor", "alias", "module", "phase"])
 
 # %% [markdown]
 # ## The budget holding with the fix

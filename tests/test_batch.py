@@ -14,7 +14,12 @@ subprocess (as a user would), then checks what landed on disk:
   record its failure row (status ``interrupted``, the stage it was in), close the manifest,
   write the report and ``SHA256SUMS`` and exit 130 / 143 printing the run folder; a second
   Ctrl-C forces an exit and leaves the folder unfinished, which ``workbook report`` skips;
-- progress: the run's pipeline step (engine start, ...) is shown while it runs.
+- progress: the run's pipeline step (engine start, ...) is shown while it runs (``--progress``;
+  by default only on a terminal: a redirected log gets one line per finished run); the end of
+  ``workbook run`` prints the finding (the report's headline, one line per violated run) before
+  the report's path;
+- ``--set`` applies to and is validated against the runs ``--only`` selects; ``workbook
+  validate`` applies the run's own rules (checks, platform): table-driven, no engine.
 
 About 6–8 minutes on a 2-core machine (two engine starts, three interrupted ones).
 """
@@ -88,6 +93,78 @@ def test_bad_parameter_rejected_before_any_engine(tmp_path, runs, needle):
     assert elapsed < 45, elapsed  # an engine start alone takes longer than this on CPU
 
 
+def _two_notebooks(tmp_path: Path) -> Path:
+    """``a`` runs notebook 01 with checks A and B; ``b`` runs notebook 02, which declares no
+    ``mode`` parameter (so ``--set mode=...`` cannot apply to it)."""
+    return env_file(tmp_path, "two", [{"name": "a", "checks": ["A", "B"]},
+                                      {"name": "b", "notebook": "notebooks/02_trace.py"},
+                                      {"name": "c", "spec_method": "none"}])
+
+
+@pytest.mark.parametrize("args,code,needles", [
+    # --set is validated against the selected runs only
+    (["--only", "c", "--set", "mode=server"], 0, ["ok  c"]),
+    (["--only", "a", "c", "--set", "max_tokens=5"], 0, ["ok  a", "ok  c"]),
+    (["--set", "mode=server"], 2, ["run 'a'", "check B"]),  # a is first, and has check B
+    (["--only", "b", "--set", "mode=server"], 2, ["run 'b'", "mode"]),  # 02 has no mode
+    # validate applies the run's own rules: check B in a server run fails here, not 5 s in
+    (["--only", "a", "--set", "mode=server"], 2, ["run 'a'", "check B", "mode='in-process'"]),
+    # ... and the platform's (this machine is a CPU host)
+    (["--only", "c", "--set", "async_scheduling=true"], 2, ["async_scheduling", "CPU"]),
+    (["--only", "c", "--set", "async_scheduling=true", "--platform", "gpu"], 0, ["ok  c"]),
+    (["--only", "nope"], 2, ["--only ['nope']", "runs: ['a', 'b', 'c']"]),
+])
+def test_validate_selected_runs_with_the_runs_rules(tmp_path, args, code, needles):
+    res = workbook("validate", _two_notebooks(tmp_path), *args, timeout=120)
+    assert res.returncode == code, (res.stdout, res.stderr)
+    for n in needles:
+        assert n in (res.stdout + res.stderr), (res.stdout, res.stderr)
+    if code == 0:
+        assert "ok  b" not in res.stdout  # the run --only left out is not listed
+
+
+def test_set_applies_to_the_selected_runs_only(tmp_path):
+    from workbook import batch
+    from workbook.core import config
+    from workbook.run import pipeline
+
+    env = batch.load_environment(str(_two_notebooks(tmp_path)), {"max_tokens": 5},
+                                 only=["c"], on_cpu=True)
+    assert [r.name for r in env.runs] == ["c"]
+    assert env.runs[0].params["max_tokens"] == 5
+    full = batch.load_environment(str(_two_notebooks(tmp_path)), {}, on_cpu=True)
+    assert [r.name for r in full.runs] == ["a", "b", "c"]
+    assert all(r.params["max_tokens"] == 8 for r in full.runs)
+    assert pipeline.check_checks is config.check_checks  # one rule for validate and the run
+
+
+@pytest.mark.parametrize("stdout_tty,stderr_tty,expected", [
+    (True, True, True), (False, True, False), (True, False, False), (False, False, False)])
+def test_progress_bar_only_on_a_terminal(monkeypatch, stdout_tty, stderr_tty, expected):
+    from workbook import cli
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: stdout_tty, raising=False)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: stderr_tty, raising=False)
+    assert cli._terminal() is expected
+    args = cli.build_parser().parse_args(["run", "cpu"])
+    assert args.progress is None  # auto: _terminal() decides
+    assert cli.build_parser().parse_args(["run", "cpu", "--no-progress"]).progress is False
+    assert cli.build_parser().parse_args(["run", "cpu", "--progress"]).progress is True
+
+
+def test_without_progress_a_log_gets_one_line_per_run(capsys):
+    from workbook.batch.execute import _Progress
+
+    bar = _Progress(2, "cpu", enabled=False)
+    bar.set_postfix_str("first")
+    bar.stage("start", "first: engine start (3 s)")
+    bar.stage("request", "first: request (9 s)")
+    bar.done("first: ok in 40 s, verdict honored")
+    bar.close()
+    err = capsys.readouterr().err
+    assert err == "first: ok in 40 s, verdict honored\n"
+
+
 def test_reporter_templates_need_a_model_path(tmp_path):
     res = workbook("validate", "thor")
     assert res.returncode == 2
@@ -103,11 +180,14 @@ def test_reporter_templates_need_a_model_path(tmp_path):
 def test_run_writes_layout_manifest_sums_and_verify_detects_tampering(tmp_path):
     out = tmp_path / "outputs"
     env = env_file(tmp_path, "one", [{"name": "mtp", "spec_method": "mtp", "checks": ["A"]}])
-    res = workbook("run", env, "--out", out)
+    res = workbook("run", env, "--out", out, "--progress")
     assert res.returncode == 0, res.stderr[-3000:]
     (run_dir,) = run_dirs(out)
     assert res.stdout.strip().endswith(run_dir.name)
     assert f"report: {run_dir / 'report.html'}" in res.stdout
+    out_lines = res.stdout.strip().splitlines()  # the finding, then the report, then the folder
+    assert out_lines[-2] == f"report: {run_dir / 'report.html'}"
+    assert "thinking_token_budget" in out_lines[0] and "run" in out_lines[0]
     assert {"environment.json", "manifest.json", "report.html", "SHA256SUMS"} <= set(
         os.listdir(run_dir))
     folder = run_dir / "mtp"
@@ -246,7 +326,7 @@ def start_run(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
     env = env_file(tmp_path, name, [{"name": "first", "spec_method": "mtp"},
                                     {"name": "second", "spec_method": "none"}])
     proc = subprocess.Popen([sys.executable, "-m", "workbook.cli", "run", str(env), "--out",
-                             str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                             str(out), "--progress"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     return proc, out
 
@@ -311,6 +391,9 @@ def test_signal_stops_the_run_and_leaves_a_complete_record(tmp_path, sig, code):
     assert (run_dir / "SHA256SUMS").exists() and workbook("verify", run_dir).returncode == 0
     report = (run_dir / "report.html").read_text()
     assert "interrupted by " + sig.name in report and "Every run finished" not in report
+    said = "0 of 2 planned runs finished; not started: second."
+    assert said in report and said in stdout  # what finished, in the report and the terminal
+    assert "every run" not in stdout.splitlines()[0]
 
     from workbook.core import rundir
 

@@ -1,8 +1,8 @@
-"""JupyterLab as a new user meets it: double-click a notebook, run it, move the step explorer.
+"""JupyterLab as a new user meets it: double-click a notebook, run it, explore it, save it.
 
 Starts this venv's ``jupyter lab`` on the repository (as root with ``--allow-root``, as the
-README says; its user settings in a temporary folder with autosave off, so the repository's
-files stay as they are — checked) and drives it with headless Chromium (``tests/_browser``):
+README says; its user settings in a temporary folder with autosave off: the test saves once,
+in step 4) and drives it with headless Chromium (``tests/_browser``):
 
 1. in the file browser, ``notebooks/02_trace.py`` is double-clicked: it opens as a notebook
    (jupytext's default viewer, set by ``setup.sh``), not in the text editor, on the kernel
@@ -11,7 +11,11 @@ files stay as they are — checked) and drives it with headless Chromium (``test
    engine-start cell shows one line about vLLM's start-up log, not the log;
 3. the step explorer (a steps × rows grid of decoded tokens) is there; "later ▶" moves its
    window, and a click on a cell shows that row's details (the ``</think>`` logit before and
-   after the bias).
+   after the bias);
+4. Save (as a person would, with outputs in every cell): JupyterLab writes the pair through
+   jupytext's contents manager and the save hook ``setup.sh`` installed
+   (``workbook.report.nbclean``) — ``git status`` of ``notebooks/`` is clean and every file of
+   the pair is byte-identical (should it not be, the test puts the bytes back and fails).
 
 Screenshots are kept (``$WORKBOOK_TEST_ARTEFACTS`` or the test's tmp folder; paths printed).
 About 2–3 minutes on a 2-core machine (one engine start).
@@ -44,6 +48,15 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _git_status() -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--", "notebooks"], cwd=REPO,
+                          capture_output=True, text=True).stdout
+
+
+def _snapshot() -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted((REPO / "notebooks").iterdir()) if p.is_file()}
 
 
 def _digests() -> dict[str, str]:
@@ -97,6 +110,8 @@ def test_double_click_run_and_explore(lab, tmp_path):
     shots = Path(os.environ.get("WORKBOOK_TEST_ARTEFACTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     before = _digests()
+    kept = _snapshot()
+    status_before = _git_status()
     browser = Browser(chromium_binary(), width=1400, height=1000)
     try:
         browser.call("Page.navigate", url=f"{url}/lab/tree/notebooks?token={token}")
@@ -167,8 +182,27 @@ def test_double_click_run_and_explore(lab, tmp_path):
         assert "after the budget's bias" in details and "step" in details
         shot = browser.screenshot(str(shots / "lab-explorer-selected.png"))
         print(f"\nscreenshots: {shots / 'lab-opened.png'} {shots / 'lab-explorer.png'} {shot}")
+
+        # 4. save, with every cell's outputs in the model
+        outputs = browser.evaluate("""(() => { const w = window.jupyterapp.shell.currentWidget;
+            return [...w.content.widgets].filter(c => c.model.type === 'code')
+                .reduce((n, c) => n + c.model.outputs.length, 0); })()""")
+        assert outputs > 5
+        browser.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+        saved = browser.wait_for("""(() => { const w = window.jupyterapp.shell.currentWidget;
+            return w.context.model.dirty === false && w.context.contentsModel &&
+                   w.context.contentsModel.last_modified ? w.context.contentsModel.last_modified
+                   : null; })()""", timeout=120)
+        assert saved
+        browser.settle(2.0)
         exceptions = browser.of("Runtime.exceptionThrown")
     finally:
         browser.close()
+        changed = [p for p, data in kept.items() if not p.exists() or p.read_bytes() != data]
+        for p in changed:  # never leave the repository dirty, even when the test fails
+            p.write_bytes(kept[p])
     assert exceptions == []
+    assert not changed, f"saving in JupyterLab changed {[p.name for p in changed]} (is the " \
+                        "save hook installed? `bash setup.sh`)"
+    assert _git_status() == status_before
     assert _digests() == before, "the notebooks in the repository changed"

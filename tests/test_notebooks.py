@@ -8,6 +8,11 @@
   that opens ``.py`` files as notebooks on double-click (jupytext's default viewer).
 - ``papermill --help-notebook`` and ``workbook params`` list the parameters; papermill executes
   the paired notebook directly with ``-p`` (one real engine start, about a minute).
+- Saving a notebook in JupyterLab leaves the repository clean: ``setup.sh`` installs the
+  save hook (``workbook.report.nbclean``) into this venv's Jupyter server configuration, and a
+  real Jupyter server (jupyter_server with jupytext's contents manager, configured from this
+  venv's files as ``jupyter lab`` is) opens every notebook from its ``.py`` and its
+  ``.ipynb``, gets a kernel's outputs and metadata, saves — and ``git status`` is clean.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.py"))
 BIN = Path(sys.executable).parent
 SYNC = ".venv/bin/jupytext --sync notebooks/*.py"
+STRIP = ".venv/bin/python -m workbook.report.nbclean notebooks/*.ipynb"  # clears outputs
 
 
 def _cells(nb) -> list[tuple]:
@@ -47,7 +53,8 @@ def test_paired_ipynb_is_in_sync_and_has_no_outputs(py):
     for cell in paired.cells:
         if cell.cell_type == "code":
             assert not cell.outputs and cell.execution_count is None, \
-                f"{ipynb.name} holds outputs: clear them (`{SYNC}` after editing the .py)"
+                f"{ipynb.name} holds outputs: clear them with `{STRIP}` (and `bash setup.sh` " \
+                "installs the save hook that keeps JupyterLab from writing them)"
 
 
 def test_setup_installs_the_kernel_and_the_default_viewer():
@@ -59,6 +66,68 @@ def test_setup_installs_the_kernel_and_the_default_viewer():
     assert overrides.exists(), "setup.sh writes JupyterLab's settings overrides"
     viewers = json.loads(overrides.read_text())["@jupyterlab/docmanager-extension:plugin"]
     assert viewers["defaultViewers"]["python"] == "Jupytext Notebook"
+
+
+def test_setup_installs_the_save_hook():
+    from workbook.report import nbclean
+
+    path = Path(nbclean.server_config_path())
+    assert path.exists(), f"{path} missing: `bash setup.sh` installs JupyterLab's save hook"
+    config = json.loads(path.read_text())
+    assert config["ContentsManager"]["pre_save_hook"] == \
+        nbclean.SERVER_CONFIG["ContentsManager"]["pre_save_hook"]
+
+
+def _as_a_kernel_leaves_it(nb: dict) -> None:
+    """What running every cell in JupyterLab puts into a notebook model."""
+    for i, cell in enumerate(nb["cells"]):
+        cell["metadata"]["jupyter"] = {"outputs_hidden": False}
+        if cell["cell_type"] != "code":
+            continue
+        cell["execution_count"] = i + 1
+        cell["metadata"]["execution"] = {"iopub.execute_input": "2026-12-03T20:00:00Z"}
+        cell["outputs"] = [
+            {"output_type": "stream", "name": "stdout", "text": "engine started in 31 s\n"},
+            {"output_type": "display_data", "metadata": {},
+             "data": {"text/plain": "<Figure>", "image/png": "iVBORw0KGgo="}},
+            {"output_type": "execute_result", "execution_count": i + 1, "metadata": {},
+             "data": {"text/plain": "   step  path"}}]
+    nb["metadata"]["language_info"] = {"name": "python", "version": "3.11.2"}
+    nb["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+
+
+@pytest.mark.parametrize("opened", ["py", "ipynb"])
+def test_saving_in_jupyter_leaves_the_repository_clean(tmp_path, opened):
+    import asyncio
+    import shutil
+
+    from jupyter_server.serverapp import ServerApp
+
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "notebooks", repo / "notebooks")
+    shutil.copy(REPO / ".gitignore", repo / ".gitignore")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(git + ["commit", "-qm", "notebooks"], cwd=repo, check=True)
+    app = ServerApp()  # configured from this venv's files, as `jupyter lab` is
+    app.initialize(argv=[f"--ServerApp.root_dir={repo}", "--allow-root"],
+                   new_httpserver=False, find_extensions=True)
+    cm = app.contents_manager
+    assert "Jupytext" in type(cm).__name__, type(cm).__mro__
+
+    async def open_run_save():
+        for py in NOTEBOOKS:
+            path = f"notebooks/{py.stem}.{opened}"
+            model = await cm.get(path, content=True, type="notebook")
+            _as_a_kernel_leaves_it(model["content"])
+            await cm.save({"type": "notebook", "content": model["content"]}, path)
+
+    asyncio.run(open_run_save())
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
+                            text=True, check=True).stdout
+    diff = subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True).stdout
+    assert status == "", f"saving in Jupyter dirtied the repository:\n{status}\n{diff[:3000]}"
 
 
 def test_papermill_help_notebook_and_workbook_params():

@@ -2,8 +2,10 @@
 
     workbook run ENV [--only NAME ...] [--timeout S] [--out outputs] [--set KEY=VALUE ...]
                      [--no-report] [--in-process] [--hide-code] [--no-notebook-html]
-                     [--probes]                     # prints the report's path, then the folder
-    workbook validate ENV [--set KEY=VALUE ...]     # check every run, start nothing
+                     [--probes] [--[no-]progress]   # prints the finding, the report's path,
+                                                    # then the folder
+    workbook validate ENV [--only NAME ...] [--set KEY=VALUE ...] [--platform cpu|gpu]
+                                                    # the run's rules; start nothing
     workbook verify RUN_DIR                          # SHA256SUMS; exit 1 on any mismatch
     workbook report [RUN_DIR ...] [-o FILE] [--out outputs]
     workbook params NOTEBOOK                         # the notebook's parameters (papermill)
@@ -13,7 +15,12 @@
 Exit codes: 0 success, 1 a run failed / a checksum mismatched, 2 a configuration error (raised
 before any engine starts) or nothing to report, 128 + N a batch stopped by signal N (130
 Ctrl-C, 143 SIGTERM: the interrupted run has a failure row, the manifest and SHA256SUMS are
-written). Argument parsing only: the work is in ``workbook.batch`` and ``workbook.report``.
+written). ``--set`` applies to (and is validated against) the runs ``--only`` selects; ``validate``
+applies exactly the rules the run applies (``workbook.core.config.validate`` with the platform
+and the run's checks). The progress bar is drawn only when stdout and stderr are terminals; a
+redirected log gets one line per finished run. Argument parsing only: the work is in
+``workbook.batch`` and ``workbook.report``. A subcommand is a ``build_parser`` entry plus a
+``cmd_<name>(args) -> int`` in ``COMMANDS``.
 """
 
 from __future__ import annotations
@@ -43,8 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, help="per-run timeout in seconds (overrides yaml)")
     r.add_argument("--out", default="outputs", help="output root (default: outputs)")
     r.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
-                   metavar="KEY=VALUE", help="override a RunConfig field for every run (YAML)")
-    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+                   metavar="KEY=VALUE", help="override a RunConfig field for every selected "
+                                             "run (YAML)")
+    bar = r.add_mutually_exclusive_group()
+    bar.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                     help="no progress bar (default: drawn only when stdout and stderr are "
+                          "terminals)")
+    bar.add_argument("--progress", dest="progress", action="store_true",
+                     help="progress even when not on a terminal (one line per step)")
     r.add_argument("--no-report", action="store_true", help="no report.html in the run folder")
     r.add_argument("--probes", action="store_true",
                    help="after a violation, run the probes that confirm its cause (sets "
@@ -56,10 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render each executed notebook to HTML without its code cells")
     r.add_argument("--no-notebook-html", action="store_true",
                    help="do not render the executed notebooks to HTML")
-    v = sub.add_parser("validate", help="validate every run of an environment; start nothing")
+    v = sub.add_parser("validate", help="validate an environment's runs with the rules the run "
+                                        "applies; start nothing")
     v.add_argument("env")
+    v.add_argument("--only", nargs="+", metavar="NAME", help="validate only these runs")
+    v.add_argument("--platform", choices=["cpu", "gpu"],
+                   help="apply this platform's rules (default: this machine's, as the run does)")
     v.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
-                   metavar="KEY=VALUE")
+                   metavar="KEY=VALUE", help="override a RunConfig field for every selected "
+                                             "run (YAML)")
     c = sub.add_parser("verify", help="check a run folder against its SHA256SUMS")
     c.add_argument("run_dir")
     rep = sub.add_parser("report", help="write the HTML report and print its path")
@@ -96,13 +114,15 @@ def cmd_run(args) -> int:
     overrides = dict(args.overrides)
     if args.probes:
         overrides["probes"] = True
-    env = batch.load_environment(args.env, overrides, notebooks=not args.in_process)
-    batch.select(env, args.only)
+    env = batch.load_environment(args.env, overrides, notebooks=not args.in_process,
+                                 only=args.only)
     run_dir = batch.execute(env, out=args.out, only=args.only, timeout=args.timeout,
-                            progress=not args.no_progress, report=not args.no_report,
+                            progress=_terminal() if args.progress is None else args.progress,
+                            report=not args.no_report,
                             executor="in-process" if args.in_process else "papermill",
                             hide_code=args.hide_code, notebook_html=not args.no_notebook_html)
     manifest = rundir.read_json(os.path.join(run_dir, rundir.MANIFEST))
+    _print_finding(run_dir)
     if os.path.exists(os.path.join(run_dir, rundir.REPORT)):
         print(f"report: {os.path.join(run_dir, rundir.REPORT)}")
     intr = manifest.get("interrupted")
@@ -117,10 +137,28 @@ def cmd_run(args) -> int:
     return 0 if manifest["status"] == "ok" else 1
 
 
+def _terminal() -> bool:
+    """Progress output only for a person watching: stdout and stderr both terminals."""
+    return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def _print_finding(run_dir: str) -> None:
+    """The batch's finding (the report's headline, one line per violated run) on stdout."""
+    from workbook.report import finding, runs
+
+    try:
+        lines = finding.terminal_lines(finding.finding([runs.load_batch(run_dir)]))
+    except Exception as e:  # the folder is written; never lose its path over a sentence
+        lines = [f"workbook: the finding could not be read ({type(e).__name__}: {e}); "
+                 "see the report"]
+    print("\n".join(lines), flush=True)
+
+
 def cmd_validate(args) -> int:
     from workbook import batch
 
-    env = batch.load_environment(args.env, dict(args.overrides))
+    on_cpu = None if args.platform is None else args.platform == "cpu"
+    env = batch.load_environment(args.env, dict(args.overrides), only=args.only, on_cpu=on_cpu)
     for spec in env.runs:
         print(f"ok  {spec.name}  ({os.path.relpath(spec.notebook)}, checks={spec.checks})")
     return 0

@@ -17,9 +17,12 @@ An environment file holds::
                                        # other parameter the run's notebook declares)
         checks: [A, B]                 # optional: notebook / checks / timeout per run
 
-``load_environment(name, overrides)`` merges and validates EVERY run
-(``workbook.core.config.validate``) before anything starts, raising ``ConfigError`` that names
-the file, the run and the parameter; ``notebook_parameters(spec)`` is what papermill injects
+``load_environment(name, overrides, only=...)`` merges and validates the selected runs (every
+run when ``only`` is empty) with exactly the rules the run itself applies
+(``workbook.core.config.validate`` with the platform and the run's checks) before anything
+starts, raising ``ConfigError`` that names the file, the run and the parameter. ``overrides``
+(``--set``) apply to the selected runs only: a run ``--only`` left out is neither changed nor
+judged by them (its entry must still be a mapping with a valid, unique name); ``notebook_parameters(spec)`` is what papermill injects
 (checked against the notebook's declared parameters). Not here: executing runs
 (``workbook.batch.executors``), the batch (``workbook.batch.execute``).
 """
@@ -35,7 +38,6 @@ from typing import Any
 import yaml
 
 from workbook.core.config import ConfigError, RunConfig, validate
-from workbook.run.pipeline import CHECK_NAMES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESERVED = ("name", "notebook", "checks", "timeout", "description")
@@ -94,8 +96,11 @@ def _resolve_notebook(nb: str, env_path: str) -> str:
 
 
 def load_environment(name: str, overrides: dict[str, Any] | None = None, *,
-                     notebooks: bool = True) -> Environment:
-    """Read and fully validate an environment file; ``overrides`` (``--set``) win over all.
+                     notebooks: bool = True, only: list[str] | None = None,
+                     on_cpu: bool | None = None) -> Environment:
+    """Read an environment file and validate its selected runs (``only``; empty: all) as the
+    run will (``on_cpu``: the platform, default this machine's); ``overrides`` (``--set``)
+    win over all, in the selected runs only. ``env.runs`` holds the selected runs.
     ``notebooks=False``: runs will not execute notebooks (``--in-process``); skip reading them."""
     path = find_environment(name)
     with open(path) as f:
@@ -109,7 +114,11 @@ def load_environment(name: str, overrides: dict[str, Any] | None = None, *,
     stem = os.path.splitext(os.path.basename(path))[0]
     env = Environment(path=path, name=stem, hardware=str(raw.get("hardware") or stem), raw=raw)
     _check_name(env.hardware, f"{where}: hardware")
-    env.runs = plan(raw, path, overrides or {}, notebooks=notebooks)
+    if on_cpu is None:
+        from workbook.vllm.env import on_cpu as platform_is_cpu
+
+        on_cpu = platform_is_cpu()
+    env.runs = plan(raw, path, overrides or {}, notebooks=notebooks, only=only, on_cpu=on_cpu)
     return env
 
 
@@ -124,8 +133,11 @@ def _check_name(name: Any, what: str) -> None:
 
 
 def plan(raw: dict[str, Any], path: str, overrides: dict[str, Any], *,
-         notebooks: bool = True) -> list[RunSpec]:
-    """Validated run specs; ``notebooks=False`` (in-process runs) skips the notebook check."""
+         notebooks: bool = True, only: list[str] | None = None,
+         on_cpu: bool | None = None) -> list[RunSpec]:
+    """Validated specs of the selected runs (``only``; empty: every run), in file order;
+    ``notebooks=False`` (in-process runs) skips the notebook check. ``overrides`` and the
+    validation concern the selected runs only; ``on_cpu`` as in ``config.validate``."""
     where = _show(path)
     runs = raw.get("runs")
     if not isinstance(runs, list) or not runs:
@@ -140,8 +152,16 @@ def plan(raw: dict[str, Any], path: str, overrides: dict[str, Any], *,
         if name in seen:
             raise ConfigError(f"{where}: run name {name!r} appears twice")
         seen.add(name)
+    names = [e["name"] for e in runs]
+    unknown = [n for n in only or () if n not in names]
+    if unknown:
+        raise ConfigError(f"--only {unknown}: no such run in {where}; runs: {names}")
+    for entry in runs:
+        name = entry["name"]
+        if only and name not in only:
+            continue
         try:
-            specs.append(_spec(raw, path, defaults, entry, overrides))
+            specs.append(_spec(raw, path, defaults, entry, overrides, on_cpu))
         except ConfigError as e:
             raise ConfigError(f"{where}, run {name!r}: {e}") from None
     for spec in specs if notebooks else ():  # second pass (reads notebooks), configs valid
@@ -152,16 +172,13 @@ def plan(raw: dict[str, Any], path: str, overrides: dict[str, Any], *,
     return specs
 
 
-def _spec(raw, path, defaults, entry, overrides) -> RunSpec:
+def _spec(raw, path, defaults, entry, overrides, on_cpu=None) -> RunSpec:
     own = {k: v for k, v in entry.items() if k not in RESERVED}
     merged = {**defaults, **own, **overrides}
     _reject_placeholders(merged)
     fields = set(RunConfig.field_names())
-    cfg = validate(RunConfig.from_params(merged))
     checks = list(entry.get("checks", raw.get("checks")) or [])
-    bad = [c for c in checks if c not in CHECK_NAMES]
-    if bad:
-        raise ConfigError(f"checks={checks!r}: unknown {bad}; choose from {list(CHECK_NAMES)}")
+    cfg = validate(RunConfig.from_params(merged), on_cpu=on_cpu, checks=checks)
     timeout = float(entry.get("timeout", raw.get("timeout", 600)))
     if timeout <= 0:
         raise ConfigError(f"timeout={timeout!r} must be > 0 seconds")

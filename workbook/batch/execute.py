@@ -14,7 +14,9 @@ processes, record its failure row (status ``interrupted``), close the manifest (
 the report and ``SHA256SUMS``; the caller reads the manifest for the exit code (128 + signal).
 A second signal forces an exit, leaving the folder unfinished.
 
-The progress bar shows the current run's pipeline step and its time (``executors``). Not
+The progress bar shows the current run's pipeline step and its time (``executors``) when
+``progress`` is on (``workbook run`` turns it on for a terminal only); either way each finished
+run gets one line on stderr. Not
 here: loading the environment (``environment``), running one run (``executors``), argument
 parsing (``cli``).
 """

