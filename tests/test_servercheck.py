@@ -8,8 +8,10 @@ check never touches. The check is the CLI (``workbook check-server URL``), in it
 - healthy, ``--logprobs-mode processed_logprobs``: honored, the forced column seen at position 0;
 - fault H-i (the reporter's state: marker ids zeroed on the device), ``processed_logits``:
   violated at position 0, "not forced";
-- fault H-k (end token replaced after sampling), ``processed_logprobs``: violated at position 0,
-  "forced, not emitted";
+- fault H-k (end token replaced after sampling), ``processed_logprobs``: violated at position 0;
+  the server returns no logprobs for a token its sampler did not score, so the position says
+  "not emitted, and no logprobs for the emitted token" (the in-process equivalent, which sees
+  the sampler's own logprobs, says "forced, not emitted": ``scripts/version_check.py``);
 - healthy with the default raw logprobs: judged from the tokens only, with the message saying so;
 - no server at the URL / an unknown model: a clear message, exit 2, no traceback.
 
@@ -87,8 +89,10 @@ def test_fault_after_the_bias_processed_logprobs(tmp_path):
     proc, res, markers = _serve_and_check(tmp_path, "processed_logprobs", fault="H-k")
     fb = res["judged"]["first_bad"]
     assert proc.returncode == 1 and res["verdict"] == "violated", proc.stdout
-    assert fb["index"] == 0 and fb["forced"] == markers.end[0] != fb["token"]
-    assert fb["status"].startswith("FORCED, NOT EMITTED")
+    assert fb["index"] == 0 and fb["due"] == markers.end[0] != fb["token"]
+    assert fb["status"].startswith("NOT EMITTED, and no logprobs for the emitted token")
+    # every later position stays due (reasoning never ended) and is judged the same way
+    assert all(p["due"] == markers.end[0] and not p["ok"] for p in res["judged"]["positions"])
 
 
 def test_raw_logprobs_server_is_judged_on_tokens_only(tmp_path):

@@ -31,7 +31,9 @@ What it can tell, compared to the hooked run (``workbook run``: tracer, diagnosi
 it sees the emitted tokens and, with processed logprobs, whether the budget's bias was set in
 the row each emitted token was sampled from. So a violation splits into "not forced" (the bias
 never reached that row: registration, gate, launch, device state or kernel) and "forced, not
-emitted" (lost after the bias: sampling, acceptance or commit). It cannot see draft rows or
+emitted" (lost after the bias: sampling, acceptance or commit); a due position whose emitted
+token has no logprobs at all was changed after vLLM's sampler scored the position (the server
+returns top logprobs only for a token the sampler scored). It cannot see draft rows or
 rejected tokens, the gate, the fast path, the device budget or markers, the marker cache,
 which of those stages lost it, or anything about start-up; without a processed logprobs mode
 it judges the tokens only.
@@ -203,6 +205,11 @@ def tops_from_openai(choice: dict, output: Sequence[int]) -> list[dict[int, floa
     for i, pos in enumerate(content):
         emitted = output[i] if i < len(output) else None
         d: dict[int, float] = {}
+        if not pos.get("top_logprobs"):
+            # vLLM leaves them out when the emitted token is not among the tokens its sampler
+            # scored at this position (only ``logprob`` -9999 comes back): no values
+            out.append(d)
+            continue
         for e in pos.get("top_logprobs") or []:
             t = _token_id(e)
             if t is not None:
@@ -263,7 +270,9 @@ def judge_positions(prompt: Sequence[int], output: Sequence[int],
     rows: list[Position] = []
     for i, tok in enumerate(output):
         top = tops[i] if tops is not None and i < len(tops) else {}
-        due = end[i - exp] if exp is not None and exp <= i < exp + len(end) else None
+        # the one rule per row: what the budget must force after prompt + output[:i]
+        truth = budget.row_truth(list(prompt) + list(output[:i]), [], 0, budget_value, markers)
+        due = truth.token if truth.due else None
         forced = forced_column(top, mode) if processed else None
         emitted_ok = due is None or tok == due
         if not processed:
@@ -275,6 +284,10 @@ def judge_positions(prompt: Sequence[int], output: Sequence[int],
             status = "-" if ok else "FORCED WHERE THE BUDGET DOES NOT BIND"
         elif forced is not None and forced != due:
             ok, status = False, f"FORCED THE WRONG COLUMN ({forced})"
+        elif not top and tok != due:
+            ok = False
+            status = ("NOT EMITTED, and no logprobs for the emitted token: vLLM scored another "
+                      "token at this position (changed after sampling?)")
         elif tok == due:
             ok = True
             status = "forced and emitted" if forced == due else \
