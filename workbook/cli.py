@@ -11,6 +11,7 @@
     workbook params NOTEBOOK                         # the notebook's parameters (papermill)
     workbook watch [--env ENV [--run NAME]] [--set KEY=VALUE ...] [--localize auto|none|module|op]
                    [--out DIR]                      # who overwrites the budget state (#54906)
+    workbook check-server URL [--model NAME] [--json FILE]  # a running server, nothing installed
 
 Exit codes: 0 success, 1 a run failed / a checksum mismatched, 2 a configuration error (raised
 before any engine starts) or nothing to report, 128 + N a batch stopped by signal N (130
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--out", help="output folder (default: outputs/watch/<time>)")
     w.add_argument("--checks", nargs="*", choices=["A", "B"], default=None,
                    help="deterministic checks after the request (default: the run's)")
+    _check_server_parser(sub)
     return p
 
 
@@ -282,8 +284,67 @@ def cmd_watch(args) -> int:
     return 0 if all(p.get("rc") == 0 for p in result["passes"]) else 1
 
 
+# --- check-server (workbook.run.servercheck) -------------------------------------------------
+
+def _check_server_parser(sub) -> None:
+    s = sub.add_parser("check-server", help="send the reported request to a running vLLM "
+                                            "server and judge its budget per position "
+                                            "(installs nothing; workbook.run.servercheck)")
+    s.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    s.add_argument("--model", help="served model name (default: the first one served)")
+    s.add_argument("--budget", type=int, default=1, help="thinking_token_budget (default 1)")
+    s.add_argument("--max-tokens", type=int, default=32, help="max_tokens (default 32)")
+    s.add_argument("--prompt", default="What is 1+1?", help="the user message")
+    s.add_argument("--logprobs-mode", default="auto",
+                   choices=["auto", "processed_logprobs", "processed_logits", "raw"],
+                   help="what the server runs (--logprobs-mode); auto: read from the response, "
+                        "else from a two-request temperature control")
+    s.add_argument("--start", default="<think>", help="reasoning start marker text")
+    s.add_argument("--end", default="</think>", help="reasoning end marker text")
+    s.add_argument("--marker-ids", metavar="START/END",
+                   help="marker token ids instead of the texts, e.g. 248068/248069 "
+                        "(comma-separated for multi-token markers)")
+    s.add_argument("--timeout", type=float, default=300.0, help="seconds per HTTP request")
+    s.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="bearer token (default: $OPENAI_API_KEY)")
+    s.add_argument("--json", dest="json_out", help="also write the full result as JSON here")
+
+
+def cmd_check_server(args) -> int:
+    """Exit 0 honored, 1 violated, 3 inconclusive, 2 the check could not be made."""
+    import json
+
+    from workbook.core.budget import Markers
+    from workbook.run import servercheck
+
+    markers = None
+    if args.marker_ids:
+        try:
+            start, end = (tuple(int(t) for t in part.split(",")) for part in
+                          args.marker_ids.split("/"))
+        except ValueError:
+            print(f"workbook check-server: --marker-ids wants START/END token ids, e.g. "
+                  f"248068/248069; got {args.marker_ids!r}", file=sys.stderr)
+            return 2
+        markers = Markers(start, end)
+    req = servercheck.Request(prompt=args.prompt, budget=args.budget, max_tokens=args.max_tokens)
+    try:
+        res = servercheck.check(args.url, args.model, req=req, mode=args.logprobs_mode,
+                                markers=markers, start_text=args.start, end_text=args.end,
+                                timeout=args.timeout, api_key=args.api_key)
+    except servercheck.ServerCheckError as e:
+        print(f"workbook check-server: {e}", file=sys.stderr)
+        return 2
+    print(servercheck.render(res))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(res.to_dict(), f, indent=1)
+    return {"honored": 0, "violated": 1}.get(res.verdict, 3)
+
+
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify,
-            "report": cmd_report, "params": cmd_params, "watch": cmd_watch}
+            "report": cmd_report, "params": cmd_params, "watch": cmd_watch,
+            "check-server": cmd_check_server}
 
 
 def main(argv: list[str] | None = None) -> int:

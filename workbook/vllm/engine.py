@@ -30,7 +30,7 @@ from typing import Any
 
 from workbook.core import models
 from workbook.core.config import ConfigError, RunConfig, validate
-from workbook.vllm import effective, env
+from workbook.vllm import effective, env, hookpoints
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -187,6 +187,7 @@ def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
         with output_to(path):
             import vllm
 
+            hookpoints.resolve()  # a moved hook point: HookPointError before the engine starts
             if before_start is not None:
                 before_start()
             t1 = time.perf_counter()
@@ -196,6 +197,8 @@ def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
                 llm = vllm.LLM(**engine_kwargs(cfg))
             finally:
                 vlog.removeHandler(cap)
+    except hookpoints.HookPointError:
+        raise
     except BaseException:
         n, _ = _summary(path)
         with contextlib.suppress(OSError), open(path, errors="replace") as f:

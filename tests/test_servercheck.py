@@ -1,0 +1,137 @@
+"""``workbook check-server``: a running ``vllm serve`` judged from its OpenAI endpoint alone.
+
+Each server is the real ``python -m vllm.entrypoints.openai.api_server`` (``workbook.run.server``)
+on the tiny dense MTP model (``tiny-mimo-mtp``, MRV2, MTP k=4), without the workbook's tracer;
+faults are injected into the server's own worker by the plugin (``WORKBOOK_FAULT``), which the
+check never touches. The check is the CLI (``workbook check-server URL``), in its own process.
+
+- healthy, ``--logprobs-mode processed_logprobs``: honored, the forced column seen at position 0;
+- fault H-i (the reporter's state: marker ids zeroed on the device), ``processed_logits``:
+  violated at position 0, "not forced";
+- fault H-k (end token replaced after sampling), ``processed_logprobs``: violated at position 0;
+  the server returns no logprobs for a token its sampler did not score, so the position says
+  "not emitted, and no logprobs for the emitted token" (the in-process equivalent, which sees
+  the sampler's own logprobs, says "forced, not emitted": ``scripts/version_check.py``);
+- healthy with the default raw logprobs: judged from the tokens only, with the message saying so;
+- no server at the URL / an unknown model: a clear message, exit 2, no traceback.
+
+A server start costs 40-170 s on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from workbook.core.budget import Markers
+from workbook.core.config import RunConfig
+from workbook.run import server, servercheck
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli(*args, timeout=600):
+    env = {**os.environ, "PYTHONPATH": REPO}
+    return subprocess.run([sys.executable, "-m", "workbook.cli", "check-server", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def _serve_and_check(tmp_path, logprobs_mode: str | None, fault: str = "none"):
+    kw = {"logprobs_mode": logprobs_mode} if logprobs_mode else {}
+    cfg = RunConfig(mode="server", trace=False, fault=fault, engine_kwargs=kw)
+    out = str(tmp_path / "check.json")
+    with server.Server(cfg, str(tmp_path / "server")) as srv:
+        if logprobs_mode:
+            assert "--logprobs-mode" in srv.argv and logprobs_mode in srv.argv
+        proc = _cli(srv.base_url, "--json", out)
+        eff = server.effective(srv)
+    assert proc.returncode in (0, 1, 3), proc.stderr[-3000:]
+    res = json.load(open(out))
+    return proc, res, Markers.of(eff)
+
+
+def test_healthy_processed_logprobs(tmp_path):
+    proc, res, markers = _serve_and_check(tmp_path, "processed_logprobs")
+    j = res["judged"]
+    assert proc.returncode == 0 and res["verdict"] == "honored", proc.stdout
+    assert res["mode"] == "processed_logprobs"
+    assert res["mode_evidence"]["from"] == "a forced column in the response"
+    assert j["markers"]["end"] == list(markers.end)  # /tokenize gave the engine's own ids
+    assert j["prompt_reasoning_count"] == 1 and j["expected_end_index"] == 0
+    p0 = j["positions"][0]
+    assert p0["token"] == p0["due"] == p0["forced"] == markers.end[0]
+    assert p0["status"] == "forced and emitted" and p0["top_value"] == 0.0
+    # nothing forced where the budget does not bind
+    assert all(p["forced"] is None for p in j["positions"][1:])
+    assert "VERDICT: honored" in proc.stdout
+    assert servercheck.CANNOT_TELL in proc.stdout
+
+
+def test_fault_markers_zeroed_processed_logits(tmp_path):
+    """H-i: the device markers read 0 — the kernel never forces (the reporter's symptom)."""
+    proc, res, markers = _serve_and_check(tmp_path, "processed_logits", fault="H-i")
+    j = res["judged"]
+    assert proc.returncode == 1 and res["verdict"] == "violated", proc.stdout
+    assert res["mode"] == "processed_logits"  # from the temperature control: nothing forced
+    assert res["mode_evidence"]["from"].startswith("temperature control")
+    fb = j["first_bad"]
+    assert fb["index"] == 0 and fb["due"] == markers.end[0] and fb["token"] != markers.end[0]
+    assert fb["forced"] is None and fb["status"].startswith("NOT FORCED")
+    assert "VERDICT: violated at output position 0: NOT FORCED" in proc.stdout
+
+
+def test_fault_after_the_bias_processed_logprobs(tmp_path):
+    """H-k: the row is forced, the end token is replaced after sampling."""
+    proc, res, markers = _serve_and_check(tmp_path, "processed_logprobs", fault="H-k")
+    fb = res["judged"]["first_bad"]
+    assert proc.returncode == 1 and res["verdict"] == "violated", proc.stdout
+    assert fb["index"] == 0 and fb["due"] == markers.end[0] != fb["token"]
+    assert fb["status"].startswith("NOT EMITTED, and no logprobs for the emitted token")
+    # every later position stays due (reasoning never ended) and is judged the same way
+    assert all(p["due"] == markers.end[0] and not p["ok"] for p in res["judged"]["positions"])
+
+
+def test_raw_logprobs_server_is_judged_on_tokens_only(tmp_path):
+    proc, res, markers = _serve_and_check(tmp_path, None)
+    assert res["mode"] == "raw", res["mode_evidence"]
+    assert res["verdict"] == "honored" and proc.returncode == 0
+    assert res["judged"]["positions"][0]["forced"] is None
+    assert servercheck.RAW_ONLY in proc.stdout
+
+
+def test_unreachable_server_is_a_clear_error():
+    proc = _cli("http://127.0.0.1:9", timeout=60)
+    assert proc.returncode == 2
+    assert "cannot reach a server at http://127.0.0.1:9" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_marker_ids_are_a_clear_error():
+    proc = _cli("http://127.0.0.1:9", "--marker-ids", "248068", timeout=60)
+    assert proc.returncode == 2 and "--marker-ids wants START/END" in proc.stderr
+
+
+@pytest.mark.parametrize("tops,mode,forced", [
+    ({369: 0.0, 5: -9999.0, 7: -9999.0}, "processed_logprobs", 369),
+    ({369: -0.5, 5: -1.2}, "processed_logprobs", None),
+    ({369: 0.0}, "processed_logprobs", None),  # no runner-up returned: cannot tell
+    ({369: 1e9, 5: 0.01}, "processed_logits", 369),
+    ({369: 0.02, 5: 0.01}, "processed_logits", None),
+])
+def test_forced_column(tops, mode, forced):
+    assert servercheck.forced_column(tops, mode) == forced
+
+
+def test_forced_where_the_budget_does_not_bind_is_a_violation():
+    m = Markers([10], [11])
+    # budget 3, prompt count 1: due at index 2; a forced </think> at index 0 is premature
+    j = servercheck.judge_positions([1, 10, 198], [11, 5, 6],
+                                    [{11: 0.0, 5: -9999.0}, {5: -1.0, 6: -2.0},
+                                     {6: -1.0, 5: -3.0}], 3, m, "processed_logprobs")
+    assert j["verdict"] == "violated"
+    assert j["first_bad"]["index"] == 0
+    assert j["first_bad"]["status"] == "FORCED WHERE THE BUDGET DOES NOT BIND"
