@@ -71,25 +71,41 @@ def _pass_dir(out: str, n: int, level: str) -> str:
 
 
 def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
-             checks=()) -> dict:
+             checks=(), caching: str | None = None, writer: str | None = None) -> dict:
     """One watched start-up in a child process; returns its ``watch.json`` (or what the
-    start-up wrote before it died / timed out)."""
+    start-up wrote before it died / timed out). With ``cfg.sanitize`` the child runs under
+    the sanitizer stage (``workbook.run.sanistage``) and the writer it names is in
+    ``info["writer"]``; ``caching`` ("on" / "off") sets PyTorch's caching allocator for the
+    child; ``writer`` hides a test writer in the drafter (``workbook.hooks.writers``)."""
+    from workbook.run import sanistage
+
     os.makedirs(outdir, exist_ok=True)
     rundir.write_json(os.path.join(outdir, "pass-config.json"),
-                      {**cfg.to_dict(), "_checks": list(checks)})
+                      {**cfg.to_dict(), "_checks": list(checks), "_writer": writer})
     cmd = [sys.executable, "-m", "workbook.run.watchcmd", "--pass", outdir]
+    env = dict(os.environ)
+    if caching is not None:
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1" if caching == "off" else "0"
+    stage = sanistage.plan(cfg, outdir)
+    cmd, env = sanistage.wrap(stage, cmd, env)
     t0 = time.perf_counter()
     rc, why = None, None
     with open(os.path.join(outdir, "pass.log"), "wb") as log:
         try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             why = f"pass timed out after {timeout_s:.0f} s"
     watch = rundir.read_json(os.path.join(outdir, "watch.json")) or \
         rundir.read_json(os.path.join(outdir, "watch", "watch.json"))
     info = {"outdir": outdir, "rc": rc, "stopped": why,
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "seconds": round(time.perf_counter() - t0, 1),
+            "caching": caching or ("off" if env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
+                                   else "on")}
+    named = sanistage.collect(stage, outdir, watch, rc)
+    info["sanitizer"], info["writer"] = named["stage"], named["writer"]
+    if writer:
+        info["planted"] = writer
     verdict = rundir.read_json(os.path.join(outdir, "verdict.json")) or {}
     checks_done = rundir.read_json(os.path.join(outdir, "checks.json")) or {}
     info["budget_verdict"] = verdict.get("verdict")
@@ -100,7 +116,8 @@ def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
 
 
 def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
-               timeout_s: float | None = None, checks=()) -> dict:
+               timeout_s: float | None = None, checks=(), caching: str | None = None,
+               writer: str | None = None) -> dict:
     """The watch command's work; returns (and writes) ``watch-summary.json``. ``checks``
     (A, B) run in the first pass, after the reported request."""
     from workbook.run import integrity
@@ -109,18 +126,19 @@ def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
     passes = []
     if localize == "auto":
         first = run_pass(base.replace(localize="module", localize_within=""),
-                         _pass_dir(out, 1, "module"), timeout_s, checks)
+                         _pass_dir(out, 1, "module"), timeout_s, checks, caching, writer)
         passes.append(first)
         v = integrity.verdict_from_watch(first["watch"])
         module = v.get("module")
         if v.get("verdict") == "corrupted" and module and not v.get("op"):
             passes.append(run_pass(base.replace(localize="op", localize_within=module),
-                                   _pass_dir(out, 2, "op"), timeout_s))
+                                   _pass_dir(out, 2, "op"), timeout_s, caching=caching,
+                                   writer=writer))
     else:
         passes.append(run_pass(base.replace(localize=localize,
                                             localize_within=base.localize_within
                                             if localize == "op" else ""),
-                               _pass_dir(out, 1, localize), timeout_s, checks))
+                               _pass_dir(out, 1, localize), timeout_s, checks, caching, writer))
     verdicts = [integrity.verdict_from_watch(p["watch"]) for p in passes]
     best = next((v for v in reversed(verdicts) if v.get("verdict") == "corrupted"),
                 verdicts[-1] if verdicts else {})
@@ -132,7 +150,9 @@ def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
                            "before": first_v.get("before"), "after": first_v.get("after"),
                            "module": best.get("module") or first_v.get("module"),
                            "op": best.get("op"), "kernel": best.get("kernel"),
-                           "saw": best.get("saw")}}
+                           "saw": best.get("saw"),
+                           "writer": next((p["info"]["writer"] for p in passes
+                                           if p["info"].get("writer")), None)}}
     os.makedirs(out, exist_ok=True)
     rundir.write_json(os.path.join(out, "watch-summary.json"), summary)
     return {**summary, "watches": [p["watch"] for p in passes]}
@@ -149,6 +169,9 @@ def print_summary(result: dict, out: str) -> None:
             print(line)
         if p.get("checks") or p.get("budget_verdict"):
             print(f"budget: {p.get('budget_verdict')}; checks exact: {p.get('checks')}")
+        if p.get("sanitizer", {}).get("mode", "none") != "none":
+            for line in integrity.writer_lines(p["sanitizer"], p.get("writer")):
+                print(line)
     c = result["culprit"]
     print("== culprit")
     if c.get("verdict") == "corrupted":
@@ -166,7 +189,15 @@ def _child(outdir: str) -> int:
 
     raw = rundir.read_json(os.path.join(outdir, "pass-config.json"))
     checks = raw.pop("_checks", [])
-    pipeline.run(RunConfig.from_dict(raw), outdir, checks=checks)
+    writer = raw.pop("_writer", None)
+    cfg = RunConfig.from_dict(raw)
+    if writer:
+        from workbook.hooks import writers
+        from workbook.vllm import env as wb_env
+
+        wb_env.prepare_process(cfg)  # before vLLM is imported
+        writers.hide(writer)
+    pipeline.run(cfg, outdir, checks=checks)
     return 0
 
 
