@@ -241,6 +241,44 @@ def _place(e: dict, layout: list[dict]) -> dict | None:
     return {"tensor": best["name"], "relation": "nearest watched tensor", "distance": dist}
 
 
+def synthetic_nvtx(watch: dict, tensor: str = "reasoning_start_token_ids") -> str:
+    """A memcheck log in the format NVTX memory permissions give (brief §9.2): an alias
+    ``fill_`` of a read-only marker, "is not writable … inside the nearest allocation", the
+    host backtrace down to the Python frames (the drafter's propose in the profiling run)."""
+    t = next(x for x in watch.get("layout") or [] if x["name"] == tensor)
+    return "\n".join([
+        "========= COMPUTE-SANITIZER (synthetic: workbook.run.sanitizer, NVTX permissions)",
+        "========= Invalid __global__ write of size 4 bytes",
+        "=========     at void at::native::vectorized_elementwise_kernel<4, "
+        "at::native::FillFunctor<int>, std::array<char *, 1>>(int, T2, T3)+0x210",
+        "=========     by thread (0,0,0) in block (0,0,0)",
+        f"=========     Access to {t['ptr_hex']} is not writable and is inside the nearest "
+        f"allocation at {t['ptr_hex']} of size {t['nbytes']} bytes",
+        "=========     Saved host backtrace up to driver entry point at kernel launch time",
+        "=========         Host Frame: cuLaunchKernel [0x2cf5b1] in libcuda.so.1",
+        "=========         Host Frame: at::native::fill_kernel(at::TensorIterator&, "
+        "c10::Scalar const&) [0x1a2b3c] in libtorch_cuda.so",
+        "=========         Host Frame: fill_ in /opt/torch/.venv/lib/python3.12/site-packages/"
+        "torch/_tensor.py:1",
+        "=========         Host Frame: raw_alias_zero in /repo/workbook/hooks/faults.py:219",
+        "=========         Host Frame: forward in /repo/workbook/hooks/writers.py:120",
+        "=========         Host Frame: _call_impl in /opt/torch/.venv/lib/python3.12/"
+        "site-packages/torch/nn/modules/module.py:1786",
+        "=========         Host Frame: propose in /tmp/vllm-site/vllm/v1/worker/gpu/spec_decode/"
+        "mtp/speculator.py:210",
+        "=========         Host Frame: _dummy_run in /tmp/vllm-site/vllm/v1/worker/gpu/"
+        "model_runner.py:900",
+        "=========         Host Frame: profile_run in /tmp/vllm-site/vllm/v1/worker/gpu/"
+        "model_runner.py:1010",
+        "=========         Host Frame: determine_available_memory in /tmp/vllm-site/vllm/v1/"
+        "worker/gpu_worker.py:300",
+        "=========         Host Frame: <module> in /repo/workbook/run/watchcmd.py:250",
+        "=========         Host Frame: _start [0x1234] in python3",
+        "=========",
+        "========= ERROR SUMMARY: 1 error",
+        ""])
+
+
 def synthetic(watch: dict) -> str:
     """A memcheck-style log whose one error writes 4 bytes past the first marker tensor of
     ``watch`` (for the CPU dry run of the sanitizer stage: the parser and the tie)."""
