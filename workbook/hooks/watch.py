@@ -92,6 +92,7 @@ class Options:
     canaries: int = 2  # canary tensors on each side of the state (0: vLLM's layout untouched)
     timeline_steps: int = 3  # real steps with every boundary checked and kept in the timeline
     ring_rows: int = 512  # per-step ring buffer rows (boundaries) before a flush
+    ring_stride: int = 4  # ring mode: record the boundaries of every n-th step only
     flush_every_steps: int = 0  # 0: when the ring is full or read; server runs use 1
     label: str = ""  # free text carried into the evidence (e.g. the run name)
     protect: str = "none"  # none | auto | nvtx | page: the state read-only (workbook.hooks.protect)
@@ -101,6 +102,8 @@ class Options:
             raise WatchError(f"localize={self.localize!r}: choose one of {LOCALIZE}")
         if self.op_stride < 1:
             raise WatchError(f"op_stride={self.op_stride!r} must be >= 1")
+        if self.ring_stride < 1:
+            raise WatchError(f"ring_stride={self.ring_stride!r} must be >= 1")
         if self.protect not in protect.MODES:
             raise WatchError(f"protect={self.protect!r}: choose one of {protect.MODES}")
 
@@ -397,8 +400,10 @@ class Watch:
 
         prev_b, prev_row = self.last
         self.last = (b, row)
-        if b.rebase:  # the watch was suspended: legitimate writes were not bracketed
-            return []
+        # after a gap (a suspension, or steps ring_stride skipped) legitimate writes were not
+        # bracketed: only tensors nobody may write (markers, canaries) are compared
+        names = [n for n in self.names if not startup.ALLOWED_WRITERS.get(self.roles[n])] \
+            if b.rebase else self.names
         if self.loc.active:
             self.history.append(b.label())
             del self.history[:-24]
@@ -407,7 +412,7 @@ class Watch:
             old, new = self._split(prev_row), self._split(row)
             common = _common(prev_b.stack, b.stack)
             common_q = set(_stack_names(common))
-            for n in self.names:
+            for n in names:
                 if np.array_equal(old[n], new[n]):
                     continue
                 role = self.roles[n]
@@ -439,6 +444,10 @@ class Watch:
         phase = startup.classify(_stack_names(common), kv_ready=b.kv_ready, step=b.step)
         if not common and not mods:
             phase = f"between phases ({pb.label()} → {b.label()})"
+        if b.rebase and pb.step != b.step:
+            phase = (f"between step {pb.step} and step {b.step} (the steps in between were "
+                     f"not checked: ring_stride {self.opts.ring_stride}, or the watch was "
+                     f"suspended)")
         return {
             "tensor": name, "role": role, "phase": phase, "top_phase": startup.top_phase(phase),
             "step": b.step, "t": round(b.t, 4), "seq": b.seq,
@@ -569,7 +578,8 @@ class Watch:
             "expected_changes": self.expected,
             "first_change": self.first,
             "localization": self.loc.to_dict(),
-            "steps": {"real_steps": self.step, "mode": self.mode, "ring_flushes": self.flushes},
+            "steps": {"real_steps": self.step, "mode": self.mode, "ring_flushes": self.flushes,
+                      "ring_stride": self.opts.ring_stride},
             "overhead": {"startup_checks": self.checks["startup"],
                          "startup_check_s": round(self.check_s["startup"], 4),
                          "step_checks": self.checks["steps"],
@@ -917,6 +927,9 @@ def _ring_wrapper(qual: str, enter_step: bool):
                 return orig(self, *a, **k)
             if enter_step:
                 w.step += 1
+            if w.step % w.opts.ring_stride:  # a step not checked: the next check rebases
+                w.rebase = True
+                return orig(self, *a, **k)
             frame = (next(_frames), qual)
             w.stack.append(frame)
             try:
