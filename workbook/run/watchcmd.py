@@ -201,7 +201,51 @@ def _child(outdir: str) -> int:
     return 0
 
 
+def _probe(a) -> int:
+    """``--probe KIND``: one sanitized pass with a test writer of ``KIND`` hidden in the
+    drafter's propose during the profiling run (``workbook.hooks.writers``); prints the
+    summary and one line ``PROBE kind caching: named …`` (scripts/writer_gpu.sh, the tests)."""
+    from workbook.run import integrity
+
+    overrides = {}
+    for kv in a.set or []:
+        import yaml
+
+        k, _, v = kv.partition("=")
+        overrides[k] = yaml.safe_load(v)
+    if a.env:
+        cfg, _ = from_environment(a.env, a.run, overrides)
+    else:
+        cfg = RunConfig.from_params(overrides)
+    cfg = cfg.replace(watch=True, sanitize=a.sanitize, localize="none")
+    res = run_passes(cfg, a.out, "none", timeout_s=a.timeout, caching=a.caching,
+                     writer=a.probe)
+    print_summary(res, a.out)
+    p = res["passes"][0]
+    w = p.get("writer")
+    print(f"PROBE {a.probe} caching={p.get('caching')} sanitizer={p['sanitizer'].get('mode')}: "
+          + (f"named {integrity.writer_text(w)}" if w else
+             f"no writer named ({p['sanitizer'].get('verdict') or p['sanitizer'].get('message')}"
+             f"; watch: {res['culprit'].get('verdict')} {res['culprit'].get('phase')})"))
+    return 0
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pass", dest="pass_dir", required=True)
-    sys.exit(_child(ap.parse_args().pass_dir))
+    ap.add_argument("--pass", dest="pass_dir")
+    ap.add_argument("--probe", choices=["alias_fill", "memset", "triton_store"])
+    ap.add_argument("--env")
+    ap.add_argument("--run")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE")
+    ap.add_argument("--sanitize", default="auto", choices=["auto", "nvtx", "page", "none"])
+    ap.add_argument("--caching", choices=["on", "off"])
+    ap.add_argument("--timeout", type=float)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.probe:
+        if not args.out:
+            ap.error("--probe needs --out")
+        sys.exit(_probe(args))
+    if not args.pass_dir:
+        ap.error("--pass OUTDIR or --probe KIND")
+    sys.exit(_child(args.pass_dir))
