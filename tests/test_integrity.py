@@ -473,3 +473,63 @@ def test_sanitizer_dry_run(tmp_path):
     rep = json.load(open(out / "sanitizer.json"))
     assert rep["touching_watched"] == 1
     assert rep["errors"][0]["watched"]["tensor"] == "reasoning_start_token_ids"
+
+
+# ---- the sanitizer stage on the real engine (issue #19; CPU twin) -------------------------------
+
+@pytest.mark.parametrize("kind,function", [("alias_fill", "raw_alias_zero"),
+                                           ("memset", "memset"),
+                                           ("triton_store", "zero_store")])
+def test_sanitize_names_the_writer_hidden_in_the_drafter(tmp_path, kind, function):
+    """A writer of each kind hidden in the MTP drafter's propose during the profiling run: the
+    sanitized pass (markers on read-only pages, a child process) ends at the write and the
+    watch summary names the writer's frame, module and phase."""
+    from workbook.run import watchcmd
+
+    cfg = RunConfig(cpu_profile_run=True, sanitize="page", watch=True, max_tokens=4)
+    res = watchcmd.run_passes(cfg, str(tmp_path), "none", timeout_s=1200, writer=kind)
+    p = res["passes"][0]
+    assert p["sanitizer"]["mode"] == "page" and p["rc"] == -11, p
+    w = p["writer"]
+    assert w["function"] == function, w
+    assert w["phase"] == "profiling run › drafter propose", w["stack"]
+    assert w["in_forward_of"] == "workbook.hooks.writers"  # the drafter forward it hid in
+    summary = json.load(open(tmp_path / "watch-summary.json"))
+    assert summary["culprit"]["writer"]["function"] == function
+    watch_ev = res["watches"][0]
+    assert watch_ev["protection"]["mode"] == "page"
+    assert {"reasoning_start_token_ids", "cached_last_start"} <= \
+        set(watch_ev["protection"]["protected"])
+    assert watch_ev["layout_evidence"]["at_state_creation"]["platform"] == "cpu"
+    assert "state creation" in watch_ev["phase_order"]
+
+
+def test_sanitize_without_its_tools_is_skipped_and_the_watch_runs(tmp_path):
+    """nvtx asked on this CPU host (no compute-sanitizer, no NVTX headers): the stage is
+    skipped with a message naming them; the watched pass itself runs to the end."""
+    from workbook.run import watchcmd
+
+    cfg = RunConfig(sanitize="nvtx", watch=True, spec_method="none", max_tokens=2)
+    res = watchcmd.run_passes(cfg, str(tmp_path), "none", timeout_s=1200)
+    p = res["passes"][0]
+    assert p["rc"] == 0 and p["sanitizer"]["mode"] == "skipped" and p["writer"] is None
+    assert "compute-sanitizer" in p["sanitizer"]["message"]
+    w = res["watches"][0]
+    assert w["protection"]["mode"] == "skipped" and "compute-sanitizer" in \
+        w["protection"]["message"]
+    assert w["state_found"] and w["first_change"] is None
+    assert p["verdict"]["verdict"] == "intact"
+
+
+def test_sampler_warmup_runs_the_budget_writers_in_the_profiling_run(tmp_path):
+    """PR #57926's window on today's vLLM: the dummy sampler gets registered sampling
+    parameters, so the budget state's staged writes run inside the profiling run."""
+    from workbook.hooks import window
+
+    before = window.RECORD["calls"]
+    res = _run(RunConfig(cpu_profile_run=True, sampler_warmup=True, watch=True, max_tokens=4),
+               tmp_path)
+    assert window.RECORD["calls"] == before + 1 and window.RECORD["rows"] >= 1
+    phases = {e["phase"] for e in res.watch["timeline"]}
+    assert "profiling run › budget staged writes" in phases, sorted(phases)
+    assert res.watch["first_change"] is None  # a legitimate writer, bracketed
