@@ -28,12 +28,13 @@ write to a protected marker names the writer's stack"):
   process and reads the named writer (``sanitizer.parse_fault``).
 
 Protected: the three marker tensors (never legitimately written after construction) always;
-the marker caches and the budget's device view (``nvtx`` only: vLLM's UVA pool rotates the view,
-so its current pointer is re-read each time) outside their legitimate writers: permissions are
-lifted around ``ThinkingBudgetState.apply`` / ``apply_staged_writes`` and restored after. In the
-``page`` form the markers are lifted there too: Triton's interpreter copies every tensor
-argument back onto itself after a kernel (a write of unchanged bytes). The canaries of the
-watch (``nvtx`` only) are read-only throughout.
+the marker caches outside their legitimate writers: permissions are lifted around
+``ThinkingBudgetState.apply`` / ``apply_staged_writes`` and restored after (their current
+pointers re-read each time). In the ``page`` form the markers are lifted there too: Triton's
+interpreter copies every tensor argument back onto itself after a kernel (a write of unchanged
+bytes). The canaries of the watch (``nvtx`` only) are read-only throughout. Not protected: the
+budget's device view — vLLM's UVA view of pinned host memory, not a device allocation that NVTX
+permissions or a private page can cover; the watch compares its values.
 
 Processing order: ``requirements`` (before any engine: what is missing is named, the stage
 skipped, the rest of the watch intact) → ``attach(watch, state)`` right after
@@ -67,8 +68,7 @@ SHIM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 FAULT_FILE = "fault.txt"
 LEGIT = ("apply", "apply_staged_writes")  # ThinkingBudgetState's own writers
 MARKERS = tuple(n for n, r in startup.STATE_TENSORS.items() if r == "marker")
-LIFTED = tuple(n for n, r in startup.STATE_TENSORS.items()
-               if r in ("marker cache", "budget device view"))
+LIFTED = tuple(n for n, r in startup.STATE_TENSORS.items() if r == "marker cache")
 
 
 class ProtectError(RuntimeError):
@@ -348,7 +348,8 @@ class PageGuard(_Base):
             self.pages.append((m, addr, length))
             self.tensors[name] = new
             self.protected.append(name)
-        self.notes.append("thinking_token_budget.gpu: vLLM's rotating UVA view, not moved")
+        self.notes.append("thinking_token_budget.gpu: vLLM's UVA view of pinned host memory, "
+                          "not moved (the watch compares its values)")
         self._arm_fault_file()
         self.restore()
 
@@ -409,6 +410,8 @@ class NvtxGuard(_Base):
         if self.attached != 0:
             self.notes.append("no NVTX tool attached (not under compute-sanitizer): the "
                               "permission calls are no-ops")
+        self.notes.append("thinking_token_budget.gpu: vLLM's UVA view of pinned host memory, "
+                          "not a device allocation: not protected (the watch compares it)")
         fixed = self._ptrs(MARKERS) + [t.data_ptr() for t in self.canaries.values()]
         if self.caching:
             self._register_segments(fixed + self._ptrs(LIFTED))
@@ -439,7 +442,7 @@ class NvtxGuard(_Base):
             self.lib.wbp_assign(_arr(self._lifted), len(self._lifted), self.RW)
 
     def restore(self) -> None:
-        ptrs = self._ptrs(LIFTED)  # the budget view rotates: its current pointer
+        ptrs = self._ptrs(LIFTED)  # their current pointers
         new = [p for p in ptrs if p not in self._lifted]
         if new and self.caching:
             self._register_segments(new)
