@@ -23,8 +23,8 @@ write to a protected marker names the writer's stack"):
 - ``page`` (the CPU twin that CI runs): the protected tensors are moved onto pages of their own
   (``mmap`` + ``torch.frombuffer``, values copied, the state's attributes re-pointed) and
   ``mprotect``'ed read-only; ``faulthandler`` writes the Python stack of the faulting thread to
-  ``<out_dir>/fault.txt`` when a write raises SIGSEGV, and the process ends there (the core
-  dump is switched off). The caller (``workbook.run.watchcmd``) runs such a pass in a child
+  ``<out_dir>/fault.txt`` when a write raises SIGSEGV, and the process ends there through
+  ``_exit(11)`` (``FAULT_EXIT``; no core file, no Python code in a signal handler). The caller (``workbook.run.watchcmd``) runs such a pass in a child
   process and reads the named writer (``sanitizer.parse_fault``).
 
 Protected: the three marker tensors (never legitimately written after construction) always;
@@ -66,6 +66,7 @@ MODES = ("none", "auto", "nvtx", "page")
 SHIM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "native",
                     "nvtx_protect.cpp")
 FAULT_FILE = "fault.txt"
+FAULT_EXIT = (11, 7)  # exit status after a refused write: SIGSEGV's number (SIGBUS's)
 LEGIT = ("apply", "apply_staged_writes")  # ThinkingBudgetState's own writers
 MARKERS = tuple(n for n, r in startup.STATE_TENSORS.items() if r == "marker")
 LIFTED = tuple(n for n, r in startup.STATE_TENSORS.items() if r == "marker cache")
@@ -354,18 +355,25 @@ class PageGuard(_Base):
         self.restore()
 
     def _arm_fault_file(self) -> None:
+        """SIGSEGV / SIGBUS: ``faulthandler`` writes the Python stacks to ``fault.txt``, then
+        re-raises into the handler installed under it — libc's ``_exit(signum)`` itself — so
+        the process ends at once with exit status 11 (7), no core file, no Python code run in
+        a signal handler."""
         import faulthandler
-        import resource
+        import signal
 
         if not self.out_dir:
             return
         os.makedirs(self.out_dir, exist_ok=True)
+        exit_fn = ctypes.cast(self._libc._exit, ctypes.c_void_p)
+        self._libc.signal.restype = ctypes.c_void_p
+        self._libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        for sig in (signal.SIGSEGV, signal.SIGBUS):
+            self._libc.signal(int(sig), exit_fn)
+        if faulthandler.is_enabled():
+            faulthandler.disable()  # re-enabled below, chaining to _exit
         self._fault = open(os.path.join(self.out_dir, FAULT_FILE), "w")
         faulthandler.enable(file=self._fault, all_threads=True)
-        try:  # the process ends at the fault: no core file
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        except (ValueError, OSError):
-            pass
 
     def _prot(self, prot: int) -> None:
         for _m, addr, length in self.pages:
