@@ -17,7 +17,7 @@
 #          Triton's cold compile, default 150) then RUN_S (default 65) seconds per run.
 #   r27    the same at the reporter's shape: r27-nvfp4-mtp-flashinfer (Qwen3.5 27B-shape NVFP4,
 #          FlashInfer attention, MTP k=4) for R27_KINDS (default alias_fill) x R27_CACHING
-#          (default on), R27_S seconds each (default 320; the record is written when the
+#          (default on), R27_S seconds each (default 300; the record is written when the
 #          profiling run's drafter writes, so a run cut short later still names it).
 #   bench  benchmarks/step_overhead.py --watch --arms none,watch on BENCH_RUN (default
 #          r27-mtp-cudagraphs, batch 4, k=4, CUDA graphs): the watch's ratio after start-up
@@ -53,7 +53,7 @@ probe() {  # name limit kind caching [watchcmd args...]
   local name=$1 limit=$2 kind=$3 caching=$4; shift 4
   local t0=$(date +%s)
   timeout -s INT "$limit" "$PY" -m workbook.run.watchcmd --probe "$kind" --caching "$caching" \
-    --sanitize nvtx --out "$WORK/$name" --timeout "$((limit - 5))" "$@" > "$WORK/$name.log" 2>&1
+    --sanitize nvtx --out "$WORK/$name" --timeout "$((limit - 20))" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
   local line; line=$(grep -E "^PROBE " "$WORK/$name.log" | tail -1)
   if [ -z "$line" ] && [ -f "$WORK/$name/pass1-none/sanitizer.log" ]; then  # cut off: parse what memcheck wrote
@@ -77,7 +77,7 @@ for step in $STEPS; do
   r27)
     for caching in ${R27_CACHING:-on}; do
       for kind in ${R27_KINDS:-alias_fill}; do
-        VLLM_USE_FLASHINFER_SAMPLER=0 probe "r27-$kind-caching-$caching" "${R27_S:-320}" "$kind" \
+        VLLM_USE_FLASHINFER_SAMPLER=0 probe "r27-$kind-caching-$caching" "${R27_S:-300}" "$kind" \
           "$caching" --env h200 --run r27-nvfp4-mtp-flashinfer --set max_tokens=4
       done
     done ;;

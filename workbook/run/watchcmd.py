@@ -91,11 +91,18 @@ def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
     t0 = time.perf_counter()
     rc, why = None, None
     with open(os.path.join(outdir, "pass.log"), "wb") as log:
+        # its own session: on a time limit or an interrupt the whole group goes (under
+        # compute-sanitizer the engine is a grandchild that must not outlive the pass)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
         try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                timeout=timeout_s).returncode
+            rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             why = f"pass timed out after {timeout_s:.0f} s"
+            _end_group(proc)
+        except BaseException:
+            _end_group(proc)
+            raise
     watch = rundir.read_json(os.path.join(outdir, "watch.json")) or \
         rundir.read_json(os.path.join(outdir, "watch", "watch.json"))
     info = {"outdir": outdir, "rc": rc, "stopped": why,
@@ -113,6 +120,22 @@ def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
     if watch is None:
         info["error"] = "no watch evidence (see pass.log)"
     return {"info": info, "watch": watch}
+
+
+def _end_group(proc, grace_s: float = 10.0) -> None:
+    """SIGTERM to the pass's process group, SIGKILL after ``grace_s``."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
