@@ -276,7 +276,7 @@ def test_sanitizer_requirements_name_what_is_missing(monkeypatch):
 
 
 def test_nvtx_shim_compiles(tmp_path):
-    """The shim against real NVTX headers (``NVTX_INCLUDE``, e.g. from the nvidia-nvtx wheel)
+    """The shim against real NVTX headers (the CUDA toolkit's, or ``NVTX_INCLUDE``: nvidia-nvtx)
     with stand-in CUDA headers; outside compute-sanitizer it reports no tool attached."""
     from workbook.hooks import protect
 

@@ -29,7 +29,9 @@ extern "C" int wbp_init(void) {
   if (g_domain == nullptr) g_domain = nvtxDomainCreateA("workbook.protect");
   if (g_domain == nullptr) return 2;
   g_perm = nvtxMemCudaGetProcessWidePermissions(g_domain);
-  return g_perm == NVTX_MEM_PERMISSIONS_HANDLE_NO_TOOL ? 2 : 0;
+  // not NVTX_MEM_PERMISSIONS_HANDLE_NO_TOOL: CUDA 13.0's header spells it as a static_cast
+  // from int to a pointer, which C++ rejects
+  return reinterpret_cast<intptr_t>(g_perm) == static_cast<intptr_t>(-1) ? 2 : 0;
 }
 
 extern "C" uint32_t wbp_flag(int which) {
