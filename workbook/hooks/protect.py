@@ -298,6 +298,17 @@ def record_history(max_entries: int = 200000) -> str | None:
         return f"memory history unavailable: {type(e).__name__}: {e}"
 
 
+def stop_history() -> None:
+    """After start-up: no more recording (it would cost every step an allocation record)."""
+    if _HISTORY["on"]:
+        import torch
+
+        try:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        finally:
+            _HISTORY["on"] = False
+
+
 # ---- the two forms --------------------------------------------------------------------------------
 
 class _Base:

@@ -253,6 +253,9 @@ class Watch:
     def plan_protection(self, platform: str) -> None:
         """Before the engine starts: resolve ``opts.protect``; what the stage needs and lacks
         is named in the evidence and the stage skipped (the rest of the watch is intact)."""
+        if platform == "cuda":  # allocation stacks for the layout evidence (start-up only)
+            why = protect.record_history()
+            self.protection["memory_history"] = why or "on during start-up (python stacks)"
         if self.opts.protect == "none":
             return
         mode = protect.resolve_mode(self.opts.protect, platform)
@@ -261,15 +264,12 @@ class Watch:
             req["missing"] = [m for m in req["missing"] if m != "compute-sanitizer"] \
                 if os.environ.get("WORKBOOK_UNDER_SANITIZER") else req["missing"]
             req["ok"] = not req["missing"]
-        self.protection = {"mode": mode if req["ok"] else "skipped", "asked": self.opts.protect,
-                           "missing": req["missing"], "message": req["message"]}
+        self.protection.update(mode=mode if req["ok"] else "skipped", asked=self.opts.protect,
+                               missing=req["missing"], message=req["message"])
         if not req["ok"]:
             import sys
 
             print(f"workbook watch: {req['message']}", file=sys.stderr, flush=True)
-        elif platform == "cuda":
-            why = protect.record_history()
-            self.protection["memory_history"] = why or "on (python stacks)"
 
     def _protect(self, state, canaries: dict) -> None:
         try:
@@ -531,6 +531,7 @@ class Watch:
             self.mode = "ring"
             if self.state is not None:
                 self.layout_evidence["after_startup"] = self._neighbours()
+            protect.stop_history()
             self.write()
             _slim()
         if self.mode == "ring" and self.opts.flush_every_steps and \
