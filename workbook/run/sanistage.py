@@ -50,6 +50,12 @@ def plan(cfg, outdir: str) -> dict:
                 "missing": req["missing"], "message": req["message"]}
     st = {"mode": mode, "asked": cfg.sanitize, "platform": platform, "missing": []}
     if mode == "nvtx":
+        try:  # before any engine starts: a shim that does not build is named here
+            st["shim"] = protect.build_shim()
+        except protect.ProtectError as e:
+            print(f"workbook watch: sanitizer stage skipped: {e}", file=sys.stderr, flush=True)
+            return {"mode": "skipped", "asked": cfg.sanitize, "platform": platform,
+                    "missing": ["a shim that builds"], "message": f"sanitizer stage skipped: {e}"}
         st.update(sanitizer=req["found"]["compute-sanitizer"], log=os.path.join(outdir, LOG))
     else:
         st["fault_file"] = os.path.join(outdir, "watch", protect.FAULT_FILE)
