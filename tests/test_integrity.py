@@ -303,6 +303,37 @@ def test_nvtx_shim_compiles(tmp_path):
     assert lib.wbp_assign(protect._arr([0x1000]), 1, 1) == 0
 
 
+@pytest.mark.parametrize("mode", ["nvtx", "page"])
+def test_sanitizer_stage_collects_the_writer_into_the_pass(tmp_path, mode):
+    """``sanistage.collect``: the log / fault dump of a pass → writer.json, the verdict's
+    integrity section (H-i, corrupted, the writer) and what the summary carries."""
+    from workbook.core import rundir
+    from workbook.run import sanistage
+
+    watch_ev = {"layout": LAYOUT, "phase_order": ["state creation", "profiling run"],
+                "protection": {"protected": ["reasoning_start_token_ids"]}}
+    rundir.write_json(str(tmp_path / "verdict.json"),
+                      {"integrity": {"verdict": "intact", "hypothesis": None}})
+    if mode == "nvtx":
+        stage = {"mode": "nvtx", "log": str(tmp_path / "sanitizer.log")}
+        (tmp_path / "sanitizer.log").write_text(sanitizer.synthetic_nvtx(watch_ev))
+    else:
+        (tmp_path / "watch").mkdir()
+        (tmp_path / "watch" / "fault.txt").write_text(FAULT_DUMP)
+        stage = {"mode": "page", "fault_file": str(tmp_path / "watch" / "fault.txt")}
+    got = sanistage.collect(stage, str(tmp_path), watch_ev, 11 if mode == "page" else 1)
+    w = got["writer"]
+    assert w["phase"] == "profiling run › drafter propose"
+    assert w["function"] == ("raw_alias_zero" if mode == "nvtx" else "zero_store")
+    assert w["watch_last_phase"] == "profiling run"
+    on_disk = json.load(open(tmp_path / "writer.json"))
+    assert on_disk["writer"]["frame"] == w["frame"]
+    v = json.load(open(tmp_path / "verdict.json"))["integrity"]
+    assert (v["verdict"], v["hypothesis"]) == ("corrupted", "H-i") and v["writer"]["frame"]
+    lines = integrity.writer_lines(got["stage"], w)
+    assert lines[1].startswith("FIRST WRITER:") and "None" not in " ".join(lines)
+
+
 def test_caching_ab_reading():
     bad = {"culprit": {"verdict": "corrupted"}}
     good = {"culprit": {"verdict": "intact"}}
