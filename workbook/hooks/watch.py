@@ -712,6 +712,8 @@ def _run_in_phase(w: Watch, qual: str, orig, self, a, k):
     depth0 = len(w.stack) == 1
     try:
         w.check("enter", qual)
+        if w.guard is not None and w.step == 0:  # a refused write ends the process: the
+            w.write()                             # evidence names the phase it entered last
         with (w.loc.around() if depth0 or not w.loc.active else contextlib.nullcontext()):
             res = orig(self, *a, **k)
         w.check("exit", qual)

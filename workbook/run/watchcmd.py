@@ -162,7 +162,8 @@ def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
                                             localize_within=base.localize_within
                                             if localize == "op" else ""),
                                _pass_dir(out, 1, localize), timeout_s, checks, caching, writer))
-    verdicts = [integrity.verdict_from_watch(p["watch"]) for p in passes]
+    verdicts = [integrity.with_writer(integrity.verdict_from_watch(p["watch"]),
+                                      p["info"].get("writer")) for p in passes]
     best = next((v for v in reversed(verdicts) if v.get("verdict") == "corrupted"),
                 verdicts[-1] if verdicts else {})
     first_v = next((v for v in verdicts if v.get("verdict") == "corrupted"), best)
@@ -185,7 +186,9 @@ def print_summary(result: dict, out: str) -> None:
     from workbook.run import integrity
 
     for i, (p, w) in enumerate(zip(result["passes"], result["watches"]), 1):
-        failed = "" if p.get("rc") == 0 else f", FAILED (exit {p.get('rc')}): see pass.log"
+        failed = "" if p.get("rc") == 0 else \
+            f", ended at the refused write (exit {p.get('rc')})" if p.get("writer") else \
+            f", FAILED (exit {p.get('rc')}): see pass.log"
         stopped = ", " + p["stopped"] if p.get("stopped") else ""
         print(f"== pass {i}: {p['outdir']} ({p['seconds']} s{stopped}{failed})")
         for line in integrity.summary(w):
@@ -197,11 +200,13 @@ def print_summary(result: dict, out: str) -> None:
                 print(line)
     c = result["culprit"]
     print("== culprit")
-    if c.get("verdict") == "corrupted":
+    if c.get("verdict") == "corrupted" and c.get("tensors"):
         print(f"hypothesis {c['hypothesis']}: phase {c['phase']}; module {c.get('module') or '-'};"
               f" op {c.get('op') or '-'}; tensors {c.get('tensors')}; "
               f"{c.get('before')} → {c.get('after')}")
-    else:
+    if c.get("writer"):
+        print(f"hypothesis {c.get('hypothesis')}: writer {integrity.writer_text(c['writer'])}")
+    elif c.get("verdict") != "corrupted" or not c.get("tensors"):
         print(f"{c.get('verdict')}: {c.get('saw')}")
     print(os.path.join(out, "watch-summary.json"))
 
