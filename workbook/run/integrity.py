@@ -155,8 +155,8 @@ def writer_text(w: dict) -> str:
     parts = [f"kernel {w['kernel']}" if w.get("kernel") else None,
              f"{w.get('access') or 'write'} of {w['size']} bytes" if w.get("size") else None,
              f"{w['relation']} {w['tensor']}" if w.get("tensor") and w.get("relation") else None,
-             f"from {w['frame']}" if w.get("frame") else None,
-             f"(module {w['module']})" if w.get("module") else None,
+             (f"from {w['frame']}" + (f" (module {w['module']})" if w.get("module") else ""))
+             if w.get("frame") else None,
              f"during {w['phase']}" if w.get("phase") else None]
     return ", ".join(p for p in parts if p) or "no frame recorded"
 
