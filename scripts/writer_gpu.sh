@@ -17,7 +17,8 @@
 #          Triton's cold compile, default 150) then RUN_S (default 65) seconds per run.
 #   r27    the same at the reporter's shape: r27-nvfp4-mtp-flashinfer (Qwen3.5 27B-shape NVFP4,
 #          FlashInfer attention, MTP k=4) for R27_KINDS (default alias_fill) x R27_CACHING
-#          (default on), R27_S seconds each (default 300; the record is written when the
+#          (default on), R27_S seconds each (default 300; gpu_memory_utilization R27_GPU_UTIL,
+#          default 0.6: memcheck needs room of its own; the record is written when the
 #          profiling run's drafter writes, so a run cut short later still names it).
 #   bench  benchmarks/step_overhead.py --watch --arms none,watch on BENCH_RUN (default
 #          r27-mtp-cudagraphs, batch 4, k=4, CUDA graphs): the watch's ratio after start-up
@@ -31,18 +32,19 @@ OUT=${OUT:-/tmp/writer-gpu-out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/writer-gpu}; mkdir -p "$WORK"
 STEPS=${STEPS:-tiny}
 SUM="$OUT/writer-gpu.txt"
-if ! python3 -c "import vllm" 2>/dev/null; then
+PY=${PYTHON:-python3}
+WB_ENV=${WB_ENV:-h200}  # CPU dry run: WB_ENV=cpu PYTHON=.venv/bin/python PROBE_ARGS="--set cpu_profile_run=true"
+if ! "$PY" -c "import vllm" 2>/dev/null; then
   [ -f .bundle/install.sh ] || { echo "no vLLM and no .bundle/install.sh (carry .bundle)" | tee -a "$SUM"; exit 2; }
   eval "$(bash .bundle/install.sh .bundle)"
 fi
-if [ -f .bundle/install-flashinfer.sh ] && ! python3 -c "import flashinfer" 2>/dev/null; then
+if [ -f .bundle/install-flashinfer.sh ] && ! "$PY" -c "import flashinfer" 2>/dev/null; then
   eval "$(bash .bundle/install-flashinfer.sh .bundle)" || echo "FlashInfer install failed" | tee -a "$SUM"
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 export WORKBOOK_CACHE=${WORKBOOK_CACHE:-/tmp/workbook-cache} VLLM_TRITON_FORCE_FIRST_CONFIG=1
 export COMPUTE_SANITIZER=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-PY=${PYTHON:-python3}
 pack() { tar czf "$OUT/writer-gpu.tgz.tmp" -C "$WORK" . 2>/dev/null && mv "$OUT/writer-gpu.tgz.tmp" "$OUT/writer-gpu.tgz"; }
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   "$COMPUTE_SANITIZER" --version 2>&1 | tail -1; g++ --version | head -1
@@ -71,20 +73,21 @@ for step in $STEPS; do
     for caching in ${CACHING:-off on}; do
       for kind in ${KINDS:-alias_fill memset triton_store}; do
         lim=${RUN_S:-65}; [ $first = 1 ] && lim=${FIRST_S:-150}; first=0
-        probe "tiny-$kind-caching-$caching" "$lim" "$kind" "$caching" --env h200 --set max_tokens=4
+        probe "tiny-$kind-caching-$caching" "$lim" "$kind" "$caching" --env "$WB_ENV" --set max_tokens=4 ${PROBE_ARGS:-}
       done
     done ;;
   r27)
     for caching in ${R27_CACHING:-on}; do
       for kind in ${R27_KINDS:-alias_fill}; do
         VLLM_USE_FLASHINFER_SAMPLER=0 probe "r27-$kind-caching-$caching" "${R27_S:-300}" "$kind" \
-          "$caching" --env h200 --run r27-nvfp4-mtp-flashinfer --set max_tokens=4
+          "$caching" --env "$WB_ENV" --run r27-nvfp4-mtp-flashinfer --set max_tokens=4 \
+          --set gpu_memory_utilization=${R27_GPU_UTIL:-0.6}
       done
     done ;;
   bench)
     t0=$(date +%s)
     VLLM_USE_FLASHINFER_SAMPLER=0 timeout -s INT "${BENCH_S:-230}" "$PY" benchmarks/step_overhead.py \
-      --env h200 --run "${BENCH_RUN:-r27-mtp-cudagraphs}" --watch --arms none,watch --batch 4 \
+      --env "$WB_ENV" --run "${BENCH_RUN:-r27-mtp-cudagraphs}" --watch --arms none,watch --batch 4 \
       --max-tokens 32 --rounds "${BENCH_ROUNDS:-3}" --json-out "$WORK/step_overhead.json" \
       > "$WORK/step_overhead.log" 2>&1
     echo "bench rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$SUM"
