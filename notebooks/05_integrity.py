@@ -63,10 +63,10 @@ localize_timeout_s: float = 600.0  # localization stops here and keeps what it n
 cpu_profile_run: bool = True  # CPU only: run the profiling run the GPU worker always runs
 guard_check: bool = True  # then: checks A/B with vLLM alone vs with the guard (in-process only)
 trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
-sanitize: str = "auto"  # none | auto | page | nvtx: a second start-up with the markers read-only names the writer (auto: nvtx on a GPU, page on CPU)
+sanitize: str = "page"  # none | page | nvtx | auto: a second start-up with the markers read-only names the writer (page: the CPU twin; nvtx: GPU, under compute-sanitizer — slow; auto: nvtx on a GPU, page on CPU)
 planted_writer: str = ""  # a test writer hidden in the drafter's propose for that start-up: alias_fill | memset | triton_store ("": none)
 caching: str = ""  # GPU: PyTorch's caching allocator for that start-up, on | off ("": as set)
-sanitize_timeout_s: float = 1800.0  # seconds for the sanitized start-up (memcheck is slow)
+sanitize_timeout_s: float = 600.0  # seconds for the sanitized start-up (memcheck is slow)
 outdir: str = ""  # folder for the evidence files (empty: keep them in memory only)
 checks: list = []  # deterministic checks of the pipeline run: A, B
 
@@ -196,7 +196,10 @@ pd.DataFrame([{"tensor": n, **{k: v for k, v in nb.items() if k != "allocated_by
 from workbook.run import watchcmd
 
 named = None
-if sanitize != "none":
+if sanitize == "page" and wb_env.on_cpu() is False:
+    display(Markdown("`sanitize = \"page\"` is the CPU twin; on this GPU host set "
+                     "`sanitize = \"nvtx\"` (compute-sanitizer memcheck: a slow start-up)."))
+elif sanitize != "none":
     import os
     import tempfile
 
