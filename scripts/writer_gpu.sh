@@ -14,7 +14,7 @@
 #          drafter's propose during the profiling run (python -m workbook.run.watchcmd --probe;
 #          workbook.hooks.writers); caching off: each tensor its own cudaMalloc; on: the marker
 #          segment registered as an NVTX heap, every block a region. Limit FIRST_S (first run:
-#          Triton's cold compile, default 150) then RUN_S (default 65) seconds per run.
+#          Triton's cold compile, default 140) then RUN_S (default 80) seconds per run.
 #   r27    the same at the reporter's shape: r27-nvfp4-mtp-flashinfer (Qwen3.5 27B-shape NVFP4,
 #          FlashInfer attention, MTP k=4) for R27_KINDS (default alias_fill) x R27_CACHING
 #          (default on), R27_S seconds each (default 300; gpu_memory_utilization R27_GPU_UTIL,
@@ -72,7 +72,7 @@ for step in $STEPS; do
     first=1
     for caching in ${CACHING:-off on}; do
       for kind in ${KINDS:-alias_fill memset triton_store}; do
-        lim=${RUN_S:-65}; [ $first = 1 ] && lim=${FIRST_S:-150}; first=0
+        lim=${RUN_S:-80}; [ $first = 1 ] && lim=${FIRST_S:-140}; first=0
         probe "tiny-$kind-caching-$caching" "$lim" "$kind" "$caching" --env "$WB_ENV" --set max_tokens=4 ${PROBE_ARGS:-}
       done
     done ;;
