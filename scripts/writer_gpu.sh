@@ -55,7 +55,7 @@ probe() {  # name limit kind caching [watchcmd args...]
   local name=$1 limit=$2 kind=$3 caching=$4; shift 4
   local t0=$(date +%s)
   timeout -s INT "$limit" "$PY" -m workbook.run.watchcmd --probe "$kind" --caching "$caching" \
-    --sanitize nvtx --out "$WORK/$name" --timeout "$((limit - 20))" "$@" > "$WORK/$name.log" 2>&1
+    --sanitize nvtx --out "$WORK/$name" --timeout "$((limit - 10))" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
   local line; line=$(grep -E "^PROBE " "$WORK/$name.log" | tail -1)
   if [ -z "$line" ] && [ -f "$WORK/$name/pass1-none/sanitizer.log" ]; then  # cut off: parse what memcheck wrote
