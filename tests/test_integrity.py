@@ -561,6 +561,7 @@ def test_sampler_warmup_runs_the_budget_writers_in_the_profiling_run(tmp_path):
     res = _run(RunConfig(cpu_profile_run=True, sampler_warmup=True, watch=True, max_tokens=4),
                tmp_path)
     assert window.RECORD["calls"] == before + 1 and window.RECORD["rows"] >= 1
+    assert window.RECORD["dropped"] == ["top_k", "top_p"]  # CPU: the interpreter's limit
     phases = {e["phase"] for e in res.watch["timeline"]}
     assert "profiling run › budget staged writes" in phases, sorted(phases)
     assert res.watch["first_change"] is None  # a legitimate writer, bracketed
