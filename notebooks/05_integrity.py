@@ -63,6 +63,10 @@ localize_timeout_s: float = 600.0  # localization stops here and keeps what it n
 cpu_profile_run: bool = True  # CPU only: run the profiling run the GPU worker always runs
 guard_check: bool = True  # then: checks A/B with vLLM alone vs with the guard (in-process only)
 trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
+sanitize: str = "page"  # none | page | nvtx | auto: a second start-up with the markers read-only names the writer (page: the CPU twin; nvtx: GPU, under compute-sanitizer — slow; auto: nvtx on a GPU, page on CPU)
+planted_writer: str = ""  # a test writer hidden in the drafter's propose for that start-up: alias_fill | memset | triton_store ("": none)
+caching: str = ""  # GPU: PyTorch's caching allocator for that start-up, on | off ("": as set)
+sanitize_timeout_s: float = 600.0  # seconds for the sanitized start-up (memcheck is slow)
 outdir: str = ""  # folder for the evidence files (empty: keep them in memory only)
 checks: list = []  # deterministic checks of the pipeline run: A, B
 
@@ -81,7 +85,7 @@ from workbook.report import views
 from workbook.run import integrity, pipeline
 from workbook.vllm import env as wb_env
 
-cfg = RunConfig.from_params({**globals(), "guard": False})
+cfg = RunConfig.from_params({**globals(), "guard": False, "sanitize": "none"})  # sanitized below
 if wb_env.on_cpu() is False:
     cfg = cfg.replace(cpu_profile_run=False)  # the GPU worker always runs the profiling run
 pd.DataFrame({"value": {k: repr(v) for k, v in cfg.to_dict().items()
@@ -156,6 +160,62 @@ display(views.values_table({k: loc.get(k) for k in ("level", "within", "checks",
                                                      "complete", "stopped")}, "localization"))
 views.table(loc.get("alias_writes") or [], "No op wrote watched memory through an alias.",
             columns=["op", "tensor", "alias", "module", "phase"])
+
+# %% [markdown]
+# ## Where the markers' neighbours live
+# The watched blocks' neighbours in their caching-allocator segment (offset from the marker,
+# size, state and, with PyTorch's memory history on, the code that allocated them): the suspects
+# of an overrun. On CPU there are no such segments; the evidence says what CPU can tell.
+
+# %%
+lay = (w.get("layout_evidence") or {}).get("at_state_creation") or {}
+display(Markdown(lay.get("note") or f"platform {lay.get('platform')}, caching allocator "
+                 f"{'on' if lay.get('caching_allocator') else 'off'}, memory history "
+                 f"{'on' if lay.get('memory_history') else 'off'}"))
+pd.DataFrame([{"tensor": n, **{k: v for k, v in nb.items() if k != "allocated_by"},
+               "allocated_by": " ← ".join(nb.get("allocated_by") or [])}
+              for n, t in (lay.get("tensors") or {}).items() if n.startswith("reasoning")
+              for nb in t.get("neighbours") or []] or
+             [{"tensor": n, **t} for n, t in (lay.get("tensors") or {}).items()])
+
+# %% [markdown]
+# ## Naming the writer: the sanitizer stage
+# The watch names the phase and the window; the sanitizer stage names the code. A second,
+# fresh start-up runs in a child process with the marker tensors read-only
+# (`workbook.hooks.protect`): on a GPU through NVTX memory permissions under
+# `compute-sanitizer --tool memcheck` (every write to them is reported with the kernel and the
+# host backtrace down to the Python frame, in bounds or not, PyTorch op or not); on CPU the
+# twin — the markers on read-only pages, the write raises SIGSEGV and the fault handler writes
+# the Python stack. One start-up names the first writer only (the process, or the CUDA context,
+# ends there). What the host lacks (compute-sanitizer, NVTX headers, a compiler) is named and
+# the stage skipped.
+
+# %%
+from workbook.run import watchcmd
+
+named = None
+if sanitize == "page" and wb_env.on_cpu() is False:
+    display(Markdown("`sanitize = \"page\"` is the CPU twin; on this GPU host set "
+                     "`sanitize = \"nvtx\"` (compute-sanitizer memcheck: a slow start-up)."))
+elif sanitize != "none":
+    import os
+    import tempfile
+
+    san_out = os.path.join(outdir, "sanitized") if outdir else tempfile.mkdtemp(prefix="wb-san-")
+    named = watchcmd.run_passes(cfg.replace(sanitize=sanitize, localize="none"), san_out,
+                                "none", timeout_s=sanitize_timeout_s, caching=caching or None,
+                                writer=planted_writer or None)
+    p0 = named["passes"][0]
+    for line in integrity.writer_lines(p0["sanitizer"], p0.get("writer")):
+        display(Markdown(line))
+    wr = p0.get("writer") or {}
+    display(pd.DataFrame({"writer": {k: json.dumps(wr.get(k), default=str) for k in
+                                     ("source", "kernel", "access", "size", "tensor",
+                                      "frame", "module", "in_forward_of", "phase")
+                                     if wr.get(k) is not None}}))
+    display(pd.DataFrame({"stack (innermost first)": wr.get("stack") or []}))
+else:
+    display(Markdown("The sanitizer stage was not asked for (`sanitize = \"none\"`)."))
 
 # %% [markdown]
 # ## The budget holding with the fix

@@ -9,6 +9,10 @@
 #   DRY_RUN=1 scripts/integrity_sanitizer.sh OUT --set max_tokens=4     # CPU: no sanitizer; a
 #       synthetic memcheck log (one write just past the start marker) exercises parse + tie
 #
+# This is plain memcheck: a write inside a live allocation (the markers themselves) is invisible
+# to it. To name such a writer use `workbook watch --sanitize nvtx` (issue #19: the markers made
+# read-only through NVTX memory permissions; scripts/writer_gpu.sh).
+#
 # Writes OUT/run/ (the watched run: pass1-none/watch.json, verdict.json, ...),
 # OUT/sanitizer.log (memcheck's own log), OUT/sanitizer.json (errors tied to watched tensors),
 # and prints the verdict. Environment: PYTHON (default python3), COMPUTE_SANITIZER (default

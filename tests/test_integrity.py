@@ -164,6 +164,194 @@ def test_sanitizer_report_is_tied_to_the_watched_tensors():
     assert sanitizer.tie(syn, {"layout": layout})["touching_watched"] == 1
 
 
+LAYOUT = [{"name": "reasoning_start_token_ids", "ptr": 0x7f94ea800200, "nbytes": 4,
+           "ptr_hex": "0x7f94ea800200", "offset": 0},
+          {"name": "reasoning_end_token_ids", "ptr": 0x7f94ea800400, "nbytes": 4,
+           "ptr_hex": "0x7f94ea800400", "offset": 512}]
+
+
+def test_nvtx_not_writable_record_names_kernel_tensor_frame_and_phase():
+    """The record format of brief §9.2 (caching off, marker read-only, alias fill_)."""
+    rep = sanitizer.tie(sanitizer.parse(sanitizer.synthetic_nvtx({"layout": LAYOUT})),
+                        {"layout": LAYOUT})
+    assert rep["n_errors"] == rep["touching_watched"] == 1 and rep["error_summary"] == 1
+    w = rep["first_writer"]
+    assert w["kernel"].startswith("void at::native::vectorized_elementwise_kernel<4, "
+                                  "at::native::FillFunctor<int>")
+    assert (w["access"], w["size"], w["permission"]) == ("write", 4, "not writable")
+    assert (w["tensor"], w["relation"]) == ("reasoning_start_token_ids", "inside")
+    assert w["frame"] == "raw_alias_zero in /repo/workbook/hooks/faults.py:219"
+    assert w["module"] == "workbook.hooks.faults" and w["in_forward_of"] == "workbook.hooks.writers"
+    assert w["phase"] == "profiling run › drafter propose"
+    assert "raw_alias_zero" in integrity.writer_text(w)
+
+
+def test_nvtx_sub_allocator_neighbour_record_is_placed_before_the_marker():
+    """Caching on, a heap registered with an unregistered neighbour (brief §9.2)."""
+    log = "\n".join([
+        "========= Invalid __global__ write of size 4 bytes",
+        "=========     at triton_poi_fused_fill_0+0x90",
+        "=========     by thread (0,0,0) in block (0,0,0)",
+        "=========     Access to 0x7f94ea800000 is out of bounds and is 512 bytes before the "
+        "nearest allocation at 0x7f94ea800200 of size 4 bytes",
+        "=========     Saved host backtrace up to driver entry point at kernel launch time",
+        "=========         Host Frame: <module> in poc.py:22",
+        "========= ERROR SUMMARY: 1 error"])
+    e = sanitizer.tie(sanitizer.parse(log), {"layout": LAYOUT})["errors"][0]
+    assert e["permission"] == "out of bounds" and e["kernel"] == "triton_poi_fused_fill_0"
+    assert e["watched"] == {"tensor": "reasoning_start_token_ids",
+                            "relation": "before the start of", "distance": 512}
+    assert e["writer"]["frame"] == "<module> in poc.py:22"
+
+
+FAULT_DUMP = """Fatal Python error: Segmentation fault
+
+Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/v/site-packages/triton/runtime/interpreter.py", line 459 in create_masked_store
+  File "/repo/workbook/hooks/writers.py", line 78 in zero_store
+  File "/repo/workbook/hooks/writers.py", line 120 in forward
+  File "/v/site-packages/vllm/v1/worker/gpu/spec_decode/mtp/speculator.py", line 88 in propose
+  File "/v/site-packages/vllm/v1/worker/gpu/model_runner.py", line 900 in _dummy_run
+  File "/v/site-packages/vllm/v1/worker/gpu/model_runner.py", line 1001 in profile_run
+
+Extension modules: numpy.core._multiarray_umath (total: 1)
+"""
+
+
+def test_fault_dump_names_the_writer_frame_and_phase():
+    r = sanitizer.parse_fault(FAULT_DUMP)
+    assert r["signal"] == "Segmentation fault" and len(r["frames"]) == 6
+    w = r["writer"]
+    assert (w["function"], w["module"]) == ("zero_store", "workbook.hooks.writers")
+    assert w["phase"] == "profiling run › drafter propose"
+
+
+_CHILD = """
+import sys, types, torch
+from workbook.hooks import protect, writers
+st = types.SimpleNamespace(**{n: torch.tensor([v], dtype=torch.int32) for n, v in
+    (("reasoning_start_token_ids", 5), ("reasoning_end_token_ids", 6),
+     ("natural_reasoning_end_token_ids", 7))},
+    cached_last_start=torch.full((8,), -1, dtype=torch.int32),
+    cached_last_end=torch.full((8,), -1, dtype=torch.int32))
+g = protect.PageGuard(st, sys.argv[1]); g.attach()
+assert st.reasoning_start_token_ids.tolist() == [5]       # reads are free
+g.lift(); st.cached_last_start.fill_(3); g.restore()         # a legitimate writer, lifted
+assert st.cached_last_start.tolist()[:1] == [3]
+print("protected", flush=True)
+writers.WRITE[sys.argv[2]](st.reasoning_start_token_ids)
+print("NOT REFUSED", flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind,function", [("alias_fill", "raw_alias_zero"),
+                                           ("memset", "memset"),
+                                           ("triton_store", "zero_store")])
+def test_page_twin_names_the_writer_of_a_protected_marker(tmp_path, kind, function):
+    """The CPU twin's contract, per writer kind: the write is refused (SIGSEGV), the child
+    ends there, and its fault dump names the writer's frame."""
+    env = {**os.environ, "PYTHONPATH": REPO, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path), kind], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert "protected" in p.stdout and "NOT REFUSED" not in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 11, p.stderr[-2000:]  # _exit(SIGSEGV) after the dump
+    w = sanitizer.parse_fault(open(tmp_path / "fault.txt").read())["writer"]
+    assert w["function"] == function and w["module"] in ("workbook.hooks.writers",
+                                                          "workbook.hooks.faults")
+
+
+def test_sanitizer_requirements_name_what_is_missing(monkeypatch):
+    from workbook.hooks import protect
+
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    monkeypatch.setenv("COMPUTE_SANITIZER", "/nonexistent/compute-sanitizer")
+    monkeypatch.setenv("CUDA_HOME", "/nonexistent")
+    monkeypatch.setenv("NVTX_INCLUDE", "/nonexistent")
+    monkeypatch.setattr(protect, "_cuda_roots", lambda: [])
+    monkeypatch.setattr(protect, "_include_dirs", lambda: [])
+    req = protect.requirements("nvtx")
+    assert not req["ok"]
+    assert req["missing"] == ["compute-sanitizer", "NVTX headers", "CUDA runtime headers",
+                              "C++ compiler"]
+    assert "sanitizer stage skipped" in req["message"] and "CXX" in req["message"]
+    with pytest.raises(protect.ProtectError, match="NVTX headers"):
+        protect.build_shim()
+    assert protect.requirements("page")["ok"]
+    assert protect.resolve_mode("auto", "cpu") == "page"
+    assert protect.resolve_mode("auto", "cuda") == "nvtx"
+
+
+def test_nvtx_shim_compiles(tmp_path):
+    """The shim against real NVTX headers (the CUDA toolkit's, or ``NVTX_INCLUDE``: nvidia-nvtx)
+    with stand-in CUDA headers; outside compute-sanitizer it reports no tool attached."""
+    from workbook.hooks import protect
+
+    inc = protect.find_nvtx_include()
+    if inc is None or protect.find_compiler() is None:
+        pytest.skip("no NVTX headers (set NVTX_INCLUDE) or no C++ compiler")
+    stub = tmp_path / "cuda"
+    stub.mkdir()
+    (stub / "cuda.h").write_text("typedef struct CUarray_st* CUarray;\n"
+                                 "typedef struct CUmipmappedArray_st* CUmipmappedArray;\n")
+    (stub / "cuda_runtime.h").write_text(
+        "typedef struct cudaArray* cudaArray_t;\n"
+        "typedef struct cudaMipmappedArray* cudaMipmappedArray_t;\n"
+        "typedef struct CUstream_st* cudaStream_t;\n")
+    os.environ.setdefault("CUDA_HOME", str(tmp_path))  # cuda_runtime.h found under include/
+    (tmp_path / "include").symlink_to(stub)
+    try:
+        lib = protect.load_shim(protect.build_shim(str(tmp_path / "cache")))
+    finally:
+        if os.environ.get("CUDA_HOME") == str(tmp_path):
+            del os.environ["CUDA_HOME"]
+    assert lib.wbp_init() == 2  # no tool attached: every permission call is a no-op
+    assert [lib.wbp_flag(i) for i in range(3)] == [1, 7, 8]
+    assert lib.wbp_assign(protect._arr([0x1000]), 1, 1) == 0
+
+
+@pytest.mark.parametrize("mode", ["nvtx", "page"])
+def test_sanitizer_stage_collects_the_writer_into_the_pass(tmp_path, mode):
+    """``sanistage.collect``: the log / fault dump of a pass → writer.json, the verdict's
+    integrity section (H-i, corrupted, the writer) and what the summary carries."""
+    from workbook.core import rundir
+    from workbook.run import sanistage
+
+    watch_ev = {"layout": LAYOUT, "phase_order": ["state creation", "profiling run"],
+                "protection": {"protected": ["reasoning_start_token_ids"]}}
+    rundir.write_json(str(tmp_path / "verdict.json"),
+                      {"integrity": {"verdict": "intact", "hypothesis": None}})
+    if mode == "nvtx":
+        stage = {"mode": "nvtx", "log": str(tmp_path / "sanitizer.log")}
+        (tmp_path / "sanitizer.log").write_text(sanitizer.synthetic_nvtx(watch_ev))
+    else:
+        (tmp_path / "watch").mkdir()
+        (tmp_path / "watch" / "fault.txt").write_text(FAULT_DUMP)
+        stage = {"mode": "page", "fault_file": str(tmp_path / "watch" / "fault.txt")}
+    got = sanistage.collect(stage, str(tmp_path), watch_ev, 11 if mode == "page" else 1)
+    w = got["writer"]
+    assert w["phase"] == "profiling run › drafter propose"
+    assert w["function"] == ("raw_alias_zero" if mode == "nvtx" else "zero_store")
+    assert w["watch_last_phase"] == "profiling run"
+    on_disk = json.load(open(tmp_path / "writer.json"))
+    assert on_disk["writer"]["frame"] == w["frame"]
+    v = json.load(open(tmp_path / "verdict.json"))["integrity"]
+    assert (v["verdict"], v["hypothesis"]) == ("corrupted", "H-i") and v["writer"]["frame"]
+    lines = integrity.writer_lines(got["stage"], w)
+    assert lines[1].startswith("FIRST WRITER:") and "None" not in " ".join(lines)
+
+
+def test_caching_ab_reading():
+    bad = {"culprit": {"verdict": "corrupted"}}
+    good = {"culprit": {"verdict": "intact"}}
+    named = {"culprit": {"verdict": "intact", "writer": {"frame": "f"}}}
+    assert integrity.layout_ab(bad, good)["reading"].startswith("layout-dependent")
+    assert integrity.layout_ab(bad, named)["reading"].startswith("a pointer write")
+    assert integrity.layout_ab(None, good)["reading"].startswith("undecided")
+
+
 def test_a_localization_past_its_time_limit_keeps_what_it_narrowed(tmp_path):
     from workbook.hooks import watch
 
@@ -325,3 +513,64 @@ def test_sanitizer_dry_run(tmp_path):
     rep = json.load(open(out / "sanitizer.json"))
     assert rep["touching_watched"] == 1
     assert rep["errors"][0]["watched"]["tensor"] == "reasoning_start_token_ids"
+
+
+# ---- the sanitizer stage on the real engine (issue #19; CPU twin) -------------------------------
+
+@pytest.mark.parametrize("kind,function", [("alias_fill", "raw_alias_zero"),
+                                           ("memset", "memset"),
+                                           ("triton_store", "zero_store")])
+def test_sanitize_names_the_writer_hidden_in_the_drafter(tmp_path, kind, function):
+    """A writer of each kind hidden in the MTP drafter's propose during the profiling run: the
+    sanitized pass (markers on read-only pages, a child process) ends at the write and the
+    watch summary names the writer's frame, module and phase."""
+    from workbook.run import watchcmd
+
+    cfg = RunConfig(cpu_profile_run=True, sanitize="page", watch=True, max_tokens=4)
+    res = watchcmd.run_passes(cfg, str(tmp_path), "none", timeout_s=1200, writer=kind)
+    p = res["passes"][0]
+    assert p["sanitizer"]["mode"] == "page" and p["rc"] == 11, p
+    w = p["writer"]
+    assert w["function"] == function, w
+    assert w["phase"] == "profiling run › drafter propose", w["stack"]
+    assert w["in_forward_of"] == "workbook.hooks.writers"  # the drafter forward it hid in
+    summary = json.load(open(tmp_path / "watch-summary.json"))
+    assert summary["culprit"]["writer"]["function"] == function
+    watch_ev = res["watches"][0]
+    assert watch_ev["protection"]["mode"] == "page"
+    assert {"reasoning_start_token_ids", "cached_last_start"} <= \
+        set(watch_ev["protection"]["protected"])
+    assert watch_ev["layout_evidence"]["at_state_creation"]["platform"] == "cpu"
+    assert "state creation" in watch_ev["phase_order"]
+
+
+def test_sanitize_without_its_tools_is_skipped_and_the_watch_runs(tmp_path):
+    """nvtx asked on this CPU host (no compute-sanitizer, no NVTX headers): the stage is
+    skipped with a message naming them; the watched pass itself runs to the end."""
+    from workbook.run import watchcmd
+
+    cfg = RunConfig(sanitize="nvtx", watch=True, spec_method="none", max_tokens=2)
+    res = watchcmd.run_passes(cfg, str(tmp_path), "none", timeout_s=1200)
+    p = res["passes"][0]
+    assert p["rc"] == 0 and p["sanitizer"]["mode"] == "skipped" and p["writer"] is None
+    assert "compute-sanitizer" in p["sanitizer"]["message"]
+    w = res["watches"][0]
+    assert w["protection"]["mode"] == "skipped" and "compute-sanitizer" in \
+        w["protection"]["message"]
+    assert w["state_found"] and w["first_change"] is None
+    assert p["verdict"]["verdict"] == "intact"
+
+
+def test_sampler_warmup_runs_the_budget_writers_in_the_profiling_run(tmp_path):
+    """PR #57926's window on today's vLLM: the dummy sampler gets registered sampling
+    parameters, so the budget state's staged writes run inside the profiling run."""
+    from workbook.hooks import window
+
+    before = window.RECORD["calls"]
+    res = _run(RunConfig(cpu_profile_run=True, sampler_warmup=True, watch=True, max_tokens=4),
+               tmp_path)
+    assert window.RECORD["calls"] == before + 1 and window.RECORD["rows"] >= 1
+    assert window.RECORD["dropped"] == ["top_k", "top_p"]  # CPU: the interpreter's limit
+    phases = {e["phase"] for e in res.watch["timeline"]}
+    assert "profiling run › budget staged writes" in phases, sorted(phases)
+    assert res.watch["first_change"] is None  # a legitimate writer, bracketed

@@ -46,7 +46,8 @@ def needs_pre_start(cfg) -> bool:
     from workbook.core.hypotheses import FAULTS
 
     f = FAULTS.get(cfg.fault)
-    return bool(cfg.watched or cfg.cpu_profile_run or (f is not None and f.before_start))
+    return bool(cfg.watched or cfg.cpu_profile_run or cfg.sampler_warmup or
+                (f is not None and f.before_start))
 
 
 def watch_options(cfg, out_dir: str | None = None, **kw):
@@ -54,7 +55,7 @@ def watch_options(cfg, out_dir: str | None = None, **kw):
     from workbook.hooks.watch import Options
 
     return Options(out_dir=out_dir, localize=cfg.localize, localize_within=cfg.localize_within,
-                   localize_timeout_s=float(cfg.localize_timeout_s), **kw)
+                   localize_timeout_s=float(cfg.localize_timeout_s), protect=cfg.sanitize, **kw)
 
 
 def pre_start(cfg, *, watch_dir: str | None = None):
@@ -72,6 +73,10 @@ def pre_start(cfg, *, watch_dir: str | None = None):
         ps = wmod.force_cpu_profile_run()
         if ps is not None:
             startup_only.append(ps)
+    if cfg.sampler_warmup:
+        from workbook.hooks import window
+
+        startup_only.append(window.sampler_warmup().install())
     if cfg.watched:
         from workbook.hooks import watch as wmod
 

@@ -55,7 +55,6 @@ import atexit
 import contextlib
 import dataclasses
 import functools
-import itertools
 import json
 import os
 import threading
@@ -64,6 +63,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbook.core.config import LOCALIZE
+from workbook.hooks import protect
+from workbook.hooks.localize import Localization, _frames, _stack_names
 from workbook.vllm import startup
 from workbook.vllm.patching import PatchSet
 
@@ -91,14 +92,20 @@ class Options:
     canaries: int = 2  # canary tensors on each side of the state (0: vLLM's layout untouched)
     timeline_steps: int = 3  # real steps with every boundary checked and kept in the timeline
     ring_rows: int = 512  # per-step ring buffer rows (boundaries) before a flush
+    ring_stride: int = 4  # ring mode: record the boundaries of every n-th step only
     flush_every_steps: int = 0  # 0: when the ring is full or read; server runs use 1
     label: str = ""  # free text carried into the evidence (e.g. the run name)
+    protect: str = "none"  # none | auto | nvtx | page: the state read-only (workbook.hooks.protect)
 
     def __post_init__(self):
         if self.localize not in LOCALIZE:
             raise WatchError(f"localize={self.localize!r}: choose one of {LOCALIZE}")
         if self.op_stride < 1:
             raise WatchError(f"op_stride={self.op_stride!r} must be >= 1")
+        if self.ring_stride < 1:
+            raise WatchError(f"ring_stride={self.ring_stride!r} must be >= 1")
+        if self.protect not in protect.MODES:
+            raise WatchError(f"protect={self.protect!r}: choose one of {protect.MODES}")
 
     @classmethod
     def from_dict(cls, d: dict) -> "Options":
@@ -114,7 +121,6 @@ class Options:
 _pending: list["Watch"] = []  # installed, waiting for the next runner
 _by_obj: dict[int, "Watch"] = {}  # id(runner / worker / state / speculator) -> watch
 _active: list["Watch"] = []  # watches whose wrapped methods are running (innermost last)
-_frames = itertools.count()
 _lock = threading.RLock()
 _patches: PatchSet | None = None
 _late: PatchSet | None = None  # worker classes and the speculator, wrapped at runner build
@@ -142,10 +148,6 @@ class Boundary:
 
     def label(self) -> str:
         return f"{self.kind} {self.where}"
-
-
-def _stack_names(frames) -> list[str]:
-    return [q for _, q in frames]
 
 
 class Watch:
@@ -189,11 +191,14 @@ class Watch:
         self.ring = None
         self.ring_labels: list[Boundary] = []
         self.flushes = 0
-        self.loc = _Localization(self)
+        self.loc = Localization(self)
         self.modnames: dict[int, str] = {}
         self.speculator_class: str | None = None
         self.removed = False
         self.rebase = False  # the next boundary is a new baseline (after a suspension)
+        self.protection: dict = {"mode": "none"}  # the sanitizer stage (workbook.hooks.protect)
+        self.guard = None  # its PageGuard / NvtxGuard once the state exists
+        self.layout_evidence: dict = {}  # neighbours of the watched blocks (protect.neighbours)
 
     # -- binding ---------------------------------------------------------------------------
     def bind_runner(self, runner) -> None:
@@ -213,12 +218,17 @@ class Watch:
             self.error = ("ThinkingBudgetState.enabled is False: nothing to watch (no marker "
                           "tensors; hypothesis H-b)")
             return
+        if self.protection.get("mode") == "page":  # moved onto read-only pages before reading
+            self._protect(state, {})
         tensors = startup.state_tensors(state, self.version)  # StateLayoutError names a gap
         self.busy = True  # no boundary while the watch itself reads the new state
         try:
             self._attach(state, tensors, pre, post)
+            self.layout_evidence["at_state_creation"] = self._neighbours()
         finally:
             self.busy = False
+        if self.protection.get("mode") == "nvtx":
+            self._protect(state, self.canaries)
         b = self.last[0]
         self._phase_seen(b, [])
         self._timeline(b, [], [])
@@ -238,6 +248,41 @@ class Watch:
         self.layout = _layout(self._tensors())
         b = self._boundary("created", "ThinkingBudgetState", level="phase")
         self.last = (b, row)
+
+    # -- the sanitizer stage (protection) and layout evidence ------------------------------
+    def plan_protection(self, platform: str) -> None:
+        """Before the engine starts: resolve ``opts.protect``; what the stage needs and lacks
+        is named in the evidence and the stage skipped (the rest of the watch is intact)."""
+        if platform == "cuda":  # allocation stacks for the layout evidence (start-up only)
+            why = protect.record_history()
+            self.protection["memory_history"] = why or "on during start-up (python stacks)"
+        if self.opts.protect == "none":
+            return
+        mode = protect.resolve_mode(self.opts.protect, platform)
+        req = protect.requirements(mode)
+        if mode == "nvtx":  # compute-sanitizer runs the process; the shim needs the rest
+            req["missing"] = [m for m in req["missing"] if m != "compute-sanitizer"] \
+                if os.environ.get("WORKBOOK_UNDER_SANITIZER") else req["missing"]
+            req["ok"] = not req["missing"]
+        self.protection.update(mode=mode if req["ok"] else "skipped", asked=self.opts.protect,
+                               missing=req["missing"], message=req["message"])
+        if not req["ok"]:
+            import sys
+
+            print(f"workbook watch: {req['message']}", file=sys.stderr, flush=True)
+
+    def _protect(self, state, canaries: dict) -> None:
+        try:
+            self.guard = protect.attach(self.protection["mode"], state,
+                                        out_dir=self.opts.out_dir, canaries=canaries)
+        except Exception as e:  # the stage is skipped, the watch goes on
+            self.protection.update(mode="skipped", message=f"{type(e).__name__}: {e}")
+
+    def _neighbours(self) -> dict:
+        try:
+            return protect.neighbours(self._tensors())
+        except Exception as e:  # evidence only
+            return {"error": f"{type(e).__name__}: {e}"}
 
     # -- reading the watched bytes ---------------------------------------------------------
     def _tensors(self) -> dict:
@@ -355,8 +400,10 @@ class Watch:
 
         prev_b, prev_row = self.last
         self.last = (b, row)
-        if b.rebase:  # the watch was suspended: legitimate writes were not bracketed
-            return []
+        # after a gap (a suspension, or steps ring_stride skipped) legitimate writes were not
+        # bracketed: only tensors nobody may write (markers, canaries) are compared
+        names = [n for n in self.names if not startup.ALLOWED_WRITERS.get(self.roles[n])] \
+            if b.rebase else self.names
         if self.loc.active:
             self.history.append(b.label())
             del self.history[:-24]
@@ -365,7 +412,7 @@ class Watch:
             old, new = self._split(prev_row), self._split(row)
             common = _common(prev_b.stack, b.stack)
             common_q = set(_stack_names(common))
-            for n in self.names:
+            for n in names:
                 if np.array_equal(old[n], new[n]):
                     continue
                 role = self.roles[n]
@@ -397,6 +444,10 @@ class Watch:
         phase = startup.classify(_stack_names(common), kv_ready=b.kv_ready, step=b.step)
         if not common and not mods:
             phase = f"between phases ({pb.label()} → {b.label()})"
+        if b.rebase and pb.step != b.step:
+            phase = (f"between step {pb.step} and step {b.step} (the steps in between were "
+                     f"not checked: ring_stride {self.opts.ring_stride}, or the watch was "
+                     f"suspended)")
         return {
             "tensor": name, "role": role, "phase": phase, "top_phase": startup.top_phase(phase),
             "step": b.step, "t": round(b.t, 4), "seq": b.seq,
@@ -478,6 +529,9 @@ class Watch:
         if self.mode == "sync" and self.step >= detailed:
             self.loc.finish("start-up and the first %d real step(s) localized" % self.step)
             self.mode = "ring"
+            if self.state is not None:
+                self.layout_evidence["after_startup"] = self._neighbours()
+            protect.stop_history()
             self.write()
             _slim()
         if self.mode == "ring" and self.opts.flush_every_steps and \
@@ -525,12 +579,16 @@ class Watch:
             "expected_changes": self.expected,
             "first_change": self.first,
             "localization": self.loc.to_dict(),
-            "steps": {"real_steps": self.step, "mode": self.mode, "ring_flushes": self.flushes},
+            "steps": {"real_steps": self.step, "mode": self.mode, "ring_flushes": self.flushes,
+                      "ring_stride": self.opts.ring_stride},
             "overhead": {"startup_checks": self.checks["startup"],
                          "startup_check_s": round(self.check_s["startup"], 4),
                          "step_checks": self.checks["steps"],
                          "step_check_s": round(self.check_s["steps"], 4)},
             "state_at_end": end,
+            "protection": {**self.protection,
+                           **(self.guard.to_dict() if self.guard is not None else {})},
+            "layout_evidence": self.layout_evidence,
         }
 
     def write(self) -> None:
@@ -554,6 +612,8 @@ class Watch:
             self.flush()
             self.write()
             self.removed = True
+            if self.guard is not None:
+                protect.detach(self.guard)
             self.loc.finish("watch removed")
             for k in [k for k, w in _by_obj.items() if w is self]:
                 del _by_obj[k]
@@ -624,253 +684,6 @@ def _layout(tensors: dict) -> list[dict]:
              "device": str(tensors[n].device)} for p, n, k in rows]
 
 
-# ---- localization ----------------------------------------------------------------------------------
-
-class _Localization:
-    """Module / op / launch boundaries while the engine starts (and the first real steps)."""
-
-    def __init__(self, w: Watch):
-        self.w = w
-        self.level = w.opts.localize
-        self.wanted = self.level != "none"
-        self.active = False  # hooks in place right now (inside a depth-0 wrapped call)
-        self.done = not self.wanted
-        self.started: float | None = None
-        self.stopped: str | None = None
-        self.ops_seen = 0
-        self.alias_writes: list[dict] = []
-        self.launches: list[dict] = []
-        self.checks = 0
-        self.culprit: dict | None = None
-
-    def timed_out(self) -> bool:
-        if self.started is None:
-            self.started = time.perf_counter()
-        if time.perf_counter() - self.started > self.w.opts.localize_timeout_s:
-            self.finish(f"time limit of {self.w.opts.localize_timeout_s:.0f} s reached after "
-                        f"{self.checks} checks at {self.w.history[-1] if self.w.history else '-'}"
-                        f"; narrowed down to what is recorded here")
-            return True
-        return False
-
-    def finish(self, why: str) -> None:
-        if not self.done:
-            self.done = True
-            self.stopped = why
-            self.w.write()
-
-    def on_first_change(self, ch: dict) -> None:
-        if self.wanted:
-            self.culprit = {k: ch[k] for k in ("tensor", "phase", "module", "op", "last_clean",
-                                                "first_dirty", "level")}
-
-    @contextlib.contextmanager
-    def around(self):
-        """Hooks in place for one depth-0 wrapped call (clean nesting with other modes)."""
-        if self.done or self.active:
-            yield
-            return
-        self.active = True
-        stack = contextlib.ExitStack()
-        try:
-            stack.enter_context(_module_hooks(self))
-            if self.level == "op":
-                stack.enter_context(_op_mode(self))
-                stack.enter_context(_launch_hooks(self))
-            with stack:
-                yield
-        finally:
-            self.active = False
-
-    def module_name(self, mod) -> str:
-        return self.w.modnames.get(id(mod)) or type(mod).__name__
-
-    def op_wanted(self) -> bool:
-        within = self.w.opts.localize_within
-        return not within or any(m.startswith(within) for _, m in self.w.mods)
-
-    def to_dict(self) -> dict:
-        return {"level": self.level, "within": self.w.opts.localize_within or None,
-                "op_stride": self.w.opts.op_stride, "complete": self.done and self.stopped is not
-                None and not self.stopped.startswith("time limit"),
-                "stopped": self.stopped or (None if not self.wanted else
-                                            f"still localizing when read (start-up and "
-                                            f"{self.w.step} real step(s) so far)"),
-                "checks": self.checks,
-                "elapsed_s": None if self.started is None else
-                round(time.perf_counter() - self.started, 3),
-                "culprit": self.culprit, "alias_writes": self.alias_writes[:50],
-                "suspect_launches": self.launches[:50]}
-
-
-@contextlib.contextmanager
-def _module_hooks(loc: _Localization):
-    from torch.nn.modules.module import (register_module_forward_hook,
-                                         register_module_forward_pre_hook)
-
-    w = loc.w
-
-    def pre(mod, args):
-        if w.busy or loc.done:
-            return
-        name = loc.module_name(mod)
-        w.mods.append((next(_frames), name))
-        if w.state is not None and not loc.timed_out():
-            loc.checks += 1
-            w.check("mod-enter", name, level="module")
-
-    def post(mod, args, out):
-        if w.busy or not w.mods:
-            return
-        name = loc.module_name(mod)
-        if w.state is not None and not loc.done and not loc.timed_out():
-            loc.checks += 1
-            w.check("mod-exit", name, level="module")
-        if w.mods and w.mods[-1][1] == name:
-            w.mods.pop()
-
-    h1 = register_module_forward_pre_hook(pre)
-    h2 = register_module_forward_hook(post)
-    try:
-        yield
-    finally:
-        h1.remove()
-        h2.remove()
-        w.mods.clear()
-
-
-def _overlaps(w: Watch, t) -> str | None:
-    """The watched tensor whose bytes ``t`` overlaps, if any."""
-    try:
-        lo = t.data_ptr()
-        hi = lo + t.numel() * t.element_size()
-    except Exception:
-        return None
-    if hi <= lo:
-        return None
-    for n, wt in w._tensors().items():
-        a = wt.data_ptr()
-        b = a + wt.numel() * wt.element_size()
-        if lo < b and a < hi:
-            return n
-    return None
-
-
-def _mutated_args(func, args, kwargs):
-    try:
-        schema = func._schema
-    except Exception:
-        return []
-    out = []
-    for i, a in enumerate(schema.arguments):
-        ai = a.alias_info
-        if ai is None or not ai.is_write:
-            continue
-        v = args[i] if i < len(args) else kwargs.get(a.name)
-        if v is not None and hasattr(v, "data_ptr"):
-            out.append(v)
-    return out
-
-
-@contextlib.contextmanager
-def _op_mode(loc: _Localization):
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    w = loc.w
-
-    class OpWatch(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if w.busy or loc.done or w.state is None or not loc.op_wanted() or \
-                    (w.ops and w.ops[-1][1].startswith("triton:")):
-                return func(*args, **kwargs)  # ops inside a launch: the launch is the unit
-            name = str(func)
-            where = w.mods[-1][1] if w.mods else "-"
-            _note_alias_writes(loc, name, where, _mutated_args(func, args, kwargs))
-            loc.ops_seen += 1
-            checked = loc.ops_seen % w.opts.op_stride == 0 and not loc.timed_out()
-            if checked:
-                loc.checks += 1
-                w.check("op-before", f"{name} [in {where}]", level="op")
-            w.ops.append((next(_frames), name))
-            try:
-                return func(*args, **kwargs)
-            finally:
-                if checked and not loc.done:
-                    loc.checks += 1
-                    w.check("op-after", f"{name} [in {where}]", level="op")
-                w.ops.pop()
-
-    mode = OpWatch()
-    with mode:
-        yield
-
-
-def _note_alias_writes(loc: _Localization, op: str, where: str, tensors) -> None:
-    w = loc.w
-    for t in tensors:
-        hit = _overlaps(w, t)
-        if hit is None:
-            continue
-        role = w.roles.get(hit)
-        allowed = startup.ALLOWED_WRITERS.get(role, ())
-        if any(q in allowed for _, q in w.stack):
-            continue
-        own = t is (w.canaries.get(hit) if hit in w.canaries else startup._resolve(w.state, hit))
-        loc.alias_writes.append({
-            "op": op, "tensor": hit, "alias": not own, "module": where,
-            "phase": startup.classify(_stack_names(w.stack), kv_ready=w.kv_ready, step=w.step),
-            "ptr": hex(t.data_ptr()), "t": round(time.perf_counter() - w.t0, 4)})
-
-
-@contextlib.contextmanager
-def _launch_hooks(loc: _Localization):
-    """Triton launches (compiled: ``JITFunction.run``; CPU: the interpreter's)."""
-    w = loc.w
-    ps = PatchSet("watch:launches", "watch")
-    for klass in _launcher_classes():
-        def make(orig):
-            def run(self, *a, **k):
-                if w.busy or loc.done or w.state is None or not loc.op_wanted():
-                    return orig(self, *a, **k)
-                name = getattr(getattr(self, "fn", None), "__name__", None) or \
-                    getattr(self, "__name__", "?")
-                where = w.mods[-1][1] if w.mods else "-"
-                hits = sorted({h for v in list(a) + list(k.values())
-                               if hasattr(v, "data_ptr") for h in [_overlaps(w, v)] if h})
-                if hits and not any(q.startswith("ThinkingBudgetState.") for _, q in w.stack):
-                    loc.launches.append({"kernel": name, "module": where, "tensors": hits,
-                                         "phase": startup.classify(_stack_names(w.stack),
-                                                                   kv_ready=w.kv_ready,
-                                                                   step=w.step)})
-                label = f"triton:{name} [in {where}]"
-                loc.checks += 2
-                w.check("launch-before", label, level="op")
-                w.ops.append((next(_frames), f"triton:{name}"))
-                try:
-                    return orig(self, *a, **k)
-                finally:
-                    w.check("launch-after", label, level="op")
-                    w.ops.pop()
-            return run
-        ps.wrap(klass, "run", make)
-    with ps:
-        yield
-
-
-def _launcher_classes() -> list:
-    out = []
-    with contextlib.suppress(Exception):
-        from triton.runtime.jit import JITFunction
-
-        out.append(JITFunction)
-    with contextlib.suppress(Exception):
-        from triton.runtime.interpreter import InterpretedFunction
-
-        out.append(InterpretedFunction)
-    return out
-
-
 # ---- the wrappers ----------------------------------------------------------------------------------
 
 def _phase_wrapper(qual: str, find):
@@ -899,6 +712,8 @@ def _run_in_phase(w: Watch, qual: str, orig, self, a, k):
     depth0 = len(w.stack) == 1
     try:
         w.check("enter", qual)
+        if w.guard is not None and w.step == 0:  # a refused write ends the process: the
+            w.write()                             # evidence names the phase it entered last
         with (w.loc.around() if depth0 or not w.loc.active else contextlib.nullcontext()):
             res = orig(self, *a, **k)
         w.check("exit", qual)
@@ -1094,6 +909,9 @@ def install(opts: Options | None = None, **kw) -> Watch:
     ps.install()
     w = Watch(opts)
     w.version = vllm.__version__
+    import torch
+
+    w.plan_protection("cuda" if torch.cuda.is_available() else "cpu")
     with _lock:
         _pending.append(w)
     atexit.register(w.write)
@@ -1112,6 +930,9 @@ def _ring_wrapper(qual: str, enter_step: bool):
                 return orig(self, *a, **k)
             if enter_step:
                 w.step += 1
+            if w.step % w.opts.ring_stride:  # a step not checked: the next check rebases
+                w.rebase = True
+                return orig(self, *a, **k)
             frame = (next(_frames), qual)
             w.stack.append(frame)
             try:

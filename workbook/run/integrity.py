@@ -133,3 +133,69 @@ def summary(watch: dict | None) -> list[str]:
                  f"{ov.get('startup_check_s')} s; steps {ov.get('step_checks')} checks "
                  f"{ov.get('step_check_s')} s")
     return lines
+
+
+# ---- the sanitizer stage's writer (workbook.run.sanistage) ------------------------------------
+
+def with_writer(section: dict, writer: dict | None) -> dict:
+    """The ``integrity`` section with the writer the sanitizer stage named: a protected write
+    is corruption whether or not the value changed (on CPU the write never lands)."""
+    if not writer:
+        return section
+    out = {**section, "writer": writer}
+    if out.get("verdict") != "corrupted":
+        tensor = writer.get("tensor") or "a protected budget-state tensor"
+        out.update(hypothesis="H-i", verdict="corrupted",
+                   phase=writer.get("phase") or out.get("phase"),
+                   saw=f"a write to {tensor} was refused and named: {writer_text(writer)}")
+    return out
+
+
+def writer_text(w: dict) -> str:
+    parts = [f"kernel {w['kernel']}" if w.get("kernel") else None,
+             f"{w.get('access') or 'write'} of {w['size']} bytes" if w.get("size") else None,
+             f"{w['relation']} {w['tensor']}" if w.get("tensor") and w.get("relation") else None,
+             (f"from {w['frame']}" + (f" (module {w['module']})" if w.get("module") else ""))
+             if w.get("frame") else None,
+             f"during {w['phase']}" if w.get("phase") else None]
+    return ", ".join(p for p in parts if p) or "no frame recorded"
+
+
+def writer_lines(stage: dict, writer: dict | None) -> list[str]:
+    """What ``workbook watch`` prints about the sanitizer stage of one pass."""
+    mode = (stage or {}).get("mode", "none")
+    if mode == "skipped":
+        return [f"sanitizer stage: {stage.get('message')}"]
+    lines = [f"sanitizer stage ({mode}): {stage.get('verdict')}"]
+    if writer:
+        lines.append(f"FIRST WRITER: {writer_text(writer)}")
+        for f in (writer.get("stack") or [])[:6]:
+            lines.append(f"    {f}")
+    return lines
+
+
+def layout_ab(caching_on: dict | None, caching_off: dict | None) -> dict:
+    """The caching-allocator A/B (two ``watch-summary.json``): the symptom (a corrupted
+    verdict or a named writer) gone with caching off → layout-dependent (a neighbour's
+    overrun); still there → a write that finds the markers wherever they are (a pointer
+    write). Either summary missing → undecided."""
+    def hit(s):
+        if not s:
+            return None
+        c = s.get("culprit") or {}
+        return bool(c.get("verdict") == "corrupted" or c.get("writer"))
+
+    on, off = hit(caching_on), hit(caching_off)
+    if on is None or off is None:
+        reading = "undecided: one of the two layouts has no summary"
+    elif on and not off:
+        reading = ("layout-dependent: the symptom is gone with each tensor in its own "
+                   "allocation — a neighbour's overrun into the markers' segment")
+    elif on and off:
+        reading = ("a pointer write: the writer finds the markers in either layout (it holds "
+                   "their address or an alias)")
+    elif off and not on:
+        reading = "seen only with caching off: a write that depends on the uncached layout"
+    else:
+        reading = "no symptom in either layout"
+    return {"caching_on": on, "caching_off": off, "reading": reading}

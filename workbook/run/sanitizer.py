@@ -32,10 +32,17 @@ _HDR = re.compile(r"^=+\s+(?P<kind>Invalid __(?P<space>global|shared|local)__ (?
                   r"(?: of size (?P<size>\d+) bytes?)?\s*$")
 _AT = re.compile(r"^=+\s+at (?P<kernel>.+?)(?:\+0x[0-9a-fA-F]+)?(?: in (?P<src>.+))?$")
 _THREAD = re.compile(r"^=+\s+by thread \((?P<thread>[^)]*)\) in block \((?P<block>[^)]*)\)")
-_ADDR = re.compile(r"Address (?P<addr>0x[0-9a-fA-F]+)")
+_ADDR = re.compile(r"(?:Address|Access to|Access at) (?P<addr>0x[0-9a-fA-F]+)")
+# NVTX memory permissions (brief §9.2): "Access to 0x… is not writable and is inside the nearest
+# allocation at 0x… of size 4 bytes"; "… is out of bounds and is 512 bytes before …"
+_PERM = re.compile(r"is (?P<perm>not writable|not readable|not accessible|out of bounds)")
+_INSIDE = re.compile(r"inside the nearest allocation at (?P<base>0x[0-9a-fA-F]+) of size "
+                     r"(?P<size>[\d,]+) bytes")
 _NEAR = re.compile(r"(?P<dist>[\d,]+) bytes (?P<dir>before|after) the nearest allocation at "
                    r"(?P<base>0x[0-9a-fA-F]+) of size (?P<size>[\d,]+) bytes")
 _FRAME = re.compile(r"^=+\s+Host Frame:\s*(?P<frame>.+)$")
+# a Python frame in the host backtrace: "<module> in poc.py:22", "forward in /x/y.py:12"
+_PYFRAME = re.compile(r"^(?P<func>\S.*?) in (?P<file>[^\s\[\]]+\.py):(?P<line>\d+)\s*$")
 _SUMMARY = re.compile(r"ERROR SUMMARY:\s*(?P<n>\d+) error")
 
 
@@ -57,7 +64,8 @@ def parse(text: str) -> dict:
                    "space": m.group("space"),
                    "size": int(m.group("size")) if m.group("size") else None,
                    "kernel": None, "source": None, "thread": None, "block": None,
-                   "address": None, "nearest": None, "host_frames": []}
+                   "address": None, "nearest": None, "permission": None,
+                   "host_frames": [], "python_frames": []}
             errors.append(cur)
             continue
         if cur is None:
@@ -73,6 +81,15 @@ def parse(text: str) -> dict:
         m = _ADDR.search(line)
         if m and cur["address"] is None:
             cur["address"] = int(m.group("addr"), 16)
+        m = _PERM.search(line)
+        if m and cur["permission"] is None:
+            cur["permission"] = m.group("perm")
+        m = _INSIDE.search(line)
+        if m:
+            cur["nearest"] = {"base": int(m.group("base"), 16),
+                              "size": int(m.group("size").replace(",", "")),
+                              "distance": 0, "direction": "inside"}
+            continue
         m = _NEAR.search(line)
         if m:
             cur["nearest"] = {"base": int(m.group("base"), 16),
@@ -81,9 +98,82 @@ def parse(text: str) -> dict:
                               "direction": m.group("dir")}
             continue
         m = _FRAME.match(line)
-        if m and len(cur["host_frames"]) < 24:
-            cur["host_frames"].append(m.group("frame").strip())
+        if m:
+            frame = m.group("frame").strip()
+            py = _PYFRAME.match(frame)
+            if py:
+                cur["python_frames"].append({"func": py.group("func"), "file": py.group("file"),
+                                             "line": int(py.group("line"))})
+            elif len(cur["host_frames"]) < 24:
+                cur["host_frames"].append(frame)
     return {"errors": errors, "error_summary": summary, "lines": len(text.splitlines())}
+
+
+# frames that are machinery, not the writer (innermost-first search skips them)
+_MACHINERY = ("/torch/", "/triton/", "/ctypes/", "/contextlib.py", "/functools.py",
+              "/workbook/hooks/watch.py", "/workbook/hooks/protect.py",
+              "/workbook/hooks/localize.py", "/workbook/vllm/patching.py", "<frozen ")
+_FAULT_HDR = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ .*most recent call first")
+_FAULT_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def python_module(path: str) -> str:
+    """``/…/site-packages/vllm/v1/x.py`` → ``vllm.v1.x``; ``/repo/workbook/hooks/f.py`` →
+    ``workbook.hooks.f``; anything else: the file name without ``.py``."""
+    p = path.replace("\\", "/")
+    for anchor in ("/site-packages/", "/dist-packages/"):
+        if anchor in p:
+            p = p.split(anchor, 1)[1]
+            break
+    else:
+        for top in ("/workbook/", "/vllm/", "/benchmarks/", "/tests/", "/scripts/"):
+            if top in p:
+                p = top[1:] + p.rsplit(top, 1)[1]
+                break
+        else:
+            p = p.rsplit("/", 1)[-1]
+    return p[:-3].replace("/", ".") if p.endswith(".py") else p
+
+
+def name_writer(frames: list[dict]) -> dict | None:
+    """The writer among Python frames (innermost first): the innermost frame that is not
+    machinery (torch, triton, ctypes, the watch itself), its module, and the phase the stack
+    lies in (``startup.phase_from_frames``)."""
+    from workbook.vllm import startup
+
+    if not frames:
+        return None
+    pick = next((f for f in frames if not any(m in f["file"] for m in _MACHINERY)), frames[0])
+    forward = next((f for f in frames if f["func"] == "forward"
+                    and not any(m in f["file"] for m in _MACHINERY)), None)
+    return {"frame": f"{pick['func']} in {pick['file']}:{pick['line']}",
+            "function": pick["func"], "file": pick["file"], "line": pick["line"],
+            "module": python_module(pick["file"]),
+            "in_forward_of": python_module(forward["file"]) if forward else None,
+            "phase": startup.phase_from_frames(
+                [(f["file"], f["func"]) for f in reversed(frames)]),
+            "stack": [f"{f['func']} in {f['file']}:{f['line']}" for f in frames[:30]]}
+
+
+def parse_fault(text: str) -> dict:
+    """A ``faulthandler`` dump (the CPU twin: a write to a read-only page raised SIGSEGV) →
+    ``{"signal": ..., "frames": [...] (innermost first), "writer": name_writer(frames)}``."""
+    sig, frames, cur = None, [], False
+    for line in text.splitlines():
+        if line.startswith("Fatal Python error:"):
+            sig = line.split(":", 1)[1].strip()
+        if _FAULT_HDR.match(line):
+            cur = line.startswith("Current thread") or not frames
+            if cur:
+                frames = []
+            continue
+        m = _FAULT_FRAME.match(line)
+        if m and cur:
+            frames.append({"file": m.group("file"), "line": int(m.group("line")),
+                           "func": m.group("func")})
+        elif cur and frames and not line.strip():
+            cur = False
+    return {"signal": sig, "frames": frames, "writer": name_writer(frames)}
 
 
 def tie(parsed: dict, watch: dict | None) -> dict:
@@ -98,6 +188,8 @@ def tie(parsed: dict, watch: dict | None) -> dict:
     hits = [e for e in out if e["watched"] and e["watched"]["relation"] in ("inside",
                                                                               "past the end of",
                                                                               "before the start of")]
+    for e in out:
+        e["writer"] = name_writer(e.get("python_frames") or [])
     change = (watch or {}).get("first_change")
     if hits:
         verdict = (f"{len(hits)} memcheck error(s) touch watched memory; first: "
@@ -112,7 +204,21 @@ def tie(parsed: dict, watch: dict | None) -> dict:
                    "unexpected change")
     return {"errors": out, "error_summary": parsed.get("error_summary"),
             "n_errors": len(out), "touching_watched": len(hits), "verdict": verdict,
+            "first_writer": first_writer(hits[0]) if hits else None,
             "watched_layout": layout}
+
+
+def first_writer(e: dict) -> dict:
+    """One tied memcheck record as the writer the watch summary names."""
+    w = e.get("writer") or {}
+    return {"source": "compute-sanitizer memcheck", "kernel": e.get("kernel"),
+            "access": e.get("access"), "size": e.get("size"), "address": e.get("address_hex"),
+            "permission": e.get("permission"),
+            "tensor": (e.get("watched") or {}).get("tensor"),
+            "relation": (e.get("watched") or {}).get("relation"),
+            "frame": w.get("frame"), "function": w.get("function"), "module": w.get("module"),
+            "in_forward_of": w.get("in_forward_of"), "phase": w.get("phase"),
+            "stack": w.get("stack", [])[:12]}
 
 
 def _place(e: dict, layout: list[dict]) -> dict | None:
@@ -133,6 +239,44 @@ def _place(e: dict, layout: list[dict]) -> dict | None:
                                          abs(addr - (t["ptr"] + t["nbytes"]))))
     dist = min(abs(addr - best["ptr"]), abs(addr - (best["ptr"] + best["nbytes"])))
     return {"tensor": best["name"], "relation": "nearest watched tensor", "distance": dist}
+
+
+def synthetic_nvtx(watch: dict, tensor: str = "reasoning_start_token_ids") -> str:
+    """A memcheck log in the format NVTX memory permissions give (brief §9.2): an alias
+    ``fill_`` of a read-only marker, "is not writable … inside the nearest allocation", the
+    host backtrace down to the Python frames (the drafter's propose in the profiling run)."""
+    t = next(x for x in watch.get("layout") or [] if x["name"] == tensor)
+    return "\n".join([
+        "========= COMPUTE-SANITIZER (synthetic: workbook.run.sanitizer, NVTX permissions)",
+        "========= Invalid __global__ write of size 4 bytes",
+        "=========     at void at::native::vectorized_elementwise_kernel<4, "
+        "at::native::FillFunctor<int>, std::array<char *, 1>>(int, T2, T3)+0x210",
+        "=========     by thread (0,0,0) in block (0,0,0)",
+        f"=========     Access to {t['ptr_hex']} is not writable and is inside the nearest "
+        f"allocation at {t['ptr_hex']} of size {t['nbytes']} bytes",
+        "=========     Saved host backtrace up to driver entry point at kernel launch time",
+        "=========         Host Frame: cuLaunchKernel [0x2cf5b1] in libcuda.so.1",
+        "=========         Host Frame: at::native::fill_kernel(at::TensorIterator&, "
+        "c10::Scalar const&) [0x1a2b3c] in libtorch_cuda.so",
+        "=========         Host Frame: fill_ in /opt/torch/.venv/lib/python3.12/site-packages/"
+        "torch/_tensor.py:1",
+        "=========         Host Frame: raw_alias_zero in /repo/workbook/hooks/faults.py:219",
+        "=========         Host Frame: forward in /repo/workbook/hooks/writers.py:120",
+        "=========         Host Frame: _call_impl in /opt/torch/.venv/lib/python3.12/"
+        "site-packages/torch/nn/modules/module.py:1786",
+        "=========         Host Frame: propose in /tmp/vllm-site/vllm/v1/worker/gpu/spec_decode/"
+        "mtp/speculator.py:210",
+        "=========         Host Frame: _dummy_run in /tmp/vllm-site/vllm/v1/worker/gpu/"
+        "model_runner.py:900",
+        "=========         Host Frame: profile_run in /tmp/vllm-site/vllm/v1/worker/gpu/"
+        "model_runner.py:1010",
+        "=========         Host Frame: determine_available_memory in /tmp/vllm-site/vllm/v1/"
+        "worker/gpu_worker.py:300",
+        "=========         Host Frame: <module> in /repo/workbook/run/watchcmd.py:250",
+        "=========         Host Frame: _start [0x1234] in python3",
+        "=========",
+        "========= ERROR SUMMARY: 1 error",
+        ""])
 
 
 def synthetic(watch: dict) -> str:

@@ -71,25 +71,48 @@ def _pass_dir(out: str, n: int, level: str) -> str:
 
 
 def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
-             checks=()) -> dict:
+             checks=(), caching: str | None = None, writer: str | None = None) -> dict:
     """One watched start-up in a child process; returns its ``watch.json`` (or what the
-    start-up wrote before it died / timed out)."""
+    start-up wrote before it died / timed out). With ``cfg.sanitize`` the child runs under
+    the sanitizer stage (``workbook.run.sanistage``) and the writer it names is in
+    ``info["writer"]``; ``caching`` ("on" / "off") sets PyTorch's caching allocator for the
+    child; ``writer`` hides a test writer in the drafter (``workbook.hooks.writers``)."""
+    from workbook.run import sanistage
+
     os.makedirs(outdir, exist_ok=True)
     rundir.write_json(os.path.join(outdir, "pass-config.json"),
-                      {**cfg.to_dict(), "_checks": list(checks)})
+                      {**cfg.to_dict(), "_checks": list(checks), "_writer": writer})
     cmd = [sys.executable, "-m", "workbook.run.watchcmd", "--pass", outdir]
+    env = dict(os.environ)
+    if caching is not None:
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1" if caching == "off" else "0"
+    stage = sanistage.plan(cfg, outdir)
+    cmd, env = sanistage.wrap(stage, cmd, env)
     t0 = time.perf_counter()
     rc, why = None, None
     with open(os.path.join(outdir, "pass.log"), "wb") as log:
+        # its own session: on a time limit or an interrupt the whole group goes (under
+        # compute-sanitizer the engine is a grandchild that must not outlive the pass)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
         try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout_s).returncode
+            rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             why = f"pass timed out after {timeout_s:.0f} s"
+            _end_group(proc)
+        except BaseException:
+            _end_group(proc)
+            raise
     watch = rundir.read_json(os.path.join(outdir, "watch.json")) or \
         rundir.read_json(os.path.join(outdir, "watch", "watch.json"))
     info = {"outdir": outdir, "rc": rc, "stopped": why,
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "seconds": round(time.perf_counter() - t0, 1),
+            "caching": caching or ("off" if env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
+                                   else "on")}
+    named = sanistage.collect(stage, outdir, watch, rc)
+    info["sanitizer"], info["writer"] = named["stage"], named["writer"]
+    if writer:
+        info["planted"] = writer
     verdict = rundir.read_json(os.path.join(outdir, "verdict.json")) or {}
     checks_done = rundir.read_json(os.path.join(outdir, "checks.json")) or {}
     info["budget_verdict"] = verdict.get("verdict")
@@ -99,8 +122,25 @@ def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
     return {"info": info, "watch": watch}
 
 
+def _end_group(proc, grace_s: float = 10.0) -> None:
+    """SIGTERM to the pass's process group, SIGKILL after ``grace_s``."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
-               timeout_s: float | None = None, checks=()) -> dict:
+               timeout_s: float | None = None, checks=(), caching: str | None = None,
+               writer: str | None = None) -> dict:
     """The watch command's work; returns (and writes) ``watch-summary.json``. ``checks``
     (A, B) run in the first pass, after the reported request."""
     from workbook.run import integrity
@@ -109,19 +149,21 @@ def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
     passes = []
     if localize == "auto":
         first = run_pass(base.replace(localize="module", localize_within=""),
-                         _pass_dir(out, 1, "module"), timeout_s, checks)
+                         _pass_dir(out, 1, "module"), timeout_s, checks, caching, writer)
         passes.append(first)
         v = integrity.verdict_from_watch(first["watch"])
         module = v.get("module")
         if v.get("verdict") == "corrupted" and module and not v.get("op"):
             passes.append(run_pass(base.replace(localize="op", localize_within=module),
-                                   _pass_dir(out, 2, "op"), timeout_s))
+                                   _pass_dir(out, 2, "op"), timeout_s, caching=caching,
+                                   writer=writer))
     else:
         passes.append(run_pass(base.replace(localize=localize,
                                             localize_within=base.localize_within
                                             if localize == "op" else ""),
-                               _pass_dir(out, 1, localize), timeout_s, checks))
-    verdicts = [integrity.verdict_from_watch(p["watch"]) for p in passes]
+                               _pass_dir(out, 1, localize), timeout_s, checks, caching, writer))
+    verdicts = [integrity.with_writer(integrity.verdict_from_watch(p["watch"]),
+                                      p["info"].get("writer")) for p in passes]
     best = next((v for v in reversed(verdicts) if v.get("verdict") == "corrupted"),
                 verdicts[-1] if verdicts else {})
     first_v = next((v for v in verdicts if v.get("verdict") == "corrupted"), best)
@@ -132,7 +174,9 @@ def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
                            "before": first_v.get("before"), "after": first_v.get("after"),
                            "module": best.get("module") or first_v.get("module"),
                            "op": best.get("op"), "kernel": best.get("kernel"),
-                           "saw": best.get("saw")}}
+                           "saw": best.get("saw"),
+                           "writer": next((p["info"]["writer"] for p in passes
+                                           if p["info"].get("writer")), None)}}
     os.makedirs(out, exist_ok=True)
     rundir.write_json(os.path.join(out, "watch-summary.json"), summary)
     return {**summary, "watches": [p["watch"] for p in passes]}
@@ -142,20 +186,27 @@ def print_summary(result: dict, out: str) -> None:
     from workbook.run import integrity
 
     for i, (p, w) in enumerate(zip(result["passes"], result["watches"]), 1):
-        failed = "" if p.get("rc") == 0 else f", FAILED (exit {p.get('rc')}): see pass.log"
+        failed = "" if p.get("rc") == 0 else \
+            f", ended at the refused write (exit {p.get('rc')})" if p.get("writer") else \
+            f", FAILED (exit {p.get('rc')}): see pass.log"
         stopped = ", " + p["stopped"] if p.get("stopped") else ""
         print(f"== pass {i}: {p['outdir']} ({p['seconds']} s{stopped}{failed})")
         for line in integrity.summary(w):
             print(line)
         if p.get("checks") or p.get("budget_verdict"):
             print(f"budget: {p.get('budget_verdict')}; checks exact: {p.get('checks')}")
+        if p.get("sanitizer", {}).get("mode", "none") != "none":
+            for line in integrity.writer_lines(p["sanitizer"], p.get("writer")):
+                print(line)
     c = result["culprit"]
     print("== culprit")
-    if c.get("verdict") == "corrupted":
+    if c.get("verdict") == "corrupted" and c.get("tensors"):
         print(f"hypothesis {c['hypothesis']}: phase {c['phase']}; module {c.get('module') or '-'};"
               f" op {c.get('op') or '-'}; tensors {c.get('tensors')}; "
               f"{c.get('before')} → {c.get('after')}")
-    else:
+    if c.get("writer"):
+        print(f"hypothesis {c.get('hypothesis')}: writer {integrity.writer_text(c['writer'])}")
+    elif c.get("verdict") != "corrupted" or not c.get("tensors"):
         print(f"{c.get('verdict')}: {c.get('saw')}")
     print(os.path.join(out, "watch-summary.json"))
 
@@ -166,11 +217,63 @@ def _child(outdir: str) -> int:
 
     raw = rundir.read_json(os.path.join(outdir, "pass-config.json"))
     checks = raw.pop("_checks", [])
-    pipeline.run(RunConfig.from_dict(raw), outdir, checks=checks)
+    writer = raw.pop("_writer", None)
+    cfg = RunConfig.from_dict(raw)
+    if writer:
+        from workbook.hooks import writers
+        from workbook.vllm import env as wb_env
+
+        wb_env.prepare_process(cfg)  # before vLLM is imported
+        writers.hide(writer)
+    pipeline.run(cfg, outdir, checks=checks)
+    return 0
+
+
+def _probe(a) -> int:
+    """``--probe KIND``: one sanitized pass with a test writer of ``KIND`` hidden in the
+    drafter's propose during the profiling run (``workbook.hooks.writers``); prints the
+    summary and one line ``PROBE kind caching: named …`` (scripts/writer_gpu.sh, the tests)."""
+    from workbook.run import integrity
+
+    overrides = {}
+    for kv in a.set or []:
+        import yaml
+
+        k, _, v = kv.partition("=")
+        overrides[k] = yaml.safe_load(v)
+    if a.env:
+        cfg, _ = from_environment(a.env, a.run, overrides)
+    else:
+        cfg = RunConfig.from_params(overrides)
+    cfg = cfg.replace(watch=True, sanitize=a.sanitize, localize="none")
+    res = run_passes(cfg, a.out, "none", timeout_s=a.timeout, caching=a.caching,
+                     writer=a.probe)
+    print_summary(res, a.out)
+    p = res["passes"][0]
+    w = p.get("writer")
+    print(f"PROBE {a.probe} caching={p.get('caching')} sanitizer={p['sanitizer'].get('mode')}: "
+          + (f"named {integrity.writer_text(w)}" if w else
+             f"no writer named ({p['sanitizer'].get('verdict') or p['sanitizer'].get('message')}"
+             f"; watch: {res['culprit'].get('verdict')} {res['culprit'].get('phase')})"))
     return 0
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pass", dest="pass_dir", required=True)
-    sys.exit(_child(ap.parse_args().pass_dir))
+    ap.add_argument("--pass", dest="pass_dir")
+    ap.add_argument("--probe", choices=["alias_fill", "memset", "triton_store"])
+    ap.add_argument("--env")
+    ap.add_argument("--run")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE")
+    ap.add_argument("--sanitize", default="auto", choices=["auto", "nvtx", "page", "none"])
+    ap.add_argument("--caching", choices=["on", "off"])
+    ap.add_argument("--timeout", type=float)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.probe:
+        if not args.out:
+            ap.error("--probe needs --out")
+        sys.exit(_probe(args))
+    if not args.pass_dir:
+        ap.error("--pass OUTDIR or --probe KIND")
+    sys.exit(_child(args.pass_dir))

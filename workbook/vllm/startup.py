@@ -190,3 +190,38 @@ def classify(stack, *, kv_ready: bool = False, step: int = 0) -> str:
 
 def top_phase(name: str) -> str:
     return name.split(" › ", 1)[0]
+
+
+# ---- naming the phase from a call stack (a fault's or a memcheck record's Python frames) -------
+
+_FILE_CLASS = (  # (path fragment, class) -> qualnames the phase tables know
+    ("/worker/gpu/model_runner.py", "GPUModelRunner"),
+    ("/worker/cpu/model_runner.py", "CPUModelRunner"),
+    ("/worker/gpu_worker.py", "Worker"),
+    ("/worker/cpu_worker.py", "CPUWorker"),
+    ("/worker/gpu/spec_decode/", SPECULATOR),
+    ("/worker/gpu/sample/thinking_budget.py", "ThinkingBudgetState"),
+    ("/worker/gpu/sample/sampler.py", "Sampler"),
+)
+_PHASE_FUNCS = {m for _, _, ms in RUNNER_PHASES + WORKER_PHASES for m in ms} | \
+    set(SPECULATOR_METHODS) | {f for _, fs in WORKER_FUNCS for f in fs}
+
+
+def phase_from_frames(frames) -> str:
+    """The phase a call stack lies in, from ``(file, function)`` pairs outermost first (the
+    frames of a fault handler's dump or of a memcheck record's host backtrace): vLLM's phase
+    methods are recognised by file and name and named by ``classify``. Steps are not counted
+    here (a stack does not say which step it is)."""
+    stack = []
+    for path, func in frames:
+        p = path.replace("\\", "/")
+        if func not in _PHASE_FUNCS:
+            continue
+        cls = next((c for frag, c in _FILE_CLASS if frag in p), None)
+        if cls is not None:
+            stack.append(f"{cls}.{func}")
+        elif "/worker/gpu_worker.py" in p or "/v1/worker/" in p:
+            stack.append(f"{func}()")
+    real = "GPUModelRunner.execute_model" in stack and "GPUModelRunner._dummy_run" not in stack
+    return classify(stack, step=1 if real else 0).replace("step 1 (first real step)",
+                                                         "a real step")

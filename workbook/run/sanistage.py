@@ -1,0 +1,117 @@
+"""The sanitizer stage of ``workbook watch --sanitize``: run a pass so a write names its writer.
+
+For one watched pass (``workbook.run.watchcmd.run_pass``), in order:
+
+1. ``plan(cfg, outdir)``   the form (``workbook.hooks.protect``): ``nvtx`` on a GPU, ``page``
+   (the CPU twin) on CPU; for ``nvtx`` what the host lacks — compute-sanitizer, NVTX headers,
+   CUDA runtime headers, a C++ compiler — is named and the stage is ``skipped`` (the pass runs
+   as a plain watched pass: the rest of the watch is intact);
+2. ``wrap(stage, cmd, env)``  ``nvtx``: the pass's command under ``compute-sanitizer --tool
+   memcheck`` (log ``outdir/sanitizer.log``); ``page``: unchanged (the child's watch moves the
+   markers onto read-only pages and arms ``faulthandler``);
+3. ``collect(stage, outdir, watch, rc)``  ``nvtx``: memcheck's log parsed and tied to the
+   watched addresses of that very run (``workbook.run.sanitizer``; ``outdir/sanitizer.json``);
+   ``page``: the fault dump (``outdir/watch/fault.txt``) parsed; either way the first writer:
+   kernel (GPU), access, tensor, Python frame and module, phase — ``outdir/writer.json`` and
+   the ``integrity`` section of ``outdir/verdict.json`` (when the pass got that far).
+
+One run names the first writer only: on a GPU the CUDA context is dead after the reported
+write; on CPU the process ends at the fault (no core file). Not here: the protection itself
+(``workbook.hooks.protect``), the parsers (``workbook.run.sanitizer``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from workbook.core import rundir
+
+LOG = "sanitizer.log"
+
+
+def plan(cfg, outdir: str) -> dict:
+    """The stage for ``cfg`` (``{"mode": "none" | "nvtx" | "page" | "skipped", ...}``)."""
+    from workbook.hooks import protect
+    from workbook.vllm import env as wb_env
+
+    if getattr(cfg, "sanitize", "none") == "none":
+        return {"mode": "none"}
+    platform = "cpu" if wb_env.on_cpu() else "cuda"
+    mode = protect.resolve_mode(cfg.sanitize, platform)
+    if mode == "page" and platform != "cpu":
+        return {"mode": "skipped", "asked": cfg.sanitize, "platform": platform,
+                "missing": ["a CPU platform"], "message": "sanitize='page' is the CPU twin: "
+                "on a GPU use 'nvtx' (stage skipped)"}
+    req = protect.requirements(mode)
+    if not req["ok"]:
+        print(f"workbook watch: {req['message']}", file=sys.stderr, flush=True)
+        return {"mode": "skipped", "asked": cfg.sanitize, "platform": platform,
+                "missing": req["missing"], "message": req["message"]}
+    st = {"mode": mode, "asked": cfg.sanitize, "platform": platform, "missing": []}
+    if mode == "nvtx":
+        try:  # before any engine starts: a shim that does not build is named here
+            st["shim"] = protect.build_shim()
+        except protect.ProtectError as e:
+            print(f"workbook watch: sanitizer stage skipped: {e}", file=sys.stderr, flush=True)
+            return {"mode": "skipped", "asked": cfg.sanitize, "platform": platform,
+                    "missing": ["a shim that builds"], "message": f"sanitizer stage skipped: {e}"}
+        st.update(sanitizer=req["found"]["compute-sanitizer"], log=os.path.join(outdir, LOG))
+    else:
+        st["fault_file"] = os.path.join(outdir, "watch", protect.FAULT_FILE)
+    return st
+
+
+def wrap(stage: dict, cmd: list[str], env: dict) -> tuple[list[str], dict]:
+    if stage["mode"] != "nvtx":
+        return cmd, env
+    env = {**env, "WORKBOOK_UNDER_SANITIZER": "1"}
+    return [stage["sanitizer"], "--tool", "memcheck", "--target-processes", "all",
+            "--print-limit", "200", "--log-file", stage["log"], *cmd], env
+
+
+def collect(stage: dict, outdir: str, watch: dict | None, rc) -> dict:
+    """The writer the stage named (or None) and the stage's record; writes ``writer.json``."""
+    from workbook.run import integrity, sanitizer
+
+    mode = stage["mode"]
+    writer = None
+    if mode == "nvtx":
+        if os.path.exists(stage["log"]):
+            with open(stage["log"], errors="replace") as f:
+                rep = sanitizer.tie(sanitizer.parse(f.read()), watch)
+            rundir.write_json(os.path.join(outdir, "sanitizer.json"), rep)
+            stage = {**stage, "n_errors": rep["n_errors"],
+                     "touching_watched": rep["touching_watched"], "verdict": rep["verdict"]}
+            writer = rep.get("first_writer")
+        else:
+            stage = {**stage, "verdict": "compute-sanitizer wrote no log (see pass.log)"}
+    elif mode == "page":
+        path = stage["fault_file"]
+        text = open(path, errors="replace").read() if os.path.exists(path) else ""
+        fault = sanitizer.parse_fault(text)
+        protected = ((watch or {}).get("protection") or {}).get("protected") or []
+        if fault["writer"]:
+            w = fault["writer"]
+            writer = {"source": "CPU twin: write to a read-only page (SIGSEGV)",
+                      "kernel": None, "access": "write", "size": None, "address": None,
+                      "permission": "not writable",
+                      "tensor": None, "protected": protected,
+                      "frame": w["frame"], "function": w["function"], "module": w["module"],
+                      "in_forward_of": w["in_forward_of"], "phase": w["phase"],
+                      "stack": w["stack"][:12]}
+        stage = {**stage, "signal": fault["signal"], "exit": rc,
+                 "verdict": (f"a write to a protected tensor raised {fault['signal']}; the "
+                             "process ended there" if fault["writer"] else
+                             "no write to a protected tensor (no fault)")}
+    if writer is not None and watch:
+        writer["watch_last_phase"] = (watch.get("phase_order") or [None])[-1]
+    if mode != "none":
+        rundir.write_json(os.path.join(outdir, "writer.json"), {"stage": stage,
+                                                                "writer": writer})
+        vpath = os.path.join(outdir, "verdict.json")
+        v = rundir.read_json(vpath)
+        if v is not None and writer is not None:
+            v["integrity"] = integrity.with_writer(v.get("integrity") or {}, writer)
+            rundir.write_json(vpath, v)
+    return {"stage": stage, "writer": writer}
