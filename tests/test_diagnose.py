@@ -289,5 +289,7 @@ def test_probes_feed_back_into_the_verdict():
                                                   "guard"}
     after = diagnose.with_probes(one, {"markers": {"verdict": "honored", "switch": "m"},
                                        "alone": {"verdict": "violated", "switch": "a"}})
-    assert after["hypothesis"] == "H-i" and after["causes"][0]["from_probe"] == "markers"
+    # the markers probe cannot tell who wrote them (in band or not): both, from the probe
+    assert after["hypothesis"] == "ambiguous" and {c["hypothesis"] for c in after["causes"]} \
+        == {"H-i", "H-i-inband"} and all(c["from_probe"] == "markers" for c in after["causes"])
     assert diagnose.chain_rows(after)[0]["cause"].startswith("H-i")

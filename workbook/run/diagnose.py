@@ -83,10 +83,31 @@ def _markers(frames, effective) -> budget.Markers:
     return budget.Markers.of(m if m.get("end") else effective)
 
 
+# columns that hold integers (token ids, budgets, counts, slots): a table where one of them is
+# missing reads them as floats (pandas: None -> NaN makes the column float64); they are ints
+# again here, before any rule, text or probe sees them (a budget is never 1.0)
+INT_FIELDS = frozenset((
+    "step", "slot", "batch_slot", "prompt_len", "budget_param", "max_tokens", "budget_host",
+    "budget_device", "budget", "total_len_before", "total_len_after", "reasoning_count",
+    "truth_start", "last_start", "last_end", "scan_pos", "last_start_before", "last_end_before",
+    "scan_pos_before", "cache_ref_start", "total_len_dev", "kernel_budget", "kernel_total_len",
+    "num_logits", "num_drafts", "num_sampled_vllm", "num_sampled", "num_rejected",
+    "batch_pos", "batch_size", "row", "local_pos", "input_token", "sampled_vllm",
+    "emitted_token", "count_host", "due_token", "sampled_top", "n_bias_cols", "num_reqs",
+    "num_draft_tokens", "guard_fixed"))
+
+
 def _records(df: pd.DataFrame | None) -> list[dict]:
     if df is None or len(df) == 0:
         return []
-    return [{k: _decode(k, _py(v)) for k, v in r.items()} for r in df.to_dict("records")]
+    return [{k: _decode(k, _int_field(k, _py(v))) for k, v in r.items()}
+            for r in df.to_dict("records")]
+
+
+def _int_field(k, v):
+    if k in INT_FIELDS and isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
 
 
 def _decode(k, v):
@@ -103,6 +124,8 @@ def _py(v):
         return v.tolist()
     if isinstance(v, float) and v != v:  # NaN
         return None
+    if v is pd.NA:
+        return None
     return v
 
 
@@ -110,10 +133,35 @@ def _int(v):
     return None if v is None else int(v)
 
 
+def forced_indices(steps: list[dict], rows: list[dict], markers: budget.Markers) -> list[int]:
+    """Output indices of a request whose end-marker token was forced, from its rows: the row's
+    own bias put +1e9 in that token's column (``apply``), or the token was replaced after
+    sampling (emitted != sampled: a guard or anything between sampler and commit)."""
+    ends = set(int(t) for t in markers.end)
+    by_step: dict = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r)
+    out, offset = [], 0
+    for st in steps:
+        for r in by_step.get(st["step"], []):
+            em = r.get("emitted_token")
+            if em is None or not r.get("emitted") or int(em) not in ends:
+                continue
+            biased = int(em) in [int(x) for x in (r.get("bias_cols") or [])] or (
+                markers.end and int(em) == int(markers.end[0])
+                and (r.get("end_logit_after_apply") or 0) >= FORCED)
+            sv = r.get("sampled_vllm")
+            if biased or (sv is not None and int(sv) != int(em)):
+                out.append(offset + int(r["local_pos"]))
+        offset += len(st["emitted"] or [])
+    return sorted(out)
+
+
 def traced_requests(frames: dict, markers: budget.Markers) -> list[dict]:
     """Per traced request: budget, r0, output tokens, expected end index, honored."""
     regs = _records(frames.get("registrations"))
     reqs = _records(frames.get("requests"))
+    rows = _records(frames.get("rows"))
     out = []
     for reg in regs:
         rid = reg["req_id"]
@@ -121,12 +169,14 @@ def traced_requests(frames: dict, markers: budget.Markers) -> list[dict]:
         output = [t for r in steps for t in (r["emitted"] or [])]
         if reg.get("max_tokens"):  # the engine drops what a last step emits beyond max_tokens
             output = output[:int(reg["max_tokens"])]
-        b = reg.get("budget_param")
+        b = _int(reg.get("budget_param"))
         r0 = steps[0]["reasoning_count"] if steps else None
-        j = budget.judge_from_count(r0, output, b, markers)
+        forced = forced_indices(steps, [r for r in rows if r["req_id"] == rid], markers)
+        j = budget.judge_from_count(r0, output, b, markers, forced)
         out.append({"req_id": rid, "budget": b, "r0": r0, "output": output,
                     "expected_end_index": j.expected_end_index, "honored": j.honored,
-                    "actual_end_index": j.actual_end_index,
+                    "actual_end_index": j.actual_end_index, "kind": j.kind, "at": j.at,
+                    "forced": forced,
                     "prompt_len": reg.get("prompt_len"), "registration": reg, "steps": steps})
     return out
 
@@ -137,7 +187,7 @@ def _client_budgets(reqs: list[dict], client: list[dict], markers) -> None:
     budget and keep the runner's as ``budget_runner``. Matched by request id (the engine's is
     the client's plus a suffix), else by a unique identical output."""
     for o in client:
-        ob, oid = o.get("budget"), str(o.get("request_id") or "")
+        ob, oid = _int(o.get("budget")), str(o.get("request_id") or "")
         if ob is None:
             continue
         same = [r for r in reqs if oid and (r["req_id"] == oid or
@@ -147,14 +197,17 @@ def _client_budgets(reqs: list[dict], client: list[dict], markers) -> None:
         if len(same) != 1 or same[0]["budget"] == ob:
             continue
         r = same[0]
-        j = budget.judge_from_count(r["r0"], r["output"], ob, markers)
+        j = budget.judge_from_count(r["r0"], r["output"], ob, markers, r["forced"])
         r.update(budget_runner=r["budget"], budget=ob, expected_end_index=j.expected_end_index,
-                 honored=j.honored, actual_end_index=j.actual_end_index)
+                 honored=j.honored, actual_end_index=j.actual_end_index, kind=j.kind, at=j.at)
 
 
 def locate(req: dict) -> tuple[dict | None, int | None]:
-    """The request-step that emitted output index ``expected_end_index``, and its local pos."""
-    e = req["expected_end_index"]
+    """The request-step that emitted the first violating output index (``at``; else
+    ``expected_end_index``), and its local pos."""
+    e = req.get("at") if req.get("at") is not None else req["expected_end_index"]
+    if e is None:
+        return None, None
     offset = 0
     for st in req["steps"]:
         n = len(st["emitted"] or [])
@@ -183,6 +236,11 @@ class Ctx:
     @property
     def budget(self):
         return self.req["budget"]
+
+    @property
+    def kind(self) -> str:
+        """Which side of the contract broke (``budget.VIOLATION_KINDS``)."""
+        return self.req.get("kind") or "missing"
 
     @property
     def due_token(self):
@@ -216,12 +274,32 @@ def _rule_registration(c: Ctx) -> list[dict]:
                               f"{c.req['budget_runner']}: lost before MRV2 registered it")]
     use = reg.get("use_thinking_budget")
     host = reg.get("budget_host")
-    if use is False or st.get("use_thinking_budget") is False or (
-            host is not None and b is not None and int(host) != int(b)):
-        return [_cause("H-c", f"registered use_thinking_budget={use} (at the violating step: "
-                              f"{st.get('use_thinking_budget')}), host budget={host} for a "
-                              f"request with budget {b}")]
+    want_use, want_host = b is not None, (-1 if b is None else int(b))  # vLLM's add_request
+    use_now, host_now = st.get("use_thinking_budget"), st.get("budget_host")
+    wrong = [x for x in (use, use_now) if x is not None and bool(x) != want_use] + \
+        [x for x in (host, host_now) if x is not None and int(x) != want_host]
+    if wrong:
+        asked = f"budget {b}" if b is not None else "no budget"
+        return [_cause("H-c", f"registered use_thinking_budget={use}, host budget={host} (at "
+                              f"the violating step: {use_now}, {host_now}) for a request "
+                              f"with {asked}")]
     return []
+
+
+def _rule_mapping(c: Ctx) -> list[dict]:
+    """The batch's row->slot mapping against the host's own record of the request's slot
+    (``req_states.req_id_to_index``): checked before any per-slot value is judged, since every
+    per-slot value the kernel read went through it."""
+    st = c.st
+    if st.get("mapping_ok") is not False:
+        return []
+    bs, own = st.get("batch_slot"), st.get("slot")
+    where = (f"the batch's idx_mapping sent it to slot {bs}" if bs is not None and own is not None
+             and int(bs) != int(own) else "the rows / slots the call or the kernel got")
+    return [_cause("H-j", f"at step {st['step']} (batch of {st.get('batch_size')}, request "
+                          f"at position {st.get('batch_pos')}) {where}, while the host "
+                          f"registered it at slot {own} (req_id_to_index): the kernel read "
+                          "another slot's state for this request's rows")]
 
 
 def _rule_gate(c: Ctx) -> list[dict]:
@@ -267,15 +345,11 @@ def _rule_device_state(c: Ctx) -> list[dict]:
     st, out = c.st, []
     if st.get("markers_ok") is False:
         md = st.get("markers_dev") or {}
-        ver = st.get("markers_version")
-        untouched = not st.get("markers_moved") and ver is not None and all(
-            v is not None and int(v) == 0 for v in ver)
-        oob = (f"; storage unchanged and _version {ver} — no tracked PyTorch write put them "
-               "there (an out-of-band write, or one through an alias)") if untouched else \
-            f"; _version {ver}, storage {'moved' if st.get('markers_moved') else 'unchanged'}"
-        out.append(_cause("H-i", f"at step {st['step']} the state's device marker ids read "
-                                 f"start={md.get('start')} end={md.get('end')} natural_end="
-                                 f"{md.get('natural_end')}, configured {c.config_markers}{oob}"))
+        hyp, how = _marker_write(st)
+        out.append(_cause(hyp, f"at step {st['step']} the state's device marker ids read "
+                               f"start={md.get('start')} end={md.get('end')} natural_end="
+                               f"{md.get('natural_end')}, configured {c.config_markers}; "
+                               f"{how}"))
     bd, bh = st.get("budget_device"), st.get("budget_host")
     if bd is not None and bh is not None and int(bd) != int(bh):
         out.append(_cause("H-d", f"device budget {bd} != host budget {bh} for slot "
@@ -285,10 +359,6 @@ def _rule_device_state(c: Ctx) -> list[dict]:
                                          f"{st.get('total_len_dev')} for a committed history "
                                          f"of {st.get('total_len_before')} tokens (or its "
                                          "tokens differ: checksum mismatch)"))
-    if st.get("mapping_ok") is False:
-        out.append(_cause("H-j", f"at step {st['step']} (batch of {st.get('batch_size')}, "
-                                 f"request at position {st.get('batch_pos')}) the kernel was "
-                                 "not handed this request's rows mapped to its own slot"))
     if st.get("cache_before_ok") is False and st.get("markers_ok") is not False and \
             st.get("history_ok") is not False and (bd is None or int(bd) >= 0):
         prev = _previous_apply(c)
@@ -297,8 +367,9 @@ def _rule_device_state(c: Ctx) -> list[dict]:
                 f"reasoning starts at {prev.get('truth_start')}") if prev is not None else ""
         if prev is not None and prev.get("cache_after_ok") is False and \
                 prev.get("markers_ok") is False:
-            out.append(_cause("H-i", f"{left}: it read marker ids {prev.get('markers_dev')}, "
-                                     f"configured {c.config_markers}"))
+            hyp, how = _marker_write(prev)
+            out.append(_cause(hyp, f"{left}: it read marker ids {prev.get('markers_dev')}, "
+                                   f"configured {c.config_markers}; {how}"))
         elif prev is not None and prev.get("cache_after_ok") is False and \
                 prev.get("history_ok") is False:
             out.append(_cause("H-d-history", f"{left}: it read a history of total_len "
@@ -316,6 +387,24 @@ def _rule_device_state(c: Ctx) -> list[dict]:
             out.append(_cause("H-d-cache", _cache_saw(st) + (
                 "" if prev is None else f"; step {prev['step']}'s apply had left it right")))
     return out
+
+
+def _marker_write(st: dict) -> tuple[str, str]:
+    """In band or out of band? The marker tensors are made once (``torch.tensor``: _version
+    0) and never written by vLLM: a moved ``_version`` or a new storage is a PyTorch write
+    (H-i-inband); wrong values with both unchanged were written where PyTorch does not track
+    (H-i: another kernel, a raw or untracked alias)."""
+    ver, moved = st.get("markers_version"), st.get("markers_moved")
+    known = ver is not None and all(v is not None for v in ver)
+    if moved or (known and any(int(v) != 0 for v in ver)):
+        what = "storage moved (the tensors were replaced)" if moved else \
+            f"storage unchanged, _version {ver}"
+        return "H-i-inband", f"{what}: a PyTorch write changed them (in band)"
+    if known:
+        return "H-i", (f"storage unchanged and _version {ver} — no tracked PyTorch write put "
+                       "them there (an out-of-band write, or one through an untracked alias)")
+    return "H-i", ("storage unchanged, _version not tracked (inference tensors): no tracked "
+                   "PyTorch write is recorded, in band or out of band cannot be told")
 
 
 def _cache_saw(st: dict) -> str:
@@ -416,7 +505,7 @@ def _rule_kernel(c: Ctx) -> list[dict]:
     saw = (f"kernels launched at step {st['step']} with the state's own tensors, markers, "
            f"budget {st.get('budget_device')}, history and caches right, yet {where} "
            f"(row {row['row']}, local_pos {row['local_pos']}, count {row.get('count_host')} "
-           f">= budget {c.budget}) got no +1e9 in any column")
+           f">= budget {c.budget}) {_bias_found(c)}")
     pat = _pattern(c, "forced")
     if pat and pat["kind"] == "position":
         saw += f"; due rows were forced only when {pat['text']}"
@@ -425,6 +514,66 @@ def _rule_kernel(c: Ctx) -> list[dict]:
     if batch:
         causes.append(_cause("H-j", batch))
     return causes
+
+
+def _bias_found(c: Ctx) -> str:
+    """What ``apply`` really did at the due column of the violating row, against the logit
+    that won the row."""
+    row, due = c.row, c.due_token
+    before, after = row.get("due_logit_before_apply"), row.get("due_logit_after_apply")
+    if before is None and due is not None and c.markers.end and due == c.markers.end[0]:
+        before = row.get("end_logit_before_apply")
+    top, top_v = row.get("sampled_top"), row.get("sampled_top_logit")
+    if top is None:
+        ids, vals = row.get("topk_ids_after") or [], row.get("topk_vals_after") or []
+        top, top_v = (ids[0], vals[0]) if ids and vals else (None, None)
+    won = f"; token {top} won the row at {_fmt(top_v)}" if top is not None else ""
+    if before is None or after is None:
+        return f"was not forced at the due column {due} (left at {_fmt(after)}){won}"
+    delta = after - before
+    if delta > 0:
+        return (f"got +{_fmt(delta)} at the due column {due} ({_fmt(before)} -> "
+                f"{_fmt(after)}), not +1e9: too weak against the winning logit"
+                + (f" {_fmt(top_v)} of token {top}" if top is not None else ""))
+    return (f"got no bias at the due column {due} (it stayed at {_fmt(after)}) and +1e9 in "
+            f"no column{won}")
+
+
+def _rule_forced_kernel(c: Ctx) -> list[dict]:
+    """A row that was not due carries the forcing bias (``apply``'s tensor)."""
+    st, row = c.st, c.row
+    if row is None:
+        return []
+    cols = [int(x) for x in (row.get("bias_cols") or [])]
+    em = row.get("emitted_token")
+    if em is None or not (int(em) in cols or (_forced(row) and c.markers.end
+                                              and int(em) == int(c.markers.end[0]))):
+        return []
+    b = c.budget
+    why = ("the request has no budget" if b is None else
+           f"count {row.get('count_host')} < budget {b}" if c.kind == "early" else
+           "its reasoning had already ended")
+    bad = _substituted(c)
+    handed = (f"; apply handed the kernel {', '.join(bad)}, not the state's tensors"
+              if bad else "; the state's inputs were right")
+    return [_cause("H-d-kernel", f"row {row['row']} (local_pos {row['local_pos']}) at step "
+                                 f"{st['step']} was not due ({why}), yet apply put +1e9 in "
+                                 f"column(s) {cols}: {em} was forced"
+                                 f"{handed}")]
+
+
+def _rule_forced_commit(c: Ctx) -> list[dict]:
+    """The end token replaced a sampled token after sampling, where it was not due."""
+    row = c.row
+    if row is None:
+        return []
+    sv, em = row.get("sampled_vllm"), row.get("emitted_token")
+    if sv is not None and em is not None and int(sv) != int(em):
+        b = c.budget
+        why = "the request has no budget" if b is None else f"budget {b}, {c.kind}"
+        return [_cause("H-k", f"the {c.st.get('path')} produced {sv} at row {row['row']}, "
+                              f"{em} was committed instead where no end was due ({why})")]
+    return []
 
 
 def _batch_dependence(c: Ctx, what: str) -> str | None:
@@ -535,9 +684,15 @@ def _rule_commit(c: Ctx) -> list[dict]:
     return []
 
 
-RULES = (("state", _rule_state), ("registration", _rule_registration), ("gate", _rule_gate),
-         ("launch", _rule_launch), ("device state", _rule_device_state),
-         ("kernel", _rule_kernel), ("sampling", _rule_sampling), ("commit", _rule_commit))
+RULES = (("state", _rule_state), ("registration", _rule_registration),
+         ("batch mapping", _rule_mapping), ("gate", _rule_gate), ("launch", _rule_launch),
+         ("device state", _rule_device_state), ("kernel", _rule_kernel),
+         ("sampling", _rule_sampling), ("commit", _rule_commit))
+# the other side of the contract: the end forced where it was not due (early, into a request
+# without a budget, twice). Gate and launch cannot add a forcing; the stages that can, in order
+FORCING_RULES = (("registration", _rule_registration), ("batch mapping", _rule_mapping),
+                 ("device state", _rule_device_state), ("kernel", _rule_forced_kernel),
+                 ("commit", _rule_forced_commit))
 
 
 def _forced(row: dict) -> bool:
@@ -586,7 +741,7 @@ def _pattern(c: Ctx, what: str) -> dict | None:
 
 def classify(c: Ctx) -> list[dict]:
     """The causes of the first stage whose contract is broken at the violating row."""
-    for _stage_name, rule in RULES:
+    for _stage_name, rule in (RULES if c.kind == "missing" else FORCING_RULES):
         causes = rule(c)
         if causes:
             return _dedupe(causes)
@@ -624,7 +779,18 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
 
     budgeted = {rid for rid, r in regs.items() if r.get("budget_param") is not None}
     for s in steps:
+        if s["req_id"] not in regs:
+            continue
+        if s.get("mapping_ok") is False:  # every request: the kernel reads slots through it
+            hit("batch mapping", "mapping", s, f"rows / slots handed to the kernel are not the "
+                                               f"request's own slot {s.get('slot')} (batch "
+                                               f"slot {s.get('batch_slot')})")
         if s["req_id"] not in budgeted:
+            if s.get("use_thinking_budget") or (s.get("budget_host") is not None
+                                                and int(s["budget_host"]) != -1):
+                hit("registration", "registered", s,
+                    f"use={s.get('use_thinking_budget')} host budget={s.get('budget_host')} "
+                    "for a request without a budget")
             continue
         b = regs[s["req_id"]]["budget_param"]
         if s.get("enabled") is False:
@@ -650,9 +816,6 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
         if s.get("history_ok") is False:
             hit("device state", "history", s, f"device total_len {s.get('total_len_dev')} / "
                                               f"host {s.get('total_len_before')}")
-        if s.get("mapping_ok") is False:
-            hit("device state", "mapping", s, "rows / slots handed to the kernel differ from "
-                                              "the batch's")
         if s.get("positions_ok") is False:
             hit("device state", "positions", s, "local positions / drafts handed to the "
                                                 "kernel differ from the batch's")
@@ -669,10 +832,18 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
                                                           "apply's exit found it changed")
         if [n for n in (s.get("kernel_substituted") or [])]:
             hit("kernel", "kernel inputs", s, f"not the state's: {s['kernel_substituted']}")
+    ends = set(int(t) for t in (markers.end if markers is not None else ()))
     for r in rows:
-        if r["req_id"] not in budgeted:
-            continue
         cols = [int(x) for x in (r.get("bias_cols") or [])]
+        if r["req_id"] not in budgeted:
+            if cols:
+                hit("kernel", "non-due row biased", r, f"+1e9 in {cols} in a request without a "
+                                                       "budget", r["local_pos"])
+            sv, em = r.get("sampled_vllm"), r.get("emitted_token")
+            if sv is not None and em is not None and int(sv) != int(em) and int(em) in ends:
+                hit("commit", "end committed where not due", r, f"sampled {sv}, committed "
+                                                                f"{em}", r["local_pos"])
+            continue
         if r.get("due"):
             if not _forced(r):
                 if r.get("due_logit_kernel") is not None and r["due_logit_kernel"] >= FORCED:
@@ -705,6 +876,11 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
         elif cols:
             hit("kernel", "non-due row biased", r, f"+1e9 in {cols} at count "
                                                    f"{r.get('count_host')}", r["local_pos"])
+        else:
+            sv, em = r.get("sampled_vllm"), r.get("emitted_token")
+            if sv is not None and em is not None and int(sv) != int(em) and int(em) in ends:
+                hit("commit", "end committed where not due", r, f"sampled {sv}, committed "
+                                                                f"{em}", r["local_pos"])
     order = list(STAGES)
     return sorted(found.values(), key=lambda a: (order.index(a["stage"]), -a["count"]))[:limit]
 
@@ -770,26 +946,29 @@ def _violations(result: dict, frames: dict, reqs: list, markers) -> None:
             rows_by_pos = {r["local_pos"]: r for r in all_rows
                            if r["step"] == st["step"] and r["req_id"] == bad["req_id"]}
             row = rows_by_pos.get(lp)
-        e = bad["expected_end_index"]
-        fv = {"req_id": bad["req_id"], "budget": bad["budget"],
+        e = bad["at"] if bad.get("at") is not None else bad["expected_end_index"]
+        kind = bad.get("kind") or "missing"
+        fv = {"req_id": bad["req_id"], "budget": bad["budget"], "kind": kind,
               "step": None if st is None else st["step"],
               "path": None if st is None else st["path"],
               "row": None if row is None else row["row"], "local_pos": lp,
-              "output_index": e, "expected_token": _int(row.get("due_token")) if row and
-              row.get("due_token") is not None else (end[0] if end else None),
+              "output_index": e, "expected_token": None if kind != "missing" else
+              _int(row.get("due_token")) if row and row.get("due_token") is not None
+              else (end[0] if end else None),
               "emitted_token": bad["output"][e] if e is not None and e < len(bad["output"])
               else None,
               "batch_size": None if st is None else st.get("batch_size"),
               "batch": [] if st is None else [
                   {"req_id": s["req_id"], "batch_pos": s.get("batch_pos"),
-                   "budget": s.get("budget_host")} for s in all_steps
+                   "budget": _budget_of(reqs, s)} for s in all_steps
                   if s["step"] == st["step"]]}
         causes = []
         if st is not None:
             c = Ctx(req=bad, st=st, lp=lp, row=row, rows_by_pos=rows_by_pos, rows=all_rows,
                     steps=all_steps, markers=markers, config_markers=config, path_of=path_of)
             causes = classify(c)
-        vios.append({"req_id": bad["req_id"], "budget": bad["budget"], "first_violation": fv,
+        vios.append({"req_id": bad["req_id"], "budget": bad["budget"], "kind": kind,
+                     "first_violation": fv,
                      "expected_end_index": e, "actual_end_index": bad["actual_end_index"],
                      "causes": causes, "hypothesis": _single(causes),
                      "evidence": [_slim(st or {}), row or {}]})
@@ -811,6 +990,12 @@ def _violations(result: dict, frames: dict, reqs: list, markers) -> None:
                           "expected_end_index": r["expected_end_index"],
                           "actual_end_index": r["actual_end_index"], "honored": r["honored"]}
                          for r in reqs if r["budget"] is not None]
+
+
+def _budget_of(reqs: list, s: dict) -> int | None:
+    """A request's budget as asked (None: none), from its registration."""
+    r = next((r for r in reqs if r["req_id"] == s["req_id"]), None)
+    return None if r is None else _int(r["budget"])
 
 
 def _single(causes: list[dict]) -> str:
@@ -836,9 +1021,16 @@ def _name(result: dict) -> None:
     result["hypothesis"] = hyp
     result["hypothesis_title"] = title(hyp)
     fv = result.get("first_violation") or {}
-    head = (f"budget {fv.get('budget')} violated at step {fv.get('step')}, local_pos "
-            f"{fv.get('local_pos')} ({fv.get('path')}): expected {fv.get('expected_token')}, "
-            f"emitted {fv.get('emitted_token')}")
+    kind = fv.get("kind") or "missing"
+    asked = "no budget" if fv.get("budget") is None else f"budget {fv.get('budget')}"
+    where = (f"at step {fv.get('step')}, local_pos {fv.get('local_pos')} "
+             f"({fv.get('path')})")
+    if kind == "missing":
+        head = (f"{asked} violated {where}: expected {fv.get('expected_token')}, "
+                f"emitted {fv.get('emitted_token')}")
+    else:
+        head = (f"{asked} violated {where}: {budget.VIOLATION_KINDS[kind]} (output index "
+                f"{fv.get('output_index')}, token {fv.get('emitted_token')})")
     n_bad = len(result.get("violations") or [])
     if n_bad > 1:
         head += f" (and {n_bad - 1} more violated request{'s' if n_bad > 2 else ''})"
@@ -874,18 +1066,37 @@ def _client_agrees(reqs, client) -> bool | None:
 
 # ---- probes fed back, and the chain -------------------------------------------------------
 
-# a probe result that is positive evidence on its own: (probe, verdict of the violating
-# request under it) -> the hypothesis it points to, when the original run was violated
-POSITIVE = {("alone", "honored"): "H-j", ("markers", "honored"): "H-i",
-            ("budget", "honored"): "H-d", ("caches", "honored"): "H-d-cache",
-            ("no_spec", "honored"): None, ("v1", "honored"): None}
+def pointed_by(probe: str, outcome: str = "honored") -> list[str]:
+    """The hypotheses a probe result is positive evidence for on its own, derived from the
+    catalogue's predictions (``Hypothesis.predicts``): a switch that turns the violation into
+    ``honored`` shows the thing it switched was the cause, when the hypotheses predicting that
+    are the only ones that do and every other hypothesis of the catalogue predicts the
+    opposite (markers re-uploaded -> H-i / H-i-inband, device budget re-copied -> H-d, caches
+    reset -> H-d-cache, batch of 1 -> H-j). A result some hypothesis makes no prediction for
+    (MTP off, V1, the guard) points to nothing: it only refutes."""
+    preds = {h.id: h.predicts for h in HYPOTHESES.values() if h.predicts}
+    fit = [h for h, p in preds.items() if p.get(probe) == outcome]
+    other = "violated" if outcome == "honored" else "honored"
+    if outcome == "honored" and fit and all(p.get(probe) == other for h, p in preds.items()
+                                            if h not in fit):
+        return fit
+    return []
 
 
 def with_probes(verdict: dict, probes: dict) -> dict:
-    """The verdict with the probes' results fed back: candidates a probe refutes are dropped
-    (each cause records ``confirmed_by`` / ``refuted_by``), causes a probe proves on its own
-    are added, and ``hypothesis`` / ``chain`` / summary recomputed. ``probes`` is
-    ``workbook.run.probes.run``'s result (name -> {verdict, ...})."""
+    """The verdict with the probes' results fed back (``probes``: ``workbook.run.probes.run``'s
+    result, name -> {verdict, recorrupted, ...}):
+
+    - a result that matches a cause's prediction confirms it (``confirmed_by``);
+    - a result that contradicts it refutes it (``refuted_by``) — with one exception that needs
+      positive evidence: a repair probe (one whose ``honored`` points to the cause,
+      ``pointed_by``) that stayed violated while its own trace observed the repaired value
+      changed again (``recorrupted``) shows a writer that re-corrupts it; the cause is kept,
+      ``reproduced_by`` that probe, and its text says so;
+    - a result that is positive evidence on its own (``pointed_by``) adds its causes unless
+      another probe contradicts them;
+    - ``hypothesis`` / ``chain`` / summary recomputed (several left: ambiguous; none: the
+      refuted candidates are listed)."""
     v = json.loads(json.dumps(verdict))
     v["probes"] = probes
     if v.get("verdict") != "violated":
@@ -893,35 +1104,38 @@ def with_probes(verdict: dict, probes: dict) -> dict:
         return v
     results = {n: p for n, p in (probes or {}).items() if p.get("verdict") in ("honored",
                                                                               "violated")}
+
+    def judged(hyp: str) -> tuple[list, list, list]:
+        pred = HYPOTHESES[hyp].predicts if hyp in HYPOTHESES else {}
+        confirmed = [n for n, p in results.items() if pred.get(n) == p["verdict"]]
+        contra = [n for n, p in results.items() if pred.get(n) not in (None, p["verdict"])]
+        again = [n for n in contra if results[n].get("recorrupted")
+                 and hyp in pointed_by(n)]
+        return confirmed, [n for n in contra if n not in again], again
+
     causes = [dict(c) for c in v.get("causes") or []]
     for c in causes:
-        pred = HYPOTHESES[c["hypothesis"]].predicts if c["hypothesis"] in HYPOTHESES else {}
-        # a probe whose own trace shows this very cause again reproduces it: the switch did
-        # not remove it (e.g. a writer that re-corrupts what the probe repaired), no refutal
-        again = [n for n, p in results.items() if p["verdict"] == "violated"
-                 and c["hypothesis"] in (p.get("causes") or [p.get("hypothesis")])]
-        c["confirmed_by"] = [n for n, p in results.items()
-                             if pred.get(n) == p["verdict"] or n in again]
-        c["refuted_by"] = [n for n, p in results.items()
-                           if pred.get(n) not in (None, p["verdict"]) and n not in again]
+        c["confirmed_by"], c["refuted_by"], again = judged(c["hypothesis"])
         if again:
             c["reproduced_by"] = again
+            c["saw"] = c["saw"] + "".join(
+                f" — probe '{n}' repaired it, yet its own trace saw the repaired value changed "
+                f"again ({results[n]['recorrupted']}): a writer re-corrupts it" for n in again)
     kept = [c for c in causes if not c["refuted_by"]]
     have = {c["hypothesis"] for c in kept}
-    for (name, outcome), hyp in POSITIVE.items():
-        p = results.get(name)
-        if hyp is None or p is None or p["verdict"] != outcome or hyp in have:
+    for name, p in results.items():
+        if p["verdict"] != "honored":
             continue
-        pred = HYPOTHESES[hyp].predicts
-        refuted = [n for n, q in results.items() if pred.get(n) not in (None, q["verdict"])]
-        if refuted:
-            continue
-        new = _cause(hyp, f"probe '{name}' ({p.get('switch')}): {outcome}, while the run "
-                          "itself was violated", from_probe=name,
-                     confirmed_by=[n for n, q in results.items()
-                                   if pred.get(n) == q["verdict"]], refuted_by=[])
-        kept.append(new)
-        have.add(hyp)
+        for hyp in pointed_by(name):
+            if hyp in have:
+                continue
+            confirmed, refuted, _again = judged(hyp)
+            if refuted:
+                continue
+            kept.append(_cause(hyp, f"probe '{name}' ({p.get('switch')}): honored, while the "
+                                    "run itself was violated", from_probe=name,
+                               confirmed_by=confirmed, refuted_by=[]))
+            have.add(hyp)
     v["refuted"] = [c for c in causes if c["refuted_by"]]
     v["causes"] = kept
     _name(v)
@@ -950,7 +1164,7 @@ def chain_rows(verdict: dict) -> list[dict]:
             if p.get("verdict") not in ("honored", "violated"):
                 continue
             want = pred.get(n)
-            mark = " ✓ (same cause again)" if n in again else \
+            mark = " ↻ (the repaired value changed again: re-corrupted)" if n in again else \
                 "" if want is None else (" ✓" if want == p["verdict"] else " ✗")
             parts.append(f"{n}: {p['verdict']}{mark}")
         return ", ".join(parts) or "no probe applied"
