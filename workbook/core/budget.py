@@ -160,7 +160,7 @@ VIOLATION_KINDS = {
     "missing": "the end marker is not where the budget binds",
     "early": "the end marker was forced before the budget binds",
     "unbudgeted": "the end marker was forced into a request without a budget",
-    "twice": "the end marker was forced again after reasoning had ended",
+    "twice": "the end marker was forced again, after reasoning had already ended",
 }
 
 

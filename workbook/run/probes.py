@@ -274,11 +274,13 @@ def _same_batch(b, others: list) -> list:
 
 
 def run(engine, cfg, verdict: dict, names=None, *, zero_lm_head: bool | None = None,
-        max_tokens: int | None = None, on_cpu: bool | None = None) -> dict:
+        max_tokens: int | None = None, on_cpu: bool | None = None,
+        params: dict | None = None) -> dict:
     """Run ``names`` (default ``plan(verdict, cfg)``) on ``engine``; ``{name: result}``.
 
     ``zero_lm_head`` (default ``cfg.zero_lm_head``): send the probes under the zeroed target
-    ``lm_head``, as the run was. Each result: ``switch``, ``ran``, ``why`` (when not run),
+    ``lm_head``, as the run was; ``params``: further ``SamplingParams`` fields the run's
+    requests carried. Each result: ``switch``, ``ran``, ``why`` (when not run),
     ``budgets`` (the probe's batch, violating request first), ``verdict`` (of the violating
     request under the switch), ``tokens``, ``run_verdict``, ``hypothesis`` (the probe run's own
     diagnosis), ``summary``, ``seconds``.
@@ -301,7 +303,7 @@ def run(engine, cfg, verdict: dict, names=None, *, zero_lm_head: bool | None = N
         budgets = _budgets(name, b, others)
         t0 = time.perf_counter()
         try:
-            res.update(_one(name, engine, cfg, budgets, zero, mt))
+            res.update(_one(name, engine, cfg, budgets, zero, mt, params or {}))
             res["ran"] = True
         except Exception as e:  # a probe that fails is a finding, keep going
             res["why"] = f"{type(e).__name__}: {e}"[:300]
@@ -323,7 +325,7 @@ def _engine_for(name: str, engine, cfg):
     return engine
 
 
-def _one(name, engine, cfg, budgets, zero, max_tokens) -> dict:
+def _one(name, engine, cfg, budgets, zero, max_tokens, params) -> dict:
     from workbook.hooks.tracer import Tracer
     from workbook.run import diagnose, request
 
@@ -331,7 +333,7 @@ def _one(name, engine, cfg, budgets, zero, max_tokens) -> dict:
     switch = SWITCHES.get(name, lambda e: contextlib.nullcontext())
     weights = request.zeroed_lm_head(eng) if zero else contextlib.nullcontext()
     with switch(eng), weights, Tracer() as t:
-        outs = request.run_budgets(eng, budgets, max_tokens)
+        outs = request.run_budgets(eng, budgets, max_tokens, **params)
     frames = t.frames()
     v = diagnose.diagnose(frames, eng.effective, outs, eng.cfg)
     target = outs[0]
