@@ -637,7 +637,7 @@ OPTIONS = {
     "unbudgeted_device_budget_zero": ([1, None, 6], {}),
     "unbudgeted_rows_forced": ([1, None, 6], {}),
     "weak_bias": ([1, 3, 6], {"logit_bias": {0: 98.5}}),
-    "mapping_reversed_in_place": ([1, None, 6], {}),
+    "mapping_reversed_in_place": ([1, 6, None], {}),
 }
 
 
