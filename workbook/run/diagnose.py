@@ -35,20 +35,27 @@ before it held. All rules of the first broken stage are listed.
   ==============  ============  ================================================================
   configuration   H-h           the effective runner is not MRV2 although V2 was asked for
   state           H-b           ``ThinkingBudgetState.enabled`` is False
-  registration    H-c           ``use_thinking_budget`` False, or host budget != the request's
+  registration    H-c           ``use_thinking_budget`` / host budget != the request's (-1: none)
+  batch mapping   H-j           ``idx_mapping`` / ``expanded_idx_mapping`` (host, device, the
+                                kernel's) send the request's rows to another slot than the host
+                                registered it at (``req_id_to_index``) — checked before any
+                                per-slot value; the tracer reads every per-slot value at that
+                                registered slot, never through the batch's mapping
   gate            H-a           gate off, fast path taken, or ``apply`` never called
   launch          H-f           ``apply`` ran for a budgeted slot, launched no kernel
-  device state    H-i           the state's device marker ids != the configured ids
+  device state    H-i           the state's device marker ids != the configured ids, storage and
+                                ``_version`` unchanged (no tracked PyTorch write: out of band)
+                  H-i-inband    the same, ``_version`` moved or storage replaced (in band)
                   H-d           device budget != host budget
                   H-d-history   device ``total_len`` / history checksum != the host history
-                  H-j           the kernel got other rows / slots / local positions than the
-                                batch's
                   H-d-cache     the marker cache entering ``apply`` (replayed over the history)
                                 gives another reasoning state than the rule, while the previous
                                 ``apply`` had left it right (markers and history right)
-  kernel          H-d-kernel    right inputs, yet the due row got no +1e9 (or the marker scan
-                                came out wrong, or ``apply`` handed the kernel other tensors);
-                                H-j listed too when forcing tracks the batch composition
+  kernel          H-d-kernel    right inputs, yet the due row got no winning +1e9 (the bias
+                                found at the due column and the winning logit are reported),
+                                or the marker scan came out wrong, or ``apply`` handed the
+                                kernel other tensors; H-j listed too when forcing tracks the
+                                batch composition
                   H-d-column    the due row got +1e9 in another column than the due token
                   H-e           the kernel biased a tensor that is not ``apply``'s
   sampling        H-e           ``apply``'s tensor forced, the tensor sampled not
@@ -57,6 +64,16 @@ before it held. All rules of the first broken stage are listed.
                                 while forced rows sampled on their own did yield the forced token
   commit          H-k           the sampler produced the due token, another was emitted
   ==============  ============  ================================================================
+
+The other side of the contract (``budget.forced_not_due``): ``</think>`` forced where it was
+not due — before the budget binds (``early``), into a request without a budget
+(``unbudgeted``), after reasoning ended (``twice``) — is a violation at the first such output
+index; a position counts as forced when the row's bias (+1e9 across ``apply``) is in the
+emitted token's column or the token was replaced after sampling. Its causes
+(``FORCING_RULES``): H-c (a budget registered that was not asked for), H-j (mapping), the
+device state (H-i…, H-d, H-d-history, H-d-cache), H-d-kernel (``apply`` biased a row that was
+not due), H-k (the end committed over another sampled token). Gate and launch cannot add a
+forcing and are not consulted.
 
 It never reads which fault was injected (``cfg`` is used only for the runner that was asked
 for); ``outcomes`` (what the client saw) only cross-check the trace and stand in for it when
