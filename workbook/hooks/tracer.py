@@ -395,11 +395,11 @@ class Tracer:
             call.apply_called = True
             logits = args.logits
             rec.update(state=state, enabled=bool(state.enabled), a_ptr=logits.data_ptr(),
-                       launched=False, substituted=[],
-                       idx=tracer._own_index(call, state.cached_last_start.device))
+                       launched=False, substituted=[], idx=None)
             rec["before"] = tracer._end_vals(logits)
             full_before = None
             if state.enabled:
+                rec["idx"] = tracer._own_index(call, logits.device)
                 rec["use"] = np.array(state.use_thinking_budget[slots_np], copy=True)
                 rec["budget_host"] = np.array(state.thinking_token_budget.np[slots_np], copy=True)
                 full_before = logits.clone()
