@@ -90,6 +90,10 @@ import pandas as pd
 
 from workbook.core import budget, tracefiles
 from workbook.core.hypotheses import HYPOTHESES, STAGES, title
+from workbook.run.verdicts import (  # noqa: F401 (re-exported: the diagnosis' public names)
+    INT_FIELDS, as_int as _int, cause as _cause, chain_rows, dedupe as _dedupe,
+    pointed_by, py as _py, records as _records, single as _single)
+from workbook.run import verdicts
 
 FORCED = budget.FORCED_LOGIT
 
@@ -98,56 +102,6 @@ def _markers(frames, effective) -> budget.Markers:
     """The runner's markers as the tracer read them; the effective configuration's otherwise."""
     m = tracefiles.markers(frames) if frames else {}
     return budget.Markers.of(m if m.get("end") else effective)
-
-
-# columns that hold integers (token ids, budgets, counts, slots): a table where one of them is
-# missing reads them as floats (pandas: None -> NaN makes the column float64); they are ints
-# again here, before any rule, text or probe sees them (a budget is never 1.0)
-INT_FIELDS = frozenset((
-    "step", "slot", "batch_slot", "prompt_len", "budget_param", "max_tokens", "budget_host",
-    "budget_device", "budget", "total_len_before", "total_len_after", "reasoning_count",
-    "truth_start", "last_start", "last_end", "scan_pos", "last_start_before", "last_end_before",
-    "scan_pos_before", "cache_ref_start", "total_len_dev", "kernel_budget", "kernel_total_len",
-    "num_logits", "num_drafts", "num_sampled_vllm", "num_sampled", "num_rejected",
-    "batch_pos", "batch_size", "row", "local_pos", "input_token", "sampled_vllm",
-    "emitted_token", "count_host", "due_token", "sampled_top", "n_bias_cols", "num_reqs",
-    "num_draft_tokens", "guard_fixed"))
-
-
-def _records(df: pd.DataFrame | None) -> list[dict]:
-    if df is None or len(df) == 0:
-        return []
-    return [{k: _decode(k, _int_field(k, _py(v))) for k, v in r.items()}
-            for r in df.to_dict("records")]
-
-
-def _int_field(k, v):
-    if k in INT_FIELDS and isinstance(v, float) and v.is_integer():
-        return int(v)
-    return v
-
-
-def _decode(k, v):
-    if k in tracefiles.JSON_COLUMNS and isinstance(v, str):
-        try:
-            return json.loads(v)
-        except ValueError:
-            return v
-    return v
-
-
-def _py(v):
-    if hasattr(v, "tolist"):
-        return v.tolist()
-    if isinstance(v, float) and v != v:  # NaN
-        return None
-    if v is pd.NA:
-        return None
-    return v
-
-
-def _int(v):
-    return None if v is None else int(v)
 
 
 def forced_indices(steps: list[dict], rows: list[dict], markers: budget.Markers) -> list[int]:
@@ -264,12 +218,6 @@ class Ctx:
         if self.row is not None and self.row.get("due_token") is not None:
             return int(self.row["due_token"])
         return list(self.markers.end)[0] if self.markers.end else None
-
-
-def _cause(hyp: str, saw: str, stage: str | None = None, **extra) -> dict:
-    h = HYPOTHESES[hyp]
-    return {"hypothesis": hyp, "title": h.title, "stage": stage or h.stage, "saw": saw,
-            "confirm": h.confirm, **extra}
 
 
 # ---- rules, stage by stage (each returns the causes it sees; [] = the stage held) ---------
@@ -765,15 +713,6 @@ def classify(c: Ctx) -> list[dict]:
     return []
 
 
-def _dedupe(causes: list[dict]) -> list[dict]:
-    seen, out = set(), []
-    for cse in causes:
-        if cse["hypothesis"] not in seen:
-            seen.add(cse["hypothesis"])
-            out.append(cse)
-    return out
-
-
 # ---- trace-wide contract checks (what "unclassified" lists; empty on healthy vLLM) ---------
 
 def contract_breaks(frames: dict, markers: budget.Markers | None = None,
@@ -1015,13 +954,6 @@ def _budget_of(reqs: list, s: dict) -> int | None:
     return None if r is None else _int(r["budget"])
 
 
-def _single(causes: list[dict]) -> str:
-    hyps = {c["hypothesis"] for c in causes}
-    if len(hyps) == 1:
-        return next(iter(hyps))
-    return "ambiguous" if hyps else "unclassified"
-
-
 def _name(result: dict) -> None:
     """``hypothesis``, ``hypothesis_title``, ``reason`` and the summary from ``causes``."""
     causes = result.get("causes") or []
@@ -1081,127 +1013,6 @@ def _client_agrees(reqs, client) -> bool | None:
     return all(tuple(c.get("token_ids") or []) in traced for c in client)
 
 
-# ---- probes fed back, and the chain -------------------------------------------------------
-
-def pointed_by(probe: str, outcome: str = "honored") -> list[str]:
-    """The hypotheses a probe result is positive evidence for on its own, derived from the
-    catalogue's predictions (``Hypothesis.predicts``): a switch that turns the violation into
-    ``honored`` shows the thing it switched was the cause, when the hypotheses predicting that
-    are the only ones that do and every other hypothesis of the catalogue predicts the
-    opposite (markers re-uploaded -> H-i / H-i-inband, device budget re-copied -> H-d, caches
-    reset -> H-d-cache, batch of 1 -> H-j). A result some hypothesis makes no prediction for
-    (MTP off, V1, the guard) points to nothing: it only refutes."""
-    preds = {h.id: h.predicts for h in HYPOTHESES.values() if h.predicts}
-    fit = [h for h, p in preds.items() if p.get(probe) == outcome]
-    other = "violated" if outcome == "honored" else "honored"
-    if outcome == "honored" and fit and all(p.get(probe) == other for h, p in preds.items()
-                                            if h not in fit):
-        return fit
-    return []
-
-
 def with_probes(verdict: dict, probes: dict) -> dict:
-    """The verdict with the probes' results fed back (``probes``: ``workbook.run.probes.run``'s
-    result, name -> {verdict, recorrupted, ...}):
-
-    - a result that matches a cause's prediction confirms it (``confirmed_by``);
-    - a result that contradicts it refutes it (``refuted_by``) — with one exception that needs
-      positive evidence: a repair probe (one whose ``honored`` points to the cause,
-      ``pointed_by``) that stayed violated while its own trace observed the repaired value
-      changed again (``recorrupted``) shows a writer that re-corrupts it; the cause is kept,
-      ``reproduced_by`` that probe, and its text says so;
-    - a result that is positive evidence on its own (``pointed_by``) adds its causes unless
-      another probe contradicts them;
-    - ``hypothesis`` / ``chain`` / summary recomputed (several left: ambiguous; none: the
-      refuted candidates are listed)."""
-    v = json.loads(json.dumps(verdict))
-    v["probes"] = probes
-    if v.get("verdict") != "violated":
-        v["chain"] = chain_rows(v)
-        return v
-    results = {n: p for n, p in (probes or {}).items() if p.get("verdict") in ("honored",
-                                                                              "violated")}
-
-    def judged(hyp: str) -> tuple[list, list, list]:
-        pred = HYPOTHESES[hyp].predicts if hyp in HYPOTHESES else {}
-        confirmed = [n for n, p in results.items() if pred.get(n) == p["verdict"]]
-        contra = [n for n, p in results.items() if pred.get(n) not in (None, p["verdict"])]
-        again = [n for n in contra if results[n].get("recorrupted")
-                 and hyp in pointed_by(n)]
-        return confirmed, [n for n in contra if n not in again], again
-
-    causes = [dict(c) for c in v.get("causes") or []]
-    for c in causes:
-        c["confirmed_by"], c["refuted_by"], again = judged(c["hypothesis"])
-        if again:
-            c["reproduced_by"] = again
-            c["saw"] = c["saw"] + "".join(
-                f" — probe '{n}' repaired it, yet its own trace saw the repaired value changed "
-                f"again ({results[n]['recorrupted']}): a writer re-corrupts it" for n in again)
-    kept = [c for c in causes if not c["refuted_by"]]
-    have = {c["hypothesis"] for c in kept}
-    for name, p in results.items():
-        if p["verdict"] != "honored":
-            continue
-        for hyp in pointed_by(name):
-            if hyp in have:
-                continue
-            confirmed, refuted, _again = judged(hyp)
-            if refuted:
-                continue
-            kept.append(_cause(hyp, f"probe '{name}' ({p.get('switch')}): honored, while the "
-                                    "run itself was violated", from_probe=name,
-                               confirmed_by=confirmed, refuted_by=[]))
-            have.add(hyp)
-    v["refuted"] = [c for c in causes if c["refuted_by"]]
-    v["causes"] = kept
-    _name(v)
-    if v["hypothesis"] == "unclassified" and v["refuted"]:
-        v["reason"] = ("the probes refute every candidate (" + ", ".join(
-            f"{c['hypothesis']} by {c['refuted_by']}" for c in v["refuted"]) + "); " +
-            (v.get("reason") or ""))
-        v["summary"] = v["summary"].split(" — ")[0] + " — unclassified: " + v["reason"]
-    v["chain"] = chain_rows(v)
-    return v
-
-
-def chain_rows(verdict: dict) -> list[dict]:
-    """One row per cause (and per refuted candidate): stage → anomaly seen → cause → what
-    would confirm it → its result. The table notebook 03 and the report show."""
-    probes = verdict.get("probes") or {}
-    rows = []
-
-    def result_of(c: dict) -> str:
-        if not probes:
-            return "not run (run with probes=True)"
-        parts = []
-        pred = HYPOTHESES[c["hypothesis"]].predicts if c["hypothesis"] in HYPOTHESES else {}
-        again = c.get("reproduced_by") or []
-        for n, p in probes.items():
-            if p.get("verdict") not in ("honored", "violated"):
-                continue
-            want = pred.get(n)
-            mark = " ↻ (the repaired value changed again: re-corrupted)" if n in again else \
-                "" if want is None else (" ✓" if want == p["verdict"] else " ✗")
-            parts.append(f"{n}: {p['verdict']}{mark}")
-        return ", ".join(parts) or "no probe applied"
-
-    for c in verdict.get("causes") or []:
-        rows.append({"stage": c.get("stage"), "anomaly": c.get("saw"),
-                     "cause": f"{c['hypothesis']}: {c.get('title')}",
-                     "confirm": c.get("confirm"), "result": result_of(c),
-                     "status": "named" if verdict.get("hypothesis") == c["hypothesis"]
-                     else "candidate"})
-    for c in verdict.get("refuted") or []:
-        rows.append({"stage": c.get("stage"), "anomaly": c.get("saw"),
-                     "cause": f"{c['hypothesis']}: {c.get('title')}",
-                     "confirm": c.get("confirm"), "result": result_of(c),
-                     "status": f"refuted by {', '.join(c.get('refuted_by') or [])}"})
-    if verdict.get("hypothesis") == "unclassified" and not rows:
-        for a in (verdict.get("anomalies") or [])[:5]:
-            rows.append({"stage": a["stage"], "anomaly": f"{a['check']} ×{a['count']}: "
-                                                         f"{a['saw']}",
-                         "cause": "unclassified", "confirm": "probes: batch of 1, markers "
-                         "re-uploaded, device state refreshed, guard on",
-                         "result": result_of({"hypothesis": ""}), "status": "anomaly"})
-    return rows
+    """``verdicts.with_probes`` with the budget's own summary (``_name``)."""
+    return verdicts.with_probes(verdict, probes, namer=_name)
