@@ -168,7 +168,8 @@ class _Step:
     idx_mapping_dev: Any  # the batch's device copy (read within this step only)
     cu_num_logits: np.ndarray
     num_draft_tokens: int
-    owner: np.ndarray = None  # [reqs] req_states.req_id_to_index per request (-1: unknown)
+    owner: np.ndarray = None  # [reqs] each request's slot as registered (req_id_to_index)
+    index_moved: list = field(default_factory=list)  # requests req_id_to_index moved since
     path: str | None = None
     calls: list = field(default_factory=list)
     sampled_vllm: Any = None  # [reqs, k+1] before the guard
@@ -211,6 +212,7 @@ class Tracer:
         self._budget: dict[str, int | None] = {}  # req_id -> thinking_token_budget asked for
         self._checksum: dict[str, int] = {}  # req_id -> budget.history_checksum(history)
         self._len_ub: dict[str, int] = {}  # req_id -> upper bound of its committed length
+        self._slot_of: dict[str, int] = {}  # req_id -> its slot at add_request (host record)
         self._marker_ptrs: list | None = None  # marker storage addresses when first seen
         self._weights = None  # device arange(1..max_len) for the history checksum
         self.dropped_steps = 0
@@ -616,6 +618,8 @@ class Tracer:
         for new in scheduler_output.scheduled_new_reqs:
             req_id = new.req_id
             slot = runner.req_states.req_id_to_index.get(req_id)
+            if slot is not None:
+                self._slot_of[req_id] = int(slot)
             tokens = [int(t) for t in (new.prefill_token_ids or [])]
             self._history[req_id] = tokens
             self._checksum[req_id] = budget.history_checksum(tokens)
@@ -652,11 +656,15 @@ class Tracer:
                      idx_mapping_dev=batch.idx_mapping,
                      cu_num_logits=np.array(batch.cu_num_logits_np, copy=True),
                      num_draft_tokens=int(batch.num_draft_tokens))
-        owner = getattr(getattr(runner, "req_states", None), "req_id_to_index", None) or {}
-        # the host's own record of each request's slot (set at add_request); the batch's
-        # mapping is checked against it, never trusted to read per-slot state
-        step.owner = np.array([int(s) if owner.get(r) is None else int(owner[r])
-                               for r, s in zip(req_ids, step.idx_mapping)], dtype=np.int64)
+        now = getattr(getattr(runner, "req_states", None), "req_id_to_index", None) or {}
+        # the host's own record of each request's slot: where add_request put its state
+        # (req_id_to_index then); the batch's mapping — and req_id_to_index now — are checked
+        # against it, never trusted to read per-slot state
+        own = [self._slot_of.get(r, now.get(r)) for r in req_ids]
+        step.owner = np.array([int(s) if o is None else int(o)
+                               for o, s in zip(own, step.idx_mapping)], dtype=np.int64)
+        step.index_moved = [r for r, o in zip(req_ids, own)
+                            if o is not None and now.get(r) is not None and int(now[r]) != o]
         n_logits = np.diff(step.cu_num_logits)
         for r, n in zip(req_ids, n_logits):  # committed length grows by <= its logits rows
             if r in self._len_ub:
@@ -847,6 +855,8 @@ class Tracer:
         mapping_ok = bool(all(int(slots[r]) == slot for r in rows)) \
             and int(call.gate_slots[j]) == slot \
             and (req_slots is None or (j < len(req_slots) and int(req_slots[j]) == slot))
+        if req_id in step.index_moved:  # req_id_to_index no longer names its registered slot
+            mapping_ok = False
         k_req = h(ap.get("k_req_ids"))
         if k_req is not None:  # the slots the forcing kernel itself indexes per request
             mapping_ok = mapping_ok and j < len(k_req) and int(k_req[j]) == slot
