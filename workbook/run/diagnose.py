@@ -855,7 +855,8 @@ def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> d
                               "causes": [], "chain": [], "probes": {}, "violations": [],
                               "anomalies": []}
     result["requests"] = [{k: r[k] for k in ("req_id", "budget", "r0", "expected_end_index",
-                                             "actual_end_index", "honored", "output")}
+                                             "actual_end_index", "honored", "kind", "at",
+                                             "forced", "output")}
                           for r in reqs]
     asked_v2 = cfg is None or getattr(cfg, "runner", "v2") == "v2"
     not_v2 = effective.get("runner_is_v2") is False or (
