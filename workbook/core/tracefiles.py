@@ -25,7 +25,8 @@ REQUEST_COLUMNS = [
     "last_end_before", "scan_pos_before", "cache_ref_start", "cache_before_ok",
     "cache_scan_ok", "cache_after_ok", "markers_dev", "markers_ok", "markers_version", "markers_moved",
     "total_len_dev", "history_ok", "kernel_markers", "kernel_budget", "kernel_history_ok",
-    "kernel_total_len", "mapping_ok", "positions_ok", "batch_slot"]
+    "kernel_total_len", "mapping_ok", "positions_ok", "batch_slot", "markers_version0",
+    "markers_base_ok"]
 ROW_COLUMNS = [
     "step", "req_id", "slot", "row", "local_pos", "input_token", "end_logit_raw",
     "end_logit_before_apply", "end_logit_after_apply", "end_logit_final", "forced",

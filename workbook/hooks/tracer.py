@@ -214,6 +214,9 @@ class Tracer:
         self._len_ub: dict[str, int] = {}  # req_id -> upper bound of its committed length
         self._slot_of: dict[str, int] = {}  # req_id -> its slot at add_request (host record)
         self._marker_ptrs: list | None = None  # marker storage addresses when first seen
+        # the marker tensors before the first request of this trace was added (before anything
+        # inside add_requests could write them): versions, and whether they held the ids
+        self._marker_base: dict | None = None
         self._weights = None  # device arange(1..max_len) for the history checksum
         self.dropped_steps = 0
 
@@ -269,6 +272,11 @@ class Tracer:
         tracer = self
 
         def add_requests(runner, scheduler_output, *a, **k):
+            if tracer._marker_base is None:
+                try:
+                    tracer._snapshot_markers(runner)
+                except Exception as e:
+                    tracer._error("markers-baseline", e)
             out = orig(runner, scheduler_output, *a, **k)
             try:
                 tracer._on_add_requests(runner, scheduler_output)
@@ -457,6 +465,19 @@ class Tracer:
                 t = t.to(device)
             call.apply["own_dev"] = t
         return call.apply["own_dev"]
+
+    def _snapshot_markers(self, runner) -> None:
+        """Baseline of the state's marker tensors (one host read, before the first request of
+        this trace: no step runs): storage, ``_version``, values right."""
+        state = getattr(getattr(runner, "sampler", None), "thinking_budget_state", None)
+        if state is None or not getattr(state, "enabled", False):
+            return
+        self._markers(runner)
+        ms = [getattr(state, n) for n in MARKER_ATTRS]
+        self._marker_ptrs = [m.data_ptr() for m in ms]
+        self._marker_base = {"versions": [_version(m) for m in ms],
+                             "ok": [[int(x) for x in m.reshape(-1).tolist()] for m in ms]
+                             == self._config_markers}
 
     def _read_markers(self, rec: dict, ms: list) -> None:
         import torch
@@ -816,6 +837,8 @@ class Tracer:
                    markers_dev=dict(zip(MARKER_KEYS, parts)),
                    markers_ok=parts == self._config_markers,
                    markers_version=[m[1] for m in meta],
+                   markers_version0=(self._marker_base or {}).get("versions"),
+                   markers_base_ok=(self._marker_base or {}).get("ok"),
                    markers_moved=self._marker_ptrs is not None
                    and [m[0] for m in meta] != self._marker_ptrs,
                    total_len_dev=dev_len, history_ok=dev_len == len(hist)

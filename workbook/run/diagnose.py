@@ -355,16 +355,27 @@ def _rule_device_state(c: Ctx) -> list[dict]:
 
 
 def _marker_write(st: dict) -> tuple[str, str]:
-    """In band or out of band? The marker tensors are made once (``torch.tensor``: _version
-    0) and never written by vLLM: a moved ``_version`` or a new storage is a PyTorch write
-    (H-i-inband); wrong values with both unchanged were written where PyTorch does not track
-    (H-i: another kernel, a raw or untracked alias)."""
-    ver, moved = st.get("markers_version"), st.get("markers_moved")
+    """In band or out of band? A PyTorch write moves the tensor's ``_version`` (or replaces
+    the tensor: storage moved); a write PyTorch does not track (another kernel, a raw or
+    untracked alias) leaves both. The reference is the tracer's baseline, taken before the
+    first request of the trace was added (``markers_version0``, values ``markers_base_ok``);
+    without one, vLLM's own: the tensors are made once (``torch.tensor``: ``_version`` 0) and
+    never written by vLLM."""
+    ver, ver0 = st.get("markers_version"), st.get("markers_version0")
+    moved, base_ok = st.get("markers_moved"), st.get("markers_base_ok")
     known = ver is not None and all(v is not None for v in ver)
-    if moved or (known and any(int(v) != 0 for v in ver)):
-        what = "storage moved (the tensors were replaced)" if moved else \
-            f"storage unchanged, _version {ver}"
-        return "H-i-inband", f"{what}: a PyTorch write changed them (in band)"
+    known0 = ver0 is not None and all(v is not None for v in ver0)
+    if moved:
+        return "H-i-inband", ("storage moved (the tensors were replaced): a PyTorch write "
+                              "changed them (in band)")
+    if known and known0 and list(ver) != list(ver0):
+        return "H-i-inband", (f"storage unchanged, _version {ver0} -> {ver} during the trace: "
+                              "a PyTorch write changed them (in band)")
+    if known and (base_ok is False or not known0) and any(int(v) != 0 for v in ver):
+        return "H-i-inband", (f"storage unchanged, _version {ver} (the tensors are made at "
+                              "_version 0 and vLLM never writes them): a PyTorch write "
+                              "changed them (in band)" + (", before this trace began"
+                                                          if base_ok is False else ""))
     if known:
         return "H-i", (f"storage unchanged and _version {ver} — no tracked PyTorch write put "
                        "them there (an out-of-band write, or one through an untracked alias)")
