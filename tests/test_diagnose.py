@@ -181,7 +181,8 @@ def test_reporter_state_h_i_leaves_version_and_storage_and_probes_confirm(engine
             == before
         v = diagnose.diagnose(t.frames(), eng.effective, outs, eng.cfg)
         assert v["hypothesis"] == "H-i", v["summary"]
-        assert "_version [0, 0, 0]" in v["causes"][0]["saw"]
+        saw = v["causes"][0]["saw"]
+        assert "storage unchanged and _version" in saw and "no tracked PyTorch write" in saw
         res = probes.run(eng, eng.cfg, v, max_tokens=6, zero_lm_head=False)
         assert set(res) == {"markers", "guard"}, res
         assert res["markers"]["verdict"] == "honored" and res["guard"]["verdict"] == "honored"
