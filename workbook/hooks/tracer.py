@@ -881,7 +881,7 @@ class Tracer:
         if req_id in step.index_moved:  # req_id_to_index no longer names its registered slot
             mapping_ok = False
         k_req = h(ap.get("k_req_ids"))
-        if k_req is not None:  # the slots the forcing kernel itself indexes per request
+        if k_req is not None:  # the slots the marker-scan kernel itself indexes per request
             mapping_ok = mapping_ok and j < len(k_req) and int(k_req[j]) == slot
         positions_ok = [int(local[r]) for r in rows] == list(range(len(rows)))
         if "k_mapping" in ap:  # the kernel got another mapping than apply_sampling_params
