@@ -583,13 +583,15 @@ def unbudgeted_rows_forced(ps, hp):
 
 
 def weak_bias(ps, hp):
-    """The forcing bias is +5 instead of +1e9 (the request carries logit_bias {0: 98.5}, a
-    user's own bias, which healthy forcing overrides)."""
+    """The forcing bias is +5 instead of +1e9, in rows whose top logit is 98.5 (token 0 raised
+    to 98.5 first: alone harmless, healthy forcing wins by 1e9; vLLM rejects logit_bias with
+    speculative decoding, so the strong logit is made here)."""
     def make(orig):
         def apply(state, *a, **k):
             if not getattr(state, "enabled", False):
                 return orig(state, *a, **k)
             args = hookpoints.budget_apply_args(hp.generation, a, k)
+            args.logits[:, 0] += 98.5
             end = state.reasoning_end_token_ids.long()[:1]
             before = args.logits[:, end].clone()
             out = orig(state, *a, **k)
@@ -636,7 +638,7 @@ OPTIONS = {
     "unbudgeted_registered_zero": ([1, None, 6], {}),
     "unbudgeted_device_budget_zero": ([1, None, 6], {}),
     "unbudgeted_rows_forced": ([1, None, 6], {}),
-    "weak_bias": ([1, 3, 6], {"logit_bias": {0: 98.5}}),
+    "weak_bias": ([1, 3, 6], {}),
     "mapping_reversed_in_place": ([1, 6, None], {}),
 }
 

@@ -112,7 +112,12 @@ def test_fault_is_caught_at_the_exact_row_and_named(engines, oracle, method, fau
         step, pos = oracle[(method, b)]
         mine = [x for x in v["violations"] if same_request(x["req_id"], o)]
         if not ACTS_ON.get(fault, lambda *_: True)(step, pos, k, bp):
-            assert o.honored is True and not mine, (b, o.token_ids)
+            # the boundary itself is untouched; a fault acting later may still force the end
+            # again (H-d-restart: the count restarts after the due end): that is a violation
+            # of the other side of the contract, named by the same cause
+            assert o.honored is True, (b, o.token_ids)
+            assert all(x["kind"] != "missing" and x["hypothesis"] == want for x in mine), \
+                (b, [(x["kind"], x["causes"]) for x in mine])
             continue
         assert o.honored is False and len(mine) == 1, (fault, b, o.token_ids)
         vi = mine[0]
@@ -386,10 +391,10 @@ def test_forcing_where_not_due_is_a_violation_with_its_row_and_cause(engines, na
 
 
 def test_weak_bias_is_described_by_the_bias_found(engines):
-    """A due row biased +5 (not +1e9) against a request's own logit_bias of 98.5 on token 0:
-    the cause says the bias found at the due column and the logit that won."""
+    """A due row biased +5 (not +1e9) where token 0's logit is 98.5: the cause says the bias
+    found at the due column and the logit that won."""
     eng = engines(spec_method="mtp")
-    outs, v = _held_out(eng, "weak_bias", [1, 3, 6], logit_bias={0: 98.5})
+    outs, v = _held_out(eng, "weak_bias", [1, 3, 6])
     assert v["verdict"] == "violated", v["summary"]
     vi = v["violations"][0]
     assert vi["hypothesis"] == "H-d-kernel", vi["causes"]

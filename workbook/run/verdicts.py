@@ -169,7 +169,10 @@ def with_probes(verdict: dict, probes: dict, namer=None) -> dict:
     for name, p in results.items():
         if p["verdict"] != "honored":
             continue
-        for hyp in pointed_by(name):
+        points = pointed_by(name)
+        if have.intersection(points):  # the trace already chose among what it points to
+            continue
+        for hyp in points:
             if hyp in have:
                 continue
             confirmed, refuted, _again = judged(hyp)
