@@ -342,6 +342,9 @@ def _one(name, engine, cfg, budgets, zero, max_tokens, params) -> dict:
     mine = [r for r in v.get("requests") or [] if r["req_id"] == target.request_id
             or str(r["req_id"]).startswith(f"{target.request_id}-")]
     honored = mine[0]["honored"] if len(mine) == 1 else target.honored
+    if honored is None and len(mine) == 1 and mine[0]["budget"] is None and \
+            mine[0].get("forced") == []:
+        honored = True  # without a budget the contract is "never forced": it held
     return {"verdict": {True: "honored", False: "violated", None: "inconclusive"}[honored],
             "recorrupted": _recorrupted(name, frames, target.request_id),
             "tokens": target.token_ids[:16], "run_verdict": v["verdict"],
