@@ -486,10 +486,21 @@ def _rule_kernel(c: Ctx) -> list[dict]:
     if pat and pat["kind"] == "position":
         saw += f"; due rows were forced only when {pat['text']}"
     causes = [_cause("H-d-kernel", saw)]
-    batch = _batch_dependence(c, "forced")
+    # a bias that reached exactly this row's due column shows the kernel processed this row
+    # as due (its rows, its slot): batch composition is then excluded
+    batch = None if _due_delta(c) > 0 else _batch_dependence(c, "forced")
     if batch:
         causes.append(_cause("H-j", batch))
     return causes
+
+
+def _due_delta(c: Ctx) -> float:
+    """What apply added at the violating row's due column (0 when unknown)."""
+    row, due = c.row, c.due_token
+    before, after = row.get("due_logit_before_apply"), row.get("due_logit_after_apply")
+    if before is None and due is not None and c.markers.end and due == c.markers.end[0]:
+        before = row.get("end_logit_before_apply")
+    return 0.0 if before is None or after is None else float(after) - float(before)
 
 
 def _bias_found(c: Ctx) -> str:
