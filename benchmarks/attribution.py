@@ -778,7 +778,9 @@ def main(argv=None) -> int:
         for key in ("trace", "with_probes"):
             f[key][c[key]] = f[key].get(c[key], 0) + 1
     with open(args.out, "w") as f:
-        json.dump({"summary": summary, "by_fault": by_fault, "cases": cases}, f, indent=1)
+        json.dump({"methods": args.methods, "faults": list(args.only or (
+            NEW_KINDS if args.new_kinds else HELD_OUT)), "summary": summary,
+            "by_fault": by_fault, "cases": cases}, f, indent=1)
     print(json.dumps(summary, indent=1))
     print(args.out)
     return 0
