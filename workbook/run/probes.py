@@ -292,6 +292,7 @@ def run(engine, cfg, verdict: dict, names=None, *, zero_lm_head: bool | None = N
     zero = getattr(cfg, "zero_lm_head", False) if zero_lm_head is None else zero_lm_head
     mt = max_tokens or getattr(cfg, "max_tokens", 32)
     found, b, others = _target(verdict)
+    kind = (verdict.get("first_violation") or {}).get("kind") or "missing"
     out: dict = {}
     for name in names:
         why = applicable(name, verdict, cfg, on_cpu)
@@ -303,7 +304,7 @@ def run(engine, cfg, verdict: dict, names=None, *, zero_lm_head: bool | None = N
         budgets = _budgets(name, b, others)
         t0 = time.perf_counter()
         try:
-            res.update(_one(name, engine, cfg, budgets, zero, mt, params or {}))
+            res.update(_one(name, engine, cfg, budgets, zero, mt, params or {}, kind))
             res["ran"] = True
         except Exception as e:  # a probe that fails is a finding, keep going
             res["why"] = f"{type(e).__name__}: {e}"[:300]
@@ -325,7 +326,7 @@ def _engine_for(name: str, engine, cfg):
     return engine
 
 
-def _one(name, engine, cfg, budgets, zero, max_tokens, params) -> dict:
+def _one(name, engine, cfg, budgets, zero, max_tokens, params, kind="missing") -> dict:
     from workbook.hooks.tracer import Tracer
     from workbook.run import diagnose, request
 
@@ -337,14 +338,16 @@ def _one(name, engine, cfg, budgets, zero, max_tokens, params) -> dict:
     frames = t.frames()
     v = diagnose.diagnose(frames, eng.effective, outs, eng.cfg)
     target = outs[0]
-    # the violating request's verdict under the switch: the trace's (both sides of the
-    # contract: a forcing that was not due is seen there only), else the client's
+    # the violating request's verdict under the switch, on the side of the contract the run
+    # broke (``kind``): the end where due (the client's judgement), or no forcing where not
+    # due (seen in the probe's own trace only) — a switch is judged on the violation it is
+    # meant to remove, not on the other side
     mine = [r for r in v.get("requests") or [] if r["req_id"] == target.request_id
             or str(r["req_id"]).startswith(f"{target.request_id}-")]
-    honored = mine[0]["honored"] if len(mine) == 1 else target.honored
-    if honored is None and len(mine) == 1 and mine[0]["budget"] is None and \
-            mine[0].get("forced") == []:
-        honored = True  # without a budget the contract is "never forced": it held
+    honored = target.honored
+    if kind != "missing" and len(mine) == 1:
+        honored = False if mine[0].get("kind") in ("early", "unbudgeted", "twice") else (
+            True if mine[0].get("forced") is not None else None)
     return {"verdict": {True: "honored", False: "violated", None: "inconclusive"}[honored],
             "recorrupted": _recorrupted(name, frames, target.request_id),
             "tokens": target.token_ids[:16], "run_verdict": v["verdict"],
