@@ -134,3 +134,13 @@ def test_a_matching_probe_confirms_and_a_positive_one_adds_its_cause():
         "guard": {"verdict": "honored", "switch": "g"}})
     assert after["hypothesis"] == "H-j" and after["causes"][0]["from_probe"] == "alone"
     assert after["refuted"][0]["hypothesis"] == "H-d-kernel"
+
+
+def test_on_the_forced_side_the_guard_predicts_nothing():
+    """The guard forces a due end; it cannot take back an end forced where not due: on that
+    side of the contract its result neither confirms nor refutes."""
+    v = _verdict("H-d-kernel")
+    v["first_violation"]["kind"] = "early"
+    after = diagnose.with_probes(v, {"guard": {"verdict": "violated", "switch": "g"}})
+    assert after["hypothesis"] == "H-d-kernel" and after["causes"][0]["refuted_by"] == []
+    assert after["chain"][0]["result"] == "guard: violated"

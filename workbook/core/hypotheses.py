@@ -64,6 +64,11 @@ STAGES: dict[str, str] = {
 }
 
 _BUDGET_STATE = {"markers": "violated", "budget": "violated", "caches": "violated"}
+# ``predicts`` is about the violation's side of the contract. On the other side — the end
+# forced where it was not due (budget.VIOLATION_KINDS other than "missing") — the guard has
+# no prediction: it forces a due end at commit, it cannot take back an end a biased row
+# already produced (the model's own token there is unknown)
+NO_PREDICTION_WHEN_FORCED = ("guard",)
 _MRV2 = {"guard": "honored", "v1": "honored"}
 
 HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [

@@ -19,7 +19,7 @@ import json
 import pandas as pd
 
 from workbook.core import tracefiles
-from workbook.core.hypotheses import HYPOTHESES
+from workbook.core.hypotheses import HYPOTHESES, NO_PREDICTION_WHEN_FORCED
 
 
 # columns that hold integers (token ids, budgets, counts, slots): a table where one of them is
@@ -148,8 +148,13 @@ def with_probes(verdict: dict, probes: dict, namer=None) -> dict:
     results = {n: p for n, p in (probes or {}).items() if p.get("verdict") in ("honored",
                                                                               "violated")}
 
+    forced_side = ((v.get("first_violation") or {}).get("kind") or "missing") != "missing"
+
     def judged(hyp: str) -> tuple[list, list, list]:
-        pred = HYPOTHESES[hyp].predicts if hyp in HYPOTHESES else {}
+        pred = dict(HYPOTHESES[hyp].predicts) if hyp in HYPOTHESES else {}
+        if forced_side:  # the predictions that hold on the "missing" side only
+            for n in NO_PREDICTION_WHEN_FORCED:
+                pred.pop(n, None)
         confirmed = [n for n, p in results.items() if pred.get(n) == p["verdict"]]
         contra = [n for n, p in results.items() if pred.get(n) not in (None, p["verdict"])]
         again = [n for n in contra if results[n].get("recorrupted")
@@ -204,7 +209,11 @@ def chain_rows(verdict: dict) -> list[dict]:
         if not probes:
             return "not run (run with probes=True)"
         parts = []
-        pred = HYPOTHESES[c["hypothesis"]].predicts if c["hypothesis"] in HYPOTHESES else {}
+        pred = dict(HYPOTHESES[c["hypothesis"]].predicts) if c["hypothesis"] in HYPOTHESES \
+            else {}
+        if ((verdict.get("first_violation") or {}).get("kind") or "missing") != "missing":
+            for n in NO_PREDICTION_WHEN_FORCED:
+                pred.pop(n, None)
         again = c.get("reproduced_by") or []
         for n, p in probes.items():
             if p.get("verdict") not in ("honored", "violated"):
