@@ -446,6 +446,203 @@ def force_grid_first_row_only(ps, hp):
     ps.wrap(mod, "_thinking_budget_kernel", lambda orig: Short(orig))
 
 
+# ---- issue #18: new kinds (the other side of the contract, the mapping, texts) --------------
+
+def mapping_reversed_in_place(ps, hp):
+    """Around sampling, the batch's device row->slot mapping (idx_mapping and
+    expanded_idx_mapping) is reversed in place: request i's rows read request n-1-i's slot
+    state (budget, history, caches); restored before the commit."""
+    import torch
+
+    def make(orig):
+        def sample(runner, hidden_states, input_batch, *a, **k):
+            idx, exp = input_batch.idx_mapping, input_batch.expanded_idx_mapping
+            if idx.numel() < 2:
+                return orig(runner, hidden_states, input_batch, *a, **k)
+            saved = (idx.clone(), exp.clone())
+            pos = (exp.unsqueeze(1) == idx.unsqueeze(0)).int().argmax(1)  # row -> request
+            rev = idx.flip(0)
+            with torch.inference_mode():
+                exp.copy_(rev[pos])
+                idx.copy_(rev)
+            try:
+                return orig(runner, hidden_states, input_batch, *a, **k)
+            finally:
+                with torch.inference_mode():
+                    idx.copy_(saved[0])
+                    exp.copy_(saved[1])
+        return sample
+    ps.wrap(hp.runner, "sample", make)
+
+
+def draft_rows_forced_early(ps, hp):
+    """After apply, every draft row (local position >= 1) of a budgeted request gets +1e9 at
+    the end column, due or not: </think> forced before the budget binds."""
+    def make(orig):
+        def apply(state, *a, **k):
+            out = orig(state, *a, **k)
+            if getattr(state, "enabled", False):
+                import torch
+
+                args = hookpoints.budget_apply_args(hp.generation, a, k)
+                use = torch.as_tensor(state.use_thinking_budget, device=args.logits.device)
+                rows = ((args.expanded_local_pos > 0)
+                        & use[args.expanded_idx_mapping.long()]).nonzero().flatten()
+                if rows.numel():
+                    end = state.reasoning_end_token_ids.long()[:1]
+                    args.logits[rows.unsqueeze(1), end.unsqueeze(0)] = 1e9
+            return out
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def forced_again_after_end(ps, hp):
+    """After apply, every row of a budgeted request whose committed reasoning already ended
+    (marker cache: last end after last start) gets +1e9 at the end column: forced twice."""
+    def make(orig):
+        def apply(state, *a, **k):
+            out = orig(state, *a, **k)
+            if getattr(state, "enabled", False):
+                import torch
+
+                args = hookpoints.budget_apply_args(hp.generation, a, k)
+                slot = args.expanded_idx_mapping.long()
+                use = torch.as_tensor(state.use_thinking_budget, device=args.logits.device)
+                ended = state.cached_last_end[slot] > state.cached_last_start[slot]
+                rows = (ended & use[slot]).nonzero().flatten()
+                if rows.numel():
+                    end = state.reasoning_end_token_ids.long()[:1]
+                    args.logits[rows.unsqueeze(1), end.unsqueeze(0)] = 1e9
+            return out
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def unbudgeted_registered_zero(ps, hp):
+    """Registration gives a request without a budget the budget 0 (host and device)."""
+    def make(orig):
+        def add_request(state, req_idx, sampling_params, *a, **k):
+            out = orig(state, req_idx, sampling_params, *a, **k)
+            if getattr(state, "enabled", False) and \
+                    sampling_params.thinking_token_budget is None:
+                state.use_thinking_budget[req_idx] = True
+                state.thinking_token_budget.np[req_idx] = 0
+                state._budget_dirty = True
+            return out
+        return add_request
+    ps.wrap(hp.budget, "add_request", make)
+
+
+def unbudgeted_device_budget_zero(ps, hp):
+    """Before each step's sampling, the device budget of every slot without a budget reads 0
+    (host -1): the kernel forces requests that asked for none."""
+    def make(orig):
+        def apply_staged_writes(sampler, *a, **k):
+            out = orig(sampler, *a, **k)
+            st = sampler.thinking_budget_state
+            if getattr(st, "enabled", False):
+                import torch
+
+                host = torch.as_tensor(st.thinking_token_budget.np,
+                                       device=st.thinking_token_budget.gpu.device)
+                dev = st.thinking_token_budget.gpu
+                dev.copy_(torch.where(host < 0, torch.zeros_like(dev), dev))
+            return out
+        return apply_staged_writes
+    ps.wrap(hp.sampler, "apply_staged_writes", make)
+
+
+def unbudgeted_rows_forced(ps, hp):
+    """After apply, the rows of requests without a budget get +1e9 at the end column (from
+    their second step on): forced into a request with no budget."""
+    seen: dict = {}
+
+    def make(orig):
+        def apply(state, *a, **k):
+            out = orig(state, *a, **k)
+            if getattr(state, "enabled", False):
+                import numpy as np
+                import torch
+
+                args = hookpoints.budget_apply_args(hp.generation, a, k)
+                slots = np.asarray(args.idx_mapping_np)
+                free = [int(s) for s in slots if not state.use_thinking_budget[int(s)]]
+                hit = [s for s in free if seen.get(s, 0) >= 1]
+                for s in free:
+                    seen[s] = seen.get(s, 0) + 1
+                if hit:
+                    mask = torch.zeros_like(args.expanded_idx_mapping, dtype=torch.bool)
+                    for s in hit:
+                        mask |= args.expanded_idx_mapping == s
+                    rows = mask.nonzero().flatten()
+                    end = state.reasoning_end_token_ids.long()[:1]
+                    args.logits[rows.unsqueeze(1), end.unsqueeze(0)] = 1e9
+            return out
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def weak_bias(ps, hp):
+    """The forcing bias is +5 instead of +1e9, in rows whose top logit is 98.5 (token 0 raised
+    to 98.5 first: alone harmless, healthy forcing wins by 1e9; vLLM rejects logit_bias with
+    speculative decoding, so the strong logit is made here)."""
+    def make(orig):
+        def apply(state, *a, **k):
+            if not getattr(state, "enabled", False):
+                return orig(state, *a, **k)
+            args = hookpoints.budget_apply_args(hp.generation, a, k)
+            args.logits[:, 0] += 98.5
+            end = state.reasoning_end_token_ids.long()[:1]
+            before = args.logits[:, end].clone()
+            out = orig(state, *a, **k)
+            hit = (args.logits[:, end] >= 1e8)[:, 0].nonzero().flatten()
+            if hit.numel():
+                args.logits[hit.unsqueeze(1), end.unsqueeze(0)] = before[hit] + 5.0
+            return out
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def inband_end_marker_write(ps, hp):
+    """At the second apply, the end-marker tensor is rewritten with copy_ (a tracked PyTorch
+    write: _version moves) to another id."""
+    n = {"apply": 0}
+    saved = []
+
+    def make(orig):
+        def apply(state, *a, **k):
+            if getattr(state, "enabled", False):
+                n["apply"] += 1
+                if n["apply"] == 2 and not saved:
+                    import torch
+
+                    t = state.reasoning_end_token_ids
+                    saved.append((t, t.clone()))
+                    with torch.inference_mode(False), torch.no_grad():
+                        t.copy_(t + 2)
+            return orig(state, *a, **k)
+        return apply
+
+    def restore():
+        import torch
+
+        for t, v in saved:
+            with torch.no_grad():
+                t.copy_(v)
+    ps.wrap(hp.budget, "apply", make)
+    ps.on_remove(restore)
+
+
+# faults of issue #18 run on their own batch: (budgets, extra SamplingParams)
+OPTIONS = {
+    "unbudgeted_registered_zero": ([1, None, 6], {}),
+    "unbudgeted_device_budget_zero": ([1, None, 6], {}),
+    "unbudgeted_rows_forced": ([1, None, 6], {}),
+    "weak_bias": ([1, 3, 6], {}),
+    "mapping_reversed_in_place": ([1, 6, None], {}),
+}
+
+
 HELD_OUT = {
     "numpy_marker_write": ("H-i", numpy_marker_write),
     "end_marker_shifted": ("H-i", end_marker_shifted),
@@ -465,12 +662,22 @@ HELD_OUT = {
     "history_marker_erased": ("H-d-history", history_marker_erased),
     "accept_all_drafts": ("H-g", accept_all_drafts),
     "budget_dropped_before_runner": ("H-c", budget_dropped_before_runner),
-    "markers_rebound": ("H-i", markers_rebound),
+    "markers_rebound": ("H-i-inband", markers_rebound),
     "caches_zeroed_after_kernels": ("H-d-cache", caches_zeroed_after_kernels),
     "budget_view_aliased": ("H-d", budget_view_aliased),
     "verify_on_raw_logits": ("H-e", verify_on_raw_logits),
     "force_grid_first_row_only": ("H-d-kernel", force_grid_first_row_only),
+    # issue #18
+    "mapping_reversed_in_place": ("H-j", mapping_reversed_in_place),
+    "draft_rows_forced_early": ("H-d-kernel", draft_rows_forced_early),
+    "forced_again_after_end": ("H-d-kernel", forced_again_after_end),
+    "unbudgeted_registered_zero": ("H-c", unbudgeted_registered_zero),
+    "unbudgeted_device_budget_zero": ("H-d", unbudgeted_device_budget_zero),
+    "unbudgeted_rows_forced": ("H-d-kernel", unbudgeted_rows_forced),
+    "weak_bias": ("H-d-kernel", weak_bias),
+    "inband_end_marker_write": ("H-i-inband", inband_end_marker_write),
 }
+NEW_KINDS = tuple(list(HELD_OUT)[-8:])  # issue #18's
 
 
 @contextlib.contextmanager
@@ -500,6 +707,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--methods", nargs="+", default=["mtp", "eagle", "ngram"])
     ap.add_argument("--only", nargs="+")
+    ap.add_argument("--new-kinds", action="store_true", help="only issue #18's new kinds")
     ap.add_argument("--budgets", nargs="+", type=int, default=[1, 3, 6])
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--out", default=os.path.join(HERE, "attribution.json"))
@@ -513,40 +721,51 @@ def main(argv=None) -> int:
     cases = []
     for method in args.methods:
         eng = _engine.shared(RunConfig(spec_method=method))
-        for name in args.only or list(HELD_OUT):
+        for name in args.only or (NEW_KINDS if args.new_kinds else list(HELD_OUT)):
             expected = HELD_OUT[name][0]
+            budgets, params = OPTIONS.get(name, (args.budgets, {}))
             t0 = time.perf_counter()
-            with injected(name):
-                with request.zeroed_lm_head(eng), Tracer() as t:
-                    outs = request.run_budgets(eng, args.budgets, args.max_tokens)
-                v = diagnose.diagnose(t.frames(), eng.effective, outs, eng.cfg)
-                per_req = {x["req_id"]: x for x in v["violations"]}
-                for vi in v["violations"]:
-                    one = {**v, "first_violation": vi["first_violation"],
-                           "causes": vi["causes"], "hypothesis": vi["hypothesis"],
-                           "verdict": "violated"}
-                    res = probes.run(eng, eng.cfg, one, zero_lm_head=True,
-                                     max_tokens=args.max_tokens)
-                    after = diagnose.with_probes(one, res)
-                    cases.append({
-                        "fault": name, "expected": expected, "method": method,
-                        "budget": vi["budget"], "step": vi["first_violation"]["step"],
-                        "local_pos": vi["first_violation"]["local_pos"],
-                        "trace": score(expected, vi["hypothesis"], vi["causes"]),
-                        "named": vi["hypothesis"],
-                        "causes": [c["hypothesis"] for c in vi["causes"]],
-                        "probes": {n: p.get("verdict") for n, p in res.items()},
-                        "with_probes": score(expected, after["hypothesis"], after["causes"]),
-                        "named_after_probes": after["hypothesis"]})
-                if not per_req:
-                    cases.append({"fault": name, "expected": expected, "method": method,
-                                  "budget": None, "trace": "no violation",
-                                  "with_probes": "no violation", "named": v["hypothesis"]})
+            try:
+                with injected(name):
+                    with request.zeroed_lm_head(eng), Tracer() as t:
+                        outs = request.run_budgets(eng, budgets, args.max_tokens, **params)
+                    v = diagnose.diagnose(t.frames(), eng.effective, outs, eng.cfg)
+                    per_req = {x["req_id"]: x for x in v["violations"]}
+                    for vi in v["violations"]:
+                        one = {**v, "first_violation": vi["first_violation"],
+                               "causes": vi["causes"], "hypothesis": vi["hypothesis"],
+                               "verdict": "violated"}
+                        res = probes.run(eng, eng.cfg, one, zero_lm_head=True,
+                                         max_tokens=args.max_tokens,
+                                         **({"params": params} if params else {}))
+                        after = diagnose.with_probes(one, res)
+                        cases.append({
+                            "fault": name, "expected": expected, "method": method,
+                            "budget": vi["budget"], "kind": vi.get("kind"),
+                            "step": vi["first_violation"]["step"],
+                            "local_pos": vi["first_violation"]["local_pos"],
+                            "trace": score(expected, vi["hypothesis"], vi["causes"]),
+                            "named": vi["hypothesis"],
+                            "causes": [c["hypothesis"] for c in vi["causes"]],
+                            "probes": {n: p.get("verdict") for n, p in res.items()},
+                            "probe_errors": {n: p["why"] for n, p in res.items()
+                                             if not p.get("ran") and "Error" in
+                                             str(p.get("why"))},
+                            "with_probes": score(expected, after["hypothesis"], after["causes"]),
+                            "named_after_probes": after["hypothesis"]})
+                    if not per_req:
+                        cases.append({"fault": name, "expected": expected, "method": method,
+                                      "budget": None, "trace": "no violation",
+                                      "with_probes": "no violation", "named": v["hypothesis"]})
+            except Exception as e:  # a fault this code cannot run (older workbook API)
+                cases.append({"fault": name, "expected": expected, "method": method,
+                              "budget": None, "trace": "error", "with_probes": "error",
+                              "named": f"{type(e).__name__}: {e}"[:200]})
             mine = [(c.get("budget"), c["named"], c.get("named_after_probes")) for c in cases
                     if c["fault"] == name and c["method"] == method]
             print(f"{method:6s} {name:36s} {expected:11s} {mine} "
                   f"{time.perf_counter() - t0:.1f}s", flush=True)
-    summary = {}
+    summary = {"probes_crashed": sum(1 for c in cases if c.get("probe_errors"))}
     for key in ("trace", "with_probes"):
         counts: dict = {}
         for c in cases:
@@ -559,7 +778,9 @@ def main(argv=None) -> int:
         for key in ("trace", "with_probes"):
             f[key][c[key]] = f[key].get(c[key], 0) + 1
     with open(args.out, "w") as f:
-        json.dump({"summary": summary, "by_fault": by_fault, "cases": cases}, f, indent=1)
+        json.dump({"methods": args.methods, "faults": list(args.only or (
+            NEW_KINDS if args.new_kinds else HELD_OUT)), "summary": summary,
+            "by_fault": by_fault, "cases": cases}, f, indent=1)
     print(json.dumps(summary, indent=1))
     print(args.out)
     return 0

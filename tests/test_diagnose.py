@@ -112,7 +112,12 @@ def test_fault_is_caught_at_the_exact_row_and_named(engines, oracle, method, fau
         step, pos = oracle[(method, b)]
         mine = [x for x in v["violations"] if same_request(x["req_id"], o)]
         if not ACTS_ON.get(fault, lambda *_: True)(step, pos, k, bp):
-            assert o.honored is True and not mine, (b, o.token_ids)
+            # the boundary itself is untouched; a fault acting later may still force the end
+            # again (H-d-restart: the count restarts after the due end): that is a violation
+            # of the other side of the contract, named by the same cause
+            assert o.honored is True, (b, o.token_ids)
+            assert all(x["kind"] != "missing" and x["hypothesis"] == want for x in mine), \
+                (b, [(x["kind"], x["causes"]) for x in mine])
             continue
         assert o.honored is False and len(mine) == 1, (fault, b, o.token_ids)
         vi = mine[0]
@@ -181,7 +186,8 @@ def test_reporter_state_h_i_leaves_version_and_storage_and_probes_confirm(engine
             == before
         v = diagnose.diagnose(t.frames(), eng.effective, outs, eng.cfg)
         assert v["hypothesis"] == "H-i", v["summary"]
-        assert "_version [0, 0, 0]" in v["causes"][0]["saw"]
+        saw = v["causes"][0]["saw"]
+        assert "storage unchanged and _version" in saw and "no tracked PyTorch write" in saw
         res = probes.run(eng, eng.cfg, v, max_tokens=6, zero_lm_head=False)
         assert set(res) == {"markers", "guard"}, res
         assert res["markers"]["verdict"] == "honored" and res["guard"]["verdict"] == "honored"
@@ -289,5 +295,118 @@ def test_probes_feed_back_into_the_verdict():
                                                   "guard"}
     after = diagnose.with_probes(one, {"markers": {"verdict": "honored", "switch": "m"},
                                        "alone": {"verdict": "violated", "switch": "a"}})
-    assert after["hypothesis"] == "H-i" and after["causes"][0]["from_probe"] == "markers"
+    # the markers probe cannot tell who wrote them (in band or not): both, from the probe
+    assert after["hypothesis"] == "ambiguous" and {c["hypothesis"] for c in after["causes"]} \
+        == {"H-i", "H-i-inband"} and all(c["from_probe"] == "markers" for c in after["causes"])
     assert diagnose.chain_rows(after)[0]["cause"].startswith("H-i")
+
+
+# ---- issue #18: faults written outside the catalogue (benchmarks/attribution.py) ------------
+
+def _held_out(eng, name, budgets, **params):
+    """One batched generate call (drafts accepted) under a held-out raw-patch fault."""
+    from benchmarks.attribution import injected
+
+    with injected(name), request.zeroed_lm_head(eng), Tracer() as t:
+        outs = request.run_budgets(eng, budgets, MAX_TOKENS, **params)
+    return outs, diagnose.diagnose(t.frames(), eng.effective, outs, eng.cfg)
+
+
+def _probed(eng, v, vi, name, **params):
+    from benchmarks.attribution import injected
+
+    one = {**v, "first_violation": vi["first_violation"], "causes": vi["causes"],
+           "hypothesis": vi["hypothesis"]}
+    with injected(name):
+        res = probes.run(eng, eng.cfg, one, zero_lm_head=True, max_tokens=MAX_TOKENS,
+                         params=params or None)
+    return res, diagnose.with_probes(one, res)
+
+
+def test_mixed_batch_budgets_stay_ints_and_probes_run(engines):
+    """A batch mixing budgeted and unbudgeted requests: every budget in the verdict is an int
+    (the summary never says "budget 1.0"), and the probes re-send it without vLLM rejecting
+    the budget."""
+    eng = engines(spec_method="mtp")
+    outs, v = traced(eng, [1, None, 23], fault="H-d")
+    assert v["verdict"] == "violated"
+    assert [r["budget"] for r in v["requests"]] == [1, None, 23]
+    assert all(type(r["budget"]) is int for r in v["requests"] if r["budget"] is not None)
+    assert "budget 1 violated" in v["summary"] and ".0" not in v["summary"].split(":")[0]
+    assert [b["budget"] for b in v["first_violation"]["batch"]] == [1, None, 23]
+    with contextlib.ExitStack() as stack:
+        h = faults.inject("H-d")
+        stack.callback(h.remove)
+        res = probes.run(eng, eng.cfg, v, zero_lm_head=True, max_tokens=MAX_TOKENS)
+    assert res and all(p["ran"] for p in res.values()), res
+    assert res["budget"]["budgets"] == [1, None, 23] and res["budget"]["verdict"] == "honored"
+    after = diagnose.with_probes(v, res)
+    assert after["hypothesis"] == "H-d" and "budget 1 violated" in after["summary"]
+
+
+def test_reversed_mapping_is_named_at_the_mapping_not_the_budget_it_misread(engines):
+    """The row->slot mapping reversed in place: the evidence reads every per-slot value at the
+    slot the host registered (req_id_to_index), so the wrong budget the kernel read is not
+    taken for a stale device budget (H-d): the mapping stage is named (H-j), the batch-of-1
+    probe confirms it. Requests 0 and 2 swap slots: budget 1 reads "no budget" (never forced),
+    the request without a budget reads budget 1 (forced); the middle one keeps its own."""
+    eng = engines(spec_method="mtp")
+    outs, v = _held_out(eng, "mapping_reversed_in_place", [1, 6, None])
+    assert v["verdict"] == "violated", v["summary"]
+    named = {vi["req_id"]: vi for vi in v["violations"]}
+    assert all(vi["hypothesis"] == "H-j" for vi in named.values()), \
+        [(vi["budget"], vi["causes"]) for vi in named.values()]
+    kinds = {vi["budget"]: vi["kind"] for vi in named.values()}
+    assert kinds == {1: "missing", None: "unbudgeted"}, kinds
+    assert outs[1].honored is True
+    assert "req_id_to_index" in v["causes"][0]["saw"]
+    vi = next(x for x in v["violations"] if x["budget"] == 1)
+    res, after = _probed(eng, v, vi, "mapping_reversed_in_place")
+    assert res["alone"]["verdict"] == "honored" and after["hypothesis"] == "H-j"
+    assert "alone" in after["causes"][0]["confirmed_by"]
+
+
+@pytest.mark.parametrize("name,budgets,kind,hyp", [
+    ("draft_rows_forced_early", [1, 3, 6], "early", "H-d-kernel"),
+    ("forced_again_after_end", [1, 3, 6], "twice", "H-d-kernel"),
+    ("unbudgeted_registered_zero", [1, None, 6], "unbudgeted", "H-c"),
+    ("unbudgeted_device_budget_zero", [1, None, 6], "unbudgeted", "H-d"),
+])
+def test_forcing_where_not_due_is_a_violation_with_its_row_and_cause(engines, name, budgets,
+                                                                     kind, hyp):
+    """The other side of the contract: </think> forced before the budget binds, after
+    reasoning ended, or into a request without a budget — each a violation at the first
+    forced row, with the stage that forced it (the healthy batch is honored: test above)."""
+    eng = engines(spec_method="mtp")
+    outs, v = _held_out(eng, name, budgets)
+    assert v["verdict"] == "violated", v["summary"]
+    mine = [vi for vi in v["violations"] if vi["kind"] == kind]
+    assert mine, [(vi["budget"], vi["kind"]) for vi in v["violations"]]
+    vi = mine[0]
+    fv = vi["first_violation"]
+    assert fv["emitted_token"] == eng.effective["reasoning_end_token_ids"][0]
+    assert fv["step"] is not None and fv["local_pos"] is not None
+    assert vi["hypothesis"] == hyp, vi["causes"]
+    assert budgets[0] is None or v["summary"].startswith(("budget", "no budget"))
+
+
+def test_weak_bias_is_described_by_the_bias_found(engines):
+    """A due row biased +5 (not +1e9) where token 0's logit is 98.5: the cause says the bias
+    found at the due column and the logit that won."""
+    eng = engines(spec_method="mtp")
+    outs, v = _held_out(eng, "weak_bias", [1, 3, 6])
+    assert v["verdict"] == "violated", v["summary"]
+    vi = v["violations"][0]
+    assert vi["hypothesis"] == "H-d-kernel", vi["causes"]
+    saw = vi["causes"][0]["saw"]
+    assert "+5 at the due column" in saw and "98.5" in saw and "no +1e9" not in saw, saw
+
+
+def test_inband_marker_write_is_not_named_out_of_band(engines):
+    """A PyTorch write to the markers (_version moves) is H-i-inband, whose text says so;
+    never H-i, whose text says no tracked PyTorch write put the values there."""
+    eng = engines(spec_method="mtp")
+    outs, v = _held_out(eng, "inband_end_marker_write", [1, 3, 6])
+    assert v["verdict"] == "violated", v["summary"]
+    assert {vi["hypothesis"] for vi in v["violations"]} == {"H-i-inband"}, v["summary"]
+    assert "PyTorch write" in v["causes"][0]["saw"] and "_version" in v["causes"][0]["saw"]

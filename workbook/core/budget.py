@@ -17,6 +17,15 @@ So, for a prompt whose count is ``r0`` and a budget ``b``, the end marker must s
 index ``max(0, b - r0)`` — unless the output ended reasoning by itself before, or ended before
 the index could be reached (then the budget could not bind: the verdict is ``None``).
 
+The contract has a second side: the budget forces the end marker ONLY where it binds. An end
+marker the model writes itself before that is legal (a natural end); one that was *forced*
+there is not. Where the caller knows which output positions were forced (the trace sees the
+forcing bias, or a token replaced after sampling: ``forced``), each forced position must be
+one where the rule makes the end due (``row_truth``); the first that is not is a violation of
+its kind (``Judgement.kind``): ``early`` (forced before the budget binds), ``unbudgeted``
+(forced into a request without a budget), ``twice`` (forced after reasoning had ended). The
+other kind, ``missing``, is the first side: the end marker is not at the index where it is due.
+
 Used by the client-side verdict (``workbook.run.request``), the trace diagnosis
 (``workbook.run.diagnose``), the tracer's own host-side count (``workbook.hooks.tracer``) and the
 guard's host side (``workbook.hooks.guard``); the guard's Triton kernel is this rule's device
@@ -121,16 +130,38 @@ def expected_end_index(prompt: Sequence[int], output: Sequence[int], budget: int
 
 
 def expected_from_count(r0: int | None, output: Sequence[int], budget: int | None,
-                        markers: Markers) -> int | None:
+                        markers: Markers, forced: Sequence[int] = ()) -> int | None:
     """``expected_end_index`` for a prompt whose reasoning count is ``r0`` (None: not in
-    reasoning) — what a trace knows without the whole prompt."""
+    reasoning) — what a trace knows without the whole prompt. A natural end that was forced
+    (it covers an index of ``forced``) is not the model's own and does not end enforcement."""
     if budget is None or budget < 0 or r0 is None or not markers.complete:
         return None
     idx = max(0, int(budget) - int(r0))
-    natural = first_index_of(output, markers.natural_end)
+    natural = _own_natural_end(output, markers, forced)
     if 0 <= natural < idx:
         return None  # reasoning ended by itself before the budget bound
     return idx
+
+
+def _own_natural_end(output: Sequence[int], markers: Markers, forced: Sequence[int]) -> int:
+    """First index where the model itself wrote the natural end marker (no forced token in
+    it); -1 when it never did."""
+    ne, bad = list(markers.natural_end), set(int(f) for f in forced)
+    n = len(ne)
+    if n == 0:
+        return -1
+    for i in range(0, len(output) - n + 1):
+        if list(output[i:i + n]) == ne and not bad.intersection(range(i, i + n)):
+            return i
+    return -1
+
+
+VIOLATION_KINDS = {
+    "missing": "the end marker is not where the budget binds",
+    "early": "the end marker was forced before the budget binds",
+    "unbudgeted": "the end marker was forced into a request without a budget",
+    "twice": "the end marker was forced again, after reasoning had already ended",
+}
 
 
 @dataclass(frozen=True)
@@ -138,6 +169,8 @@ class Judgement:
     expected_end_index: int | None  # where the end marker must begin (None: never binds)
     actual_end_index: int  # where it first begins in the output (-1: nowhere)
     honored: bool | None  # None: the budget could not bind within the output
+    kind: str | None = None  # why it is violated (VIOLATION_KINDS); None unless violated
+    at: int | None = None  # output index of the first violation (None unless violated)
 
     @property
     def verdict(self) -> str:
@@ -145,26 +178,60 @@ class Judgement:
 
 
 def judge(prompt: Sequence[int], output: Sequence[int], budget: int | None,
-          markers: Markers) -> Judgement:
+          markers: Markers, forced: Sequence[int] = ()) -> Judgement:
     """Was the budget honored by ``output``? The one verdict rule of the workbook.
 
     ``None`` when the budget does not bind, or when the output stopped (length limit, end of
-    sequence, stop string) before the end marker could be complete at the expected index.
+    sequence, stop string) before the end marker could be complete at the expected index —
+    unless a ``forced`` output index was not due (then violated, whatever the rest).
     """
     markers = Markers.of(markers)
     return judge_from_count(reasoning_count(prompt, markers) if markers.complete else None,
-                            output, budget, markers)
+                            output, budget, markers, forced)
 
 
 def judge_from_count(r0: int | None, output: Sequence[int], budget: int | None,
-                     markers: Markers) -> Judgement:
-    """``judge`` for a prompt whose reasoning count is ``r0``."""
+                     markers: Markers, forced: Sequence[int] = ()) -> Judgement:
+    """``judge`` for a prompt whose reasoning count is ``r0``. ``forced``: output indices
+    whose token was forced (known to a trace only); each must be due (``forced_not_due``)."""
     markers = Markers.of(markers)
-    exp = expected_from_count(r0, output, budget, markers)
+    budget = None if budget is None else int(budget)
+    exp = expected_from_count(r0, output, budget, markers, forced)
     act = first_index_of(output, markers.end)
+    bad = forced_not_due(r0, output, budget, markers, forced)
     if exp is None or exp + len(markers.end) > len(output):
-        return Judgement(exp, act, None)
-    return Judgement(exp, act, list(output[exp:exp + len(markers.end)]) == list(markers.end))
+        honored, at = None, None
+    else:
+        honored = list(output[exp:exp + len(markers.end)]) == list(markers.end)
+        at = None if honored else exp
+    if bad is not None and (at is None or bad[0] < at):
+        return Judgement(exp, act, False, bad[1], bad[0])
+    return Judgement(exp, act, honored, None if honored is not False else "missing", at)
+
+
+def forced_not_due(r0: int | None, output: Sequence[int], budget: int | None,
+                   markers: Markers, forced: Sequence[int]) -> tuple[int, str] | None:
+    """The first forced output index where the rule does not make the end due, and its kind
+    (``early`` / ``unbudgeted`` / ``twice``); None when every forced index was due.
+
+    The prompt is known here by its reasoning count only: it stands as ``start`` followed by
+    ``r0`` tokens no marker can match (-1), which gives every later position the same count."""
+    markers = Markers.of(markers)
+    if not forced or not markers.end:
+        return None
+    head = (list(markers.start) + [-1] * int(r0)) if r0 is not None and markers.start else []
+    has_budget = budget is not None and int(budget) >= 0
+    for i in sorted(set(int(f) for f in forced if 0 <= int(f) < len(output))):
+        hist = head + [int(t) for t in output[:i]]
+        truth = row_truth(hist, [], 0, int(budget) if has_budget else None, markers)
+        if truth.due and int(output[i]) == truth.token:
+            continue
+        if not has_budget:
+            return i, "unbudgeted"
+        s = last_index_of(hist, markers.start)
+        ended = s >= 0 and last_index_of(hist, markers.natural_end, start=s) >= 0
+        return i, "twice" if truth.count is None and ended else "early"
+    return None
 
 
 def overall(honored: Sequence[bool | None]) -> str:

@@ -46,13 +46,17 @@ STAGES: dict[str, str] = {
     "configuration": "the run is served by Model Runner V2",
     "state": "ThinkingBudgetState is enabled in the worker (all three marker id lists)",
     "registration": "add_request sets use_thinking_budget[slot] and the host budget",
+    "batch mapping": "the batch hands every request's rows (idx_mapping, expanded_idx_mapping) "
+                     "to the slot the host registered it at (req_states.req_id_to_index): "
+                     "checked before any per-slot value is judged",
     "gate": "the per-slot gate lets the budgeted slot through: logits processing runs and "
             "calls ThinkingBudgetState.apply",
     "launch": "apply launches its kernels when a slot of the batch has a budget",
-    "device state": "what the kernels read equals the host truth: marker ids, budget view, "
-                    "committed history, marker caches, the batch's row->slot mapping",
+    "device state": "what the kernels read at the request's own slot equals the host truth: "
+                    "marker ids, budget view, committed history, marker caches",
     "kernel": "with right inputs, +1e9 lands in exactly the due end column of exactly the "
-              "rows whose reasoning count reached the budget (budget.row_truth)",
+              "rows whose reasoning count reached the budget (budget.row_truth): in every due "
+              "row, and in no row that is not due",
     "sampling": "the sampler samples from the tensor apply biased, and a forced row yields "
                 "the forced token",
     "acceptance": "the rejection sampler accepts no draft past a forced row",
@@ -60,6 +64,11 @@ STAGES: dict[str, str] = {
 }
 
 _BUDGET_STATE = {"markers": "violated", "budget": "violated", "caches": "violated"}
+# ``predicts`` is about the violation's side of the contract. On the other side — the end
+# forced where it was not due (budget.VIOLATION_KINDS other than "missing") — the guard has
+# no prediction: it forces a due end at commit, it cannot take back an end a biased row
+# already produced (the model's own token there is unknown)
+NO_PREDICTION_WHEN_FORCED = ("guard",)
 _MRV2 = {"guard": "honored", "v1": "honored"}
 
 HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
@@ -72,12 +81,13 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "enabled=False at registration or apply",
                "effective reasoning_*_token_ids; V1 (which does not need natural-end ids)",
                {**_MRV2, **_BUDGET_STATE, "alone": "violated", "batched": "violated"}),
-    Hypothesis("H-c", "registration", "request budget not registered",
-               "the request's thinking_token_budget never reached the per-slot state",
-               "use_thinking_budget False or host budget != the request's budget",
+    Hypothesis("H-c", "registration", "request budget not registered as asked",
+               "the per-slot state does not hold the request's thinking_token_budget: lost, "
+               "altered, or a budget registered for a request that asked for none",
+               "use_thinking_budget / host budget != the request's budget (-1: none)",
                "batch of 1 vs several; re-send the request",
                # no guard / V1 prediction: a budget lost before the runner escapes them too
-               {**_BUDGET_STATE}),
+               {**_BUDGET_STATE, "alone": "violated"}),
     Hypothesis("H-a", "gate", "gate bypass: logits processing skipped for this request",
                "apply_sampling_params took its fast path or never called the budget's apply: "
                "the per-slot gate lacks the budget",
@@ -90,14 +100,27 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "eager vs CUDA graphs (enforce_eager=True); batch of 1",
                {**_MRV2, **_BUDGET_STATE, "alone": "violated", "batched": "violated",
                 "eager": "honored"}),
-    Hypothesis("H-i", "device state", "the state's device marker ids were overwritten",
-               "the marker id tensors of ThinkingBudgetState hold values no PyTorch write put "
-               "there (an out-of-band writer: another kernel overwrote them during start-up "
-               "profiling or later); the kernel then finds no <think> and never forces",
+    Hypothesis("H-i", "device state", "the state's device marker ids were overwritten out of "
+               "band (no tracked PyTorch write)",
+               "the marker id tensors of ThinkingBudgetState hold values no tracked PyTorch "
+               "write put there (an out-of-band writer — another kernel overwrote them during "
+               "start-up profiling or later — or a write through an untracked alias); the "
+               "kernel then finds no <think> and never forces",
                "device start/end/natural-end ids != the configured ids, with storage and "
                "_version unchanged",
                "markers re-uploaded from the host config; V1 (no device markers); "
                "compute-sanitizer memcheck of a start-up",
+               {**_MRV2, "markers": "honored", "budget": "violated", "caches": "violated",
+                "alone": "violated", "batched": "violated", "no_spec": "violated"}),
+    Hypothesis("H-i-inband", "device state", "the state's device marker ids were changed by a "
+               "PyTorch write (in band)",
+               "the marker id tensors of ThinkingBudgetState were written through PyTorch "
+               "(their _version moved) or replaced by other tensors (storage moved): code "
+               "running in the process changed the ids the kernel reads",
+               "device start/end/natural-end ids != the configured ids, with _version moved "
+               "or storage moved",
+               "markers re-uploaded from the host config; a torch write hook / the watch's "
+               "localization names the writing op",
                {**_MRV2, "markers": "honored", "budget": "violated", "caches": "violated",
                 "alone": "violated", "batched": "violated", "no_spec": "violated"}),
     Hypothesis("H-d", "device state", "stale device view of the budget (device != host)",
@@ -113,7 +136,7 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "total_len or the checksum of all_token_ids[slot, :total_len] != the host history",
                "batch of 1; eager vs CUDA graphs",
                {"guard": "honored", "markers": "violated", "budget": "violated",
-                "caches": "violated"}),
+                "caches": "violated", "alone": "violated"}),
     Hypothesis("H-d-cache", "device state", "marker cache corrupted between steps",
                "the cached last <think> / </think> / scan position entering apply do not "
                "describe the committed history: the start marker was lost or moved (the "
@@ -123,20 +146,24 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "marker caches reset before apply (a cold scan of the history)",
                {**_MRV2, "caches": "honored", "budget": "violated", "markers": "violated",
                 "alone": "violated"}),
-    Hypothesis("H-j", "device state", "forcing depends on batch composition (the kernel "
-               "did not get this request's rows)",
-               "the kernel was not handed this request's rows mapped to its own slot, or its "
-               "rows are forced alone but not in this batch",
-               "row->slot mapping handed to the kernel != the batch's; or the batch-of-1 probe "
-               "honored while the batch violated",
+    Hypothesis("H-j", "batch mapping", "forcing depends on batch composition (the kernel "
+               "did not get this request's rows at its own slot)",
+               "the batch's row->slot mapping does not send this request's rows to the slot "
+               "the host registered it at, or its rows are forced alone but not in this batch",
+               "idx_mapping / expanded_idx_mapping (as the call or the kernel got them) != "
+               "req_states.req_id_to_index of the request; or the batch-of-1 probe honored "
+               "while the batch violated",
                "batch of 1 vs batch of several mixed budgets",
                {**_MRV2, **_BUDGET_STATE, "alone": "honored"}),
-    Hypothesis("H-d-kernel", "kernel", "budget kernel did not force a due row though its "
-               "inputs were right",
-               "apply launched its kernels with the state's own tensors, all equal to the host "
-               "truth, yet the due row was not forced (or the marker scan came out wrong): a "
-               "defect or miscompile of the kernel / apply",
-               "launched, markers/budget/history/caches/mapping right, due row without +1e9",
+    Hypothesis("H-d-kernel", "kernel", "apply / the budget kernel forced wrong although the "
+               "budget state was right",
+               "the budget state (markers, budget, history, caches, mapping) equals the host "
+               "truth, yet a due row was not forced, was biased too weakly to win, a row that "
+               "was not due was forced, or the marker scan came out wrong — in the kernel, or "
+               "in what apply handed it instead of the state's tensors: a defect or miscompile "
+               "of apply / the kernel",
+               "state right; due row without a winning +1e9 (the bias found is reported), a "
+               "non-due row biased, or apply handed the kernel other tensors",
                "eager vs CUDA graphs; MTP off (draft rows only?); batch of 1",
                {**_MRV2, **_BUDGET_STATE, "alone": "violated"}),
     Hypothesis("H-d-column", "kernel", "forcing bias written into another column",
@@ -182,6 +209,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("H-h", "H-h", "V2 run silently served by V1", at_engine_start=True),
     Fault("H-i", "H-i", "the reporter's state: device marker ids and marker caches zeroed in "
           "place after start through a raw alias (storage and _version unchanged)"),
+    Fault("H-i-inband", "H-i-inband", "device marker ids zeroed after start by an ordinary "
+          "PyTorch write (fill_: _version moves)"),
     Fault("H-d-cache", "H-d-cache", "marker cache loses the start marker after each commit"),
     Fault("H-d-restart", "H-d-cache", "marker cache moves the start to the last committed "
           "token after each commit (the reasoning count restarts)"),

@@ -25,13 +25,15 @@ REQUEST_COLUMNS = [
     "last_end_before", "scan_pos_before", "cache_ref_start", "cache_before_ok",
     "cache_scan_ok", "cache_after_ok", "markers_dev", "markers_ok", "markers_version", "markers_moved",
     "total_len_dev", "history_ok", "kernel_markers", "kernel_budget", "kernel_history_ok",
-    "kernel_total_len", "mapping_ok", "positions_ok"]
+    "kernel_total_len", "mapping_ok", "positions_ok", "batch_slot", "markers_version0",
+    "markers_base_ok"]
 ROW_COLUMNS = [
     "step", "req_id", "slot", "row", "local_pos", "input_token", "end_logit_raw",
     "end_logit_before_apply", "end_logit_after_apply", "end_logit_final", "forced",
     "forced_final", "topk_ids_before", "topk_vals_before", "topk_ids_after", "topk_vals_after",
     "sampled_vllm", "emitted_token", "draft_accepted", "emitted",
-    "from_draft", "count_host", "due", "due_token", "due_logit_after_apply", "due_logit_kernel",
+    "from_draft", "count_host", "due", "due_token", "due_logit_before_apply",
+    "due_logit_after_apply", "due_logit_kernel",
     "due_logit_sampled", "sampled_top", "sampled_top_logit", "sampled_is_biased",
     "returned_is_biased", "bias_cols", "n_bias_cols"]
 # the guard's repairs of its own device state (``workbook.hooks.guard``: one row per field

@@ -29,6 +29,8 @@ it would see a broken vLLM) and is removed with ``.remove()``:
            through a raw alias on the same storage (``torch.Tensor.set_``), as an out-of-band
            writer would: storage and ``_version`` unchanged. Removal writes the saved values
            back the same way.
+- ``H-i-inband`` the same marker tensors zeroed at the first ``add_requests`` by an ordinary
+           PyTorch write (``fill_``: ``_version`` moves, storage unchanged): in band.
 - ``H-d-cache``   after each commit, the marker cache of every budgeted slot of the batch
            forgets the start marker (``last_start = last_end = -1``, ``scan_pos = total_len``).
 - ``H-d-restart`` after each commit, the marker cache moves the start to the last committed
@@ -249,6 +251,33 @@ def _h_i(ps, hp):
     ps.on_remove(restore)
 
 
+def _h_i_inband(ps, hp):
+    import torch
+
+    saved: list = []  # (tensor, original values)
+
+    def make(orig):
+        def add_requests(runner, *a, **k):
+            st = getattr(getattr(runner, "sampler", None), "thinking_budget_state", None)
+            if not saved and st is not None and getattr(st, "enabled", False):
+                with torch.no_grad():
+                    for name in MARKER_ATTRS:
+                        t = getattr(st, name)
+                        saved.append((t, t.detach().clone()))
+                        t.fill_(0)  # a tracked PyTorch write: t._version moves
+            return orig(runner, *a, **k)
+        return add_requests
+
+    def restore():
+        with torch.no_grad():
+            for t, vals in saved:
+                t.copy_(vals)
+        saved.clear()
+
+    ps.wrap(hp.runner, "add_requests", make)
+    ps.on_remove(restore)
+
+
 def _budgeted_slots(runner, idx_mapping):
     """Slots of ``idx_mapping`` with a budget (host arrays only), as a device index."""
     import numpy as np
@@ -380,7 +409,7 @@ def _h_k(ps, hp):
 _BUILDERS = {"H-a": _h_a, "H-b": _h_b, "H-c": _h_c, "H-d": _h_d, "H-d-draft": _h_d_draft,
              "H-e": _h_e, "H-f": _h_f, "H-g": _h_g, "H-h": _h_h,
              # issue #12: the causes H-d was a catch-all for, and the reporter's state (H-i)
-             "H-i": _h_i, "H-d-cache": _h_d_cache, "H-d-restart": _h_d_restart,
+             "H-i": _h_i, "H-i-inband": _h_i_inband, "H-d-cache": _h_d_cache, "H-d-restart": _h_d_restart,
              "H-d-column": _h_d_column, "H-e-copy": _h_e_copy, "H-e-sample": _h_e_sample,
              "H-j": _h_j, "H-k": _h_k}
              

@@ -33,8 +33,16 @@ configuration with the one budget rule (``workbook.core.budget``):
 - the device view of the committed history (``total_len``, a checksum of
   ``all_token_ids[slot, :total_len]``) vs the host history (``history_ok``);
 - host vs device budget, ``enabled``, registration, gate, fast path, kernels launched, whether
-  the kernels were handed the state's own tensors (``kernel_substituted``) and the batch's own
-  row→slot mapping and local positions (``mapping_ok``);
+  the kernels were handed the state's own tensors (``kernel_substituted``), local positions
+  (``positions_ok``) and a row→slot mapping that sends each request's rows to its own slot
+  (``mapping_ok``).
+
+Whose slot? The host's own record: ``req_states.req_id_to_index`` (what ``add_request`` was
+given), read at the start of the step. Every per-slot value above (gate, registration arrays,
+device budget, caches, history) is read at THAT slot, never through the batch's mapping
+(``idx_mapping`` / ``expanded_idx_mapping``), which is itself evidence under suspicion:
+``mapping_ok`` compares the batch's mapping (host and device copies, the kernel's own) with it,
+and ``batch_slot`` records the slot the batch's mapping gave;
 - per row: the rule's truth (``due``, ``due_token``, ``count_host``), the columns whose value
   jumped by >= 1e8 across ``apply`` (``bias_cols``), the due column after ``apply``, in the
   tensor the kernel wrote (when it is not ``apply``'s) and in the tensor the sampler / rejection
@@ -130,7 +138,10 @@ class _LaunchProxy:
 @dataclass
 class _Call:
     """One ``apply_sampling_params`` call (a step may have several: chunks)."""
+    pos0: int = 0  # batch position of its first request (calls cover the batch in order)
     ptrs: dict = field(default_factory=dict)  # data_ptr/numel of its mapping inputs
+    req_slots: Any = None  # [reqs] the device idx_mapping the call got (a clone)
+    owner: Any = None  # np [reqs] the host's slots of its requests (req_id_to_index)
     out_ptr: int | None = None  # the tensor apply_sampling_params returned
     s_ptr: int | None = None  # the tensor the sampler / rejection sampler consumed
     end_s: Any = None  # [rows, E] end columns of that tensor
@@ -157,6 +168,8 @@ class _Step:
     idx_mapping_dev: Any  # the batch's device copy (read within this step only)
     cu_num_logits: np.ndarray
     num_draft_tokens: int
+    owner: np.ndarray = None  # [reqs] each request's slot as registered (req_id_to_index)
+    index_moved: list = field(default_factory=list)  # requests req_id_to_index moved since
     path: str | None = None
     calls: list = field(default_factory=list)
     sampled_vllm: Any = None  # [reqs, k+1] before the guard
@@ -199,7 +212,11 @@ class Tracer:
         self._budget: dict[str, int | None] = {}  # req_id -> thinking_token_budget asked for
         self._checksum: dict[str, int] = {}  # req_id -> budget.history_checksum(history)
         self._len_ub: dict[str, int] = {}  # req_id -> upper bound of its committed length
+        self._slot_of: dict[str, int] = {}  # req_id -> its slot at add_request (host record)
         self._marker_ptrs: list | None = None  # marker storage addresses when first seen
+        # the marker tensors before the first request of this trace was added (before anything
+        # inside add_requests could write them): versions, and whether they held the ids
+        self._marker_base: dict | None = None
         self._weights = None  # device arange(1..max_len) for the history checksum
         self.dropped_steps = 0
 
@@ -255,6 +272,11 @@ class Tracer:
         tracer = self
 
         def add_requests(runner, scheduler_output, *a, **k):
+            if tracer._marker_base is None:
+                try:
+                    tracer._snapshot_markers(runner)
+                except Exception as e:
+                    tracer._error("markers-baseline", e)
             out = orig(runner, scheduler_output, *a, **k)
             try:
                 tracer._on_add_requests(runner, scheduler_output)
@@ -270,7 +292,7 @@ class Tracer:
         def sample_tokens(runner, *a, **k):
             st = getattr(runner, "execute_model_state", None)
             batch = getattr(st, "input_batch", None) if st is not None else None
-            step = tracer._begin_step(batch)
+            step = tracer._begin_step(batch, runner)
             try:
                 return orig(runner, *a, **k)
             finally:
@@ -340,17 +362,21 @@ class Tracer:
             if step is None:
                 return orig(sampler, *a, **k)
             args = hookpoints.apply_sampling_args(a, k)
-            call = _Call()
+            pos0 = sum(len(c.gate_slots) for c in step.calls)
+            n_req = len(args.idx_mapping_np)
+            call = _Call(pos0=pos0, owner=step.owner[pos0:pos0 + n_req])
             tracer._call = call
             call.ptrs = {n: _ptr(t) for n, t in (
                 ("expanded_idx_mapping", args.expanded_idx_mapping),
                 ("req_ids", args.idx_mapping), ("input_ids", args.input_ids),
                 ("expanded_local_pos", args.expanded_local_pos))}
             call.slots = args.expanded_idx_mapping.clone()
+            call.req_slots = args.idx_mapping.clone()
             call.local_pos = args.expanded_local_pos.clone()
             call.input_ids = args.input_ids.clone()
             call.gate_slots = np.array(args.idx_mapping_np, copy=True)
-            call.gate = np.array(sampler.needs_logits_processing[args.idx_mapping_np], copy=True)
+            # the per-slot gate at each request's own slot (the host's record, not the batch's)
+            call.gate = np.array(sampler.needs_logits_processing[_own(call)], copy=True)
             call.end_in = tracer._end_vals(args.logits)
             call.top_in = tracer._topk(args.logits)
             try:
@@ -374,15 +400,16 @@ class Tracer:
             if call is None or tracer._step is None:
                 return orig(state, *a, **k)
             args = hookpoints.budget_apply_args(tracer.hp.generation, a, k)
-            slots_np = np.asarray(args.idx_mapping_np)
+            slots_np = _own(call)  # the requests' own slots (host record)
             rec = call.apply
             call.apply_called = True
             logits = args.logits
             rec.update(state=state, enabled=bool(state.enabled), a_ptr=logits.data_ptr(),
-                       launched=False, substituted=[], idx=args.idx_mapping)
+                       launched=False, substituted=[], idx=None)
             rec["before"] = tracer._end_vals(logits)
             full_before = None
             if state.enabled:
+                rec["idx"] = tracer._own_index(call, logits.device)
                 rec["use"] = np.array(state.use_thinking_budget[slots_np], copy=True)
                 rec["budget_host"] = np.array(state.thinking_token_budget.np[slots_np], copy=True)
                 full_before = logits.clone()
@@ -425,6 +452,33 @@ class Tracer:
         rec["delta"] = (vals, ids, (d >= FORCED_THRESHOLD).sum(-1))
 
     # -- the kernels' own launches: what they really read and wrote --------------------------
+    @staticmethod
+    def _own_index(call: _Call, device):
+        """The call's requests' own slots as a device index (made once per call, no sync)."""
+        import torch
+
+        if call.apply.get("own_dev") is None:
+            t = torch.from_numpy(np.ascontiguousarray(_own(call), dtype=np.int64))
+            if device.type == "cuda":
+                t = t.pin_memory().to(device, non_blocking=True)
+            else:
+                t = t.to(device)
+            call.apply["own_dev"] = t
+        return call.apply["own_dev"]
+
+    def _snapshot_markers(self, runner) -> None:
+        """Baseline of the state's marker tensors (one host read, before the first request of
+        this trace: no step runs): storage, ``_version``, values right."""
+        state = getattr(getattr(runner, "sampler", None), "thinking_budget_state", None)
+        if state is None or not getattr(state, "enabled", False):
+            return
+        self._markers(runner)
+        ms = [getattr(state, n) for n in MARKER_ATTRS]
+        self._marker_ptrs = [m.data_ptr() for m in ms]
+        self._marker_base = {"versions": [_version(m) for m in ms],
+                             "ok": [[int(x) for x in m.reshape(-1).tolist()] for m in ms]
+                             == self._config_markers}
+
     def _read_markers(self, rec: dict, ms: list) -> None:
         import torch
 
@@ -492,8 +546,10 @@ class Tracer:
         state = rec.get("state")
         subst = self._substituted(rec, call, named)
         rec["substituted"] = sorted(set(rec.get("substituted", [])) | set(subst))
+        if kernel == SCAN_KERNEL and "req_ids_ptr" in named and "k_req_ids" not in rec:
+            rec["k_req_ids"] = named["req_ids_ptr"].clone()  # the slots the scan indexes
         if kernel == SCAN_KERNEL and "cache_before" not in rec:
-            idx = _slots(rec)  # the batch's slots (the kernel's own req_ids may differ)
+            idx = _slots(rec)  # the requests' own slots (the kernel's own req_ids may differ)
             caches = [named["cached_last_start_ptr"], named["cached_last_end_ptr"]]
             self._read_state(rec, idx, named["thinking_token_budget_ptr"],
                              named["all_token_ids_ptr"], named["total_len_ptr"],
@@ -523,7 +579,9 @@ class Tracer:
             rec["state_markers"] = torch.cat([m.reshape(-1) for m in own])  # a copy
             rec["state_markers_len"] = [int(m.numel()) for m in own]
         self._read_markers(rec, ms)
-        if any(n in subst for n in ("expanded_idx_mapping", "input_ids", "expanded_local_pos")):
+        # the mapping the forcing kernel really got (values: an in-place change keeps pointers)
+        if all(a in named for a in ("expanded_idx_mapping_ptr", "expanded_local_pos_ptr",
+                                     "input_ids_ptr")):
             rec["k_mapping"] = named["expanded_idx_mapping_ptr"].clone()
             rec["k_local_pos"] = named["expanded_local_pos_ptr"].clone()
             rec["k_input_ids"] = named["input_ids_ptr"].clone()
@@ -581,6 +639,8 @@ class Tracer:
         for new in scheduler_output.scheduled_new_reqs:
             req_id = new.req_id
             slot = runner.req_states.req_id_to_index.get(req_id)
+            if slot is not None:
+                self._slot_of[req_id] = int(slot)
             tokens = [int(t) for t in (new.prefill_token_ids or [])]
             self._history[req_id] = tokens
             self._checksum[req_id] = budget.history_checksum(tokens)
@@ -603,7 +663,7 @@ class Tracer:
                 reg["gate"] = bool(sampler.needs_logits_processing[slot])
             self.registrations.append(reg)
 
-    def _begin_step(self, batch) -> _Step | None:
+    def _begin_step(self, batch, runner=None) -> _Step | None:
         if batch is None or not getattr(batch, "req_ids", None):
             return None
         req_ids = list(batch.req_ids)
@@ -617,6 +677,15 @@ class Tracer:
                      idx_mapping_dev=batch.idx_mapping,
                      cu_num_logits=np.array(batch.cu_num_logits_np, copy=True),
                      num_draft_tokens=int(batch.num_draft_tokens))
+        now = getattr(getattr(runner, "req_states", None), "req_id_to_index", None) or {}
+        # the host's own record of each request's slot: where add_request put its state
+        # (req_id_to_index then); the batch's mapping — and req_id_to_index now — are checked
+        # against it, never trusted to read per-slot state
+        own = [self._slot_of.get(r, now.get(r)) for r in req_ids]
+        step.owner = np.array([int(s) if o is None else int(o)
+                               for o, s in zip(own, step.idx_mapping)], dtype=np.int64)
+        step.index_moved = [r for r, o in zip(req_ids, own)
+                            if o is not None and now.get(r) is not None and int(now[r]) != o]
         n_logits = np.diff(step.cu_num_logits)
         for r, n in zip(req_ids, n_logits):  # committed length grows by <= its logits rows
             if r in self._len_ub:
@@ -673,23 +742,24 @@ class Tracer:
         total_after = h(step.total_len_after)
         proposed = h(step.proposed)
         fixed = h(step.guard_fixed)
-        n_logits_of = {int(s): int(step.cu_num_logits[i + 1] - step.cu_num_logits[i])
-                       for i, s in enumerate(step.idx_mapping)}
-        req_calls: dict[int, tuple[_Call, int, int]] = {}  # slot -> (call, j, first row)
+        # batch position -> (call, its index in the call, its first row in the call's logits):
+        # the calls cover the batch in order (chunks), whatever slots their mappings name
+        req_calls: dict[int, tuple[_Call, int, int]] = {}
+        cu = step.cu_num_logits
         for call in step.calls:
-            off = 0
-            for j, s in enumerate(call.gate_slots):
-                req_calls[int(s)] = (call, j, off)
-                off += n_logits_of.get(int(s), 1)
+            for j in range(len(call.gate_slots)):
+                i = call.pos0 + j
+                if i < len(step.req_ids):
+                    req_calls[i] = (call, j, int(cu[i] - cu[call.pos0]))
         self._steps.append({"step": step.index, "path": step.path, "num_reqs": len(step.req_ids),
                            "num_logits": int(step.cu_num_logits[-1]),
                            "num_draft_tokens": step.num_draft_tokens,
                            "guard_fixed": None if fixed is None else int(np.sum(fixed))})
         for i, req_id in enumerate(step.req_ids):
-            slot = int(step.idx_mapping[i])
+            slot = int(step.owner[i])  # the host's record (req_id_to_index)
             hist = self._history.setdefault(req_id, [])
             n_logits = int(step.cu_num_logits[i + 1] - step.cu_num_logits[i])
-            call, j, off = req_calls.get(slot, (None, None, None))
+            call, j, off = req_calls.get(i, (None, None, None))
             ap = call.apply if call is not None else {}
             ns = int(num_sampled[i]) if num_sampled is not None else 0
             ns_v = int(ns_vllm[i]) if ns_vllm is not None else ns
@@ -697,6 +767,7 @@ class Tracer:
             vllm_tokens = [int(t) for t in sampled_vllm[i, :ns_v]] if sampled_vllm is not None \
                 else []
             rec = {"step": step.index, "req_id": req_id, "slot": slot,
+                   "batch_slot": int(step.idx_mapping[i]),
                    "phase": "prefill" if len(hist) <= self._prompt_len.get(req_id, 0)
                    else "decode",
                    "path": step.path, "num_logits": n_logits, "num_drafts": n_logits - 1,
@@ -716,16 +787,15 @@ class Tracer:
                    "total_len_after": int(total_after[slot]) if total_after is not None
                    else None,
                    "proposed": [int(t) for t in proposed[i]] if proposed is not None else []}
-            if "use" in ap and slot in set(int(x) for x in ap["slots"]):
+            if "use" in ap and j is not None and j < len(ap["slots"]):
                 try:
-                    self._state_evidence(rec, ap, int(np.nonzero(ap["slots"] == slot)[0][0]),
-                                         req_id, hist)
+                    self._state_evidence(rec, ap, j, req_id, hist)
                 except Exception as e:  # evidence missing is no reason to lose the step
                     self._error("state-evidence", e)
             drafts = []
             if call is not None:
                 rows = self._rows_of(step, call, slot, req_id, i, sampled, num_sampled,
-                                     sampled_vllm, ns_v, off, n_logits, hist, rec)
+                                     sampled_vllm, ns_v, off, n_logits, hist, rec, j)
                 drafts = [r["input_token"] for r in rows if r["local_pos"] > 0]
                 self._rows.extend(rows)
             rec["draft_tokens"] = drafts
@@ -767,6 +837,8 @@ class Tracer:
                    markers_dev=dict(zip(MARKER_KEYS, parts)),
                    markers_ok=parts == self._config_markers,
                    markers_version=[m[1] for m in meta],
+                   markers_version0=(self._marker_base or {}).get("versions"),
+                   markers_base_ok=(self._marker_base or {}).get("ok"),
                    markers_moved=self._marker_ptrs is not None
                    and [m[0] for m in meta] != self._marker_ptrs,
                    total_len_dev=dev_len, history_ok=dev_len == len(hist)
@@ -782,7 +854,7 @@ class Tracer:
             rec["history_ok"] = sl_ == len(hist) and ss_ == self._checksum.get(req_id)
 
     def _rows_of(self, step, call, slot, req_id, i, sampled, num_sampled, sampled_vllm, ns_v,
-                 off, n, hist, rec):
+                 off, n, hist, rec, j):
         h = _host
         slots = h(call.slots)
         local = h(call.local_pos)
@@ -799,10 +871,18 @@ class Tracer:
         top_s = (h(call.top_s[0]), h(call.top_s[1])) if call.top_s is not None else None
         ns = int(num_sampled[i]) if num_sampled is not None else 0
         rows = list(range(off, min(off + n, len(slots))))
-        # the batch's own mapping for these rows, as apply_sampling_params and the kernel got
-        # it: rows -> this request's slot (mapping_ok), local positions and drafts
-        # (positions_ok)
-        mapping_ok = bool(all(int(slots[r]) == slot for r in rows))
+        # the batch's mapping for these rows, as apply_sampling_params and the kernel got it
+        # (host and device copies), against the host's record of the request's slot
+        # (mapping_ok); local positions and drafts (positions_ok)
+        req_slots = h(call.req_slots)
+        mapping_ok = bool(all(int(slots[r]) == slot for r in rows)) \
+            and int(call.gate_slots[j]) == slot \
+            and (req_slots is None or (j < len(req_slots) and int(req_slots[j]) == slot))
+        if req_id in step.index_moved:  # req_id_to_index no longer names its registered slot
+            mapping_ok = False
+        k_req = h(ap.get("k_req_ids"))
+        if k_req is not None:  # the slots the marker-scan kernel itself indexes per request
+            mapping_ok = mapping_ok and j < len(k_req) and int(k_req[j]) == slot
         positions_ok = [int(local[r]) for r in rows] == list(range(len(rows)))
         if "k_mapping" in ap:  # the kernel got another mapping than apply_sampling_params
             km, kl, ki = h(ap["k_mapping"]), h(ap["k_local_pos"]), h(ap["k_input_ids"])
@@ -839,6 +919,8 @@ class Tracer:
                    "emitted": lp < ns,
                    "from_draft": (lp < ns_v - 1) if lp < ns_v else None,
                    "count_host": truth.count, "due": truth.due, "due_token": truth.token,
+                   "due_logit_before_apply": None if before is None or e is None
+                   else float(before[r, e]),
                    "due_logit_after_apply": None if after is None or e is None
                    else float(after[r, e]),
                    "due_logit_kernel": None if k_end is None or e is None
@@ -912,7 +994,7 @@ class Tracer:
         return {"steps": store.frame(self.steps, store.STEP_COLUMNS),
                 "requests": store.frame(self.requests, store.REQUEST_COLUMNS),
                 "rows": store.frame(self.rows, store.ROW_COLUMNS),
-                "registrations": pd.DataFrame(self.registrations),
+                "registrations": _int_columns(pd.DataFrame(self.registrations)),
                 "meta": pd.DataFrame([{"markers": self.markers or {},
                                        "hookpoints": self.hp.describe(),
                                        "dropped_steps": self.dropped_steps,
@@ -929,12 +1011,27 @@ class Tracer:
 
 
 def _slots(rec: dict):
-    """The apply call's ``idx_mapping`` as int64 (made once: the scan launch and ``apply``
-    both index the per-slot state with it)."""
-    idx = rec.get("idx_long")
-    if idx is None:
-        idx = rec["idx_long"] = rec["idx"].long()
-    return idx
+    """The apply call's requests' own slots (``Tracer._own_index``) as an int64 device index:
+    the scan launch and ``apply`` both read the per-slot state with it."""
+    return rec["idx"]
+
+
+def _own(call: _Call) -> np.ndarray:
+    """The call's requests' own slots (the host's record); the call's mapping when unknown."""
+    return call.owner if call.owner is not None and len(call.owner) == len(call.gate_slots) \
+        else call.gate_slots
+
+
+REGISTRATION_INTS = ("slot", "prompt_len", "budget_param", "max_tokens", "step", "budget_host")
+
+
+def _int_columns(df):
+    """Integer columns as pandas' nullable ``Int64``: a request without a budget (None) must not
+    turn the others' budgets into floats (1 -> 1.0); parquet keeps the type."""
+    for c in REGISTRATION_INTS:
+        if c in df.columns:
+            df[c] = df[c].astype("Int64")
+    return df
 
 
 def _version(t) -> int | None:

@@ -35,20 +35,27 @@ before it held. All rules of the first broken stage are listed.
   ==============  ============  ================================================================
   configuration   H-h           the effective runner is not MRV2 although V2 was asked for
   state           H-b           ``ThinkingBudgetState.enabled`` is False
-  registration    H-c           ``use_thinking_budget`` False, or host budget != the request's
+  registration    H-c           ``use_thinking_budget`` / host budget != the request's (-1: none)
+  batch mapping   H-j           ``idx_mapping`` / ``expanded_idx_mapping`` (host, device, the
+                                kernel's) send the request's rows to another slot than the host
+                                registered it at (``req_id_to_index``) — checked before any
+                                per-slot value; the tracer reads every per-slot value at that
+                                registered slot, never through the batch's mapping
   gate            H-a           gate off, fast path taken, or ``apply`` never called
   launch          H-f           ``apply`` ran for a budgeted slot, launched no kernel
-  device state    H-i           the state's device marker ids != the configured ids
+  device state    H-i           the state's device marker ids != the configured ids, storage and
+                                ``_version`` unchanged (no tracked PyTorch write: out of band)
+                  H-i-inband    the same, ``_version`` moved or storage replaced (in band)
                   H-d           device budget != host budget
                   H-d-history   device ``total_len`` / history checksum != the host history
-                  H-j           the kernel got other rows / slots / local positions than the
-                                batch's
                   H-d-cache     the marker cache entering ``apply`` (replayed over the history)
                                 gives another reasoning state than the rule, while the previous
                                 ``apply`` had left it right (markers and history right)
-  kernel          H-d-kernel    right inputs, yet the due row got no +1e9 (or the marker scan
-                                came out wrong, or ``apply`` handed the kernel other tensors);
-                                H-j listed too when forcing tracks the batch composition
+  kernel          H-d-kernel    right inputs, yet the due row got no winning +1e9 (the bias
+                                found at the due column and the winning logit are reported),
+                                or the marker scan came out wrong, or ``apply`` handed the
+                                kernel other tensors; H-j listed too when forcing tracks the
+                                batch composition
                   H-d-column    the due row got +1e9 in another column than the due token
                   H-e           the kernel biased a tensor that is not ``apply``'s
   sampling        H-e           ``apply``'s tensor forced, the tensor sampled not
@@ -57,6 +64,16 @@ before it held. All rules of the first broken stage are listed.
                                 while forced rows sampled on their own did yield the forced token
   commit          H-k           the sampler produced the due token, another was emitted
   ==============  ============  ================================================================
+
+The other side of the contract (``budget.forced_not_due``): ``</think>`` forced where it was
+not due — before the budget binds (``early``), into a request without a budget
+(``unbudgeted``), after reasoning ended (``twice``) — is a violation at the first such output
+index; a position counts as forced when the row's bias (+1e9 across ``apply``) is in the
+emitted token's column or the token was replaced after sampling. Its causes
+(``FORCING_RULES``): H-c (a budget registered that was not asked for), H-j (mapping), the
+device state (H-i…, H-d, H-d-history, H-d-cache), H-d-kernel (``apply`` biased a row that was
+not due), H-k (the end committed over another sampled token). Gate and launch cannot add a
+forcing and are not consulted.
 
 It never reads which fault was injected (``cfg`` is used only for the runner that was asked
 for); ``outcomes`` (what the client saw) only cross-check the trace and stand in for it when
@@ -73,6 +90,10 @@ import pandas as pd
 
 from workbook.core import budget, tracefiles
 from workbook.core.hypotheses import HYPOTHESES, STAGES, title
+from workbook.run.verdicts import (  # noqa: F401 (re-exported: the diagnosis' public names)
+    INT_FIELDS, as_int as _int, cause as _cause, chain_rows, dedupe as _dedupe,
+    pointed_by, py as _py, records as _records, single as _single)
+from workbook.run import verdicts
 
 FORCED = budget.FORCED_LOGIT
 
@@ -83,37 +104,35 @@ def _markers(frames, effective) -> budget.Markers:
     return budget.Markers.of(m if m.get("end") else effective)
 
 
-def _records(df: pd.DataFrame | None) -> list[dict]:
-    if df is None or len(df) == 0:
-        return []
-    return [{k: _decode(k, _py(v)) for k, v in r.items()} for r in df.to_dict("records")]
-
-
-def _decode(k, v):
-    if k in tracefiles.JSON_COLUMNS and isinstance(v, str):
-        try:
-            return json.loads(v)
-        except ValueError:
-            return v
-    return v
-
-
-def _py(v):
-    if hasattr(v, "tolist"):
-        return v.tolist()
-    if isinstance(v, float) and v != v:  # NaN
-        return None
-    return v
-
-
-def _int(v):
-    return None if v is None else int(v)
+def forced_indices(steps: list[dict], rows: list[dict], markers: budget.Markers) -> list[int]:
+    """Output indices of a request whose end-marker token was forced, from its rows: the row's
+    own bias put +1e9 in that token's column (``apply``), or the token was replaced after
+    sampling (emitted != sampled: a guard or anything between sampler and commit)."""
+    ends = set(int(t) for t in markers.end)
+    by_step: dict = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r)
+    out, offset = [], 0
+    for st in steps:
+        for r in by_step.get(st["step"], []):
+            em = r.get("emitted_token")
+            if em is None or not r.get("emitted") or int(em) not in ends:
+                continue
+            biased = int(em) in [int(x) for x in (r.get("bias_cols") or [])] or (
+                markers.end and int(em) == int(markers.end[0])
+                and (r.get("end_logit_after_apply") or 0) >= FORCED)
+            sv = r.get("sampled_vllm")
+            if biased or (sv is not None and int(sv) != int(em)):
+                out.append(offset + int(r["local_pos"]))
+        offset += len(st["emitted"] or [])
+    return sorted(out)
 
 
 def traced_requests(frames: dict, markers: budget.Markers) -> list[dict]:
     """Per traced request: budget, r0, output tokens, expected end index, honored."""
     regs = _records(frames.get("registrations"))
     reqs = _records(frames.get("requests"))
+    rows = _records(frames.get("rows"))
     out = []
     for reg in regs:
         rid = reg["req_id"]
@@ -121,12 +140,14 @@ def traced_requests(frames: dict, markers: budget.Markers) -> list[dict]:
         output = [t for r in steps for t in (r["emitted"] or [])]
         if reg.get("max_tokens"):  # the engine drops what a last step emits beyond max_tokens
             output = output[:int(reg["max_tokens"])]
-        b = reg.get("budget_param")
+        b = _int(reg.get("budget_param"))
         r0 = steps[0]["reasoning_count"] if steps else None
-        j = budget.judge_from_count(r0, output, b, markers)
+        forced = forced_indices(steps, [r for r in rows if r["req_id"] == rid], markers)
+        j = budget.judge_from_count(r0, output, b, markers, forced)
         out.append({"req_id": rid, "budget": b, "r0": r0, "output": output,
                     "expected_end_index": j.expected_end_index, "honored": j.honored,
-                    "actual_end_index": j.actual_end_index,
+                    "actual_end_index": j.actual_end_index, "kind": j.kind, "at": j.at,
+                    "forced": forced,
                     "prompt_len": reg.get("prompt_len"), "registration": reg, "steps": steps})
     return out
 
@@ -137,7 +158,7 @@ def _client_budgets(reqs: list[dict], client: list[dict], markers) -> None:
     budget and keep the runner's as ``budget_runner``. Matched by request id (the engine's is
     the client's plus a suffix), else by a unique identical output."""
     for o in client:
-        ob, oid = o.get("budget"), str(o.get("request_id") or "")
+        ob, oid = _int(o.get("budget")), str(o.get("request_id") or "")
         if ob is None:
             continue
         same = [r for r in reqs if oid and (r["req_id"] == oid or
@@ -147,14 +168,17 @@ def _client_budgets(reqs: list[dict], client: list[dict], markers) -> None:
         if len(same) != 1 or same[0]["budget"] == ob:
             continue
         r = same[0]
-        j = budget.judge_from_count(r["r0"], r["output"], ob, markers)
+        j = budget.judge_from_count(r["r0"], r["output"], ob, markers, r["forced"])
         r.update(budget_runner=r["budget"], budget=ob, expected_end_index=j.expected_end_index,
-                 honored=j.honored, actual_end_index=j.actual_end_index)
+                 honored=j.honored, actual_end_index=j.actual_end_index, kind=j.kind, at=j.at)
 
 
 def locate(req: dict) -> tuple[dict | None, int | None]:
-    """The request-step that emitted output index ``expected_end_index``, and its local pos."""
-    e = req["expected_end_index"]
+    """The request-step that emitted the first violating output index (``at``; else
+    ``expected_end_index``), and its local pos."""
+    e = req.get("at") if req.get("at") is not None else req["expected_end_index"]
+    if e is None:
+        return None, None
     offset = 0
     for st in req["steps"]:
         n = len(st["emitted"] or [])
@@ -185,16 +209,15 @@ class Ctx:
         return self.req["budget"]
 
     @property
+    def kind(self) -> str:
+        """Which side of the contract broke (``budget.VIOLATION_KINDS``)."""
+        return self.req.get("kind") or "missing"
+
+    @property
     def due_token(self):
         if self.row is not None and self.row.get("due_token") is not None:
             return int(self.row["due_token"])
         return list(self.markers.end)[0] if self.markers.end else None
-
-
-def _cause(hyp: str, saw: str, stage: str | None = None, **extra) -> dict:
-    h = HYPOTHESES[hyp]
-    return {"hypothesis": hyp, "title": h.title, "stage": stage or h.stage, "saw": saw,
-            "confirm": h.confirm, **extra}
 
 
 # ---- rules, stage by stage (each returns the causes it sees; [] = the stage held) ---------
@@ -216,12 +239,32 @@ def _rule_registration(c: Ctx) -> list[dict]:
                               f"{c.req['budget_runner']}: lost before MRV2 registered it")]
     use = reg.get("use_thinking_budget")
     host = reg.get("budget_host")
-    if use is False or st.get("use_thinking_budget") is False or (
-            host is not None and b is not None and int(host) != int(b)):
-        return [_cause("H-c", f"registered use_thinking_budget={use} (at the violating step: "
-                              f"{st.get('use_thinking_budget')}), host budget={host} for a "
-                              f"request with budget {b}")]
+    want_use, want_host = b is not None, (-1 if b is None else int(b))  # vLLM's add_request
+    use_now, host_now = st.get("use_thinking_budget"), st.get("budget_host")
+    wrong = [x for x in (use, use_now) if x is not None and bool(x) != want_use] + \
+        [x for x in (host, host_now) if x is not None and int(x) != want_host]
+    if wrong:
+        asked = f"budget {b}" if b is not None else "no budget"
+        return [_cause("H-c", f"registered use_thinking_budget={use}, host budget={host} (at "
+                              f"the violating step: {use_now}, {host_now}) for a request "
+                              f"with {asked}")]
     return []
+
+
+def _rule_mapping(c: Ctx) -> list[dict]:
+    """The batch's row->slot mapping against the host's own record of the request's slot
+    (``req_states.req_id_to_index``): checked before any per-slot value is judged, since every
+    per-slot value the kernel read went through it."""
+    st = c.st
+    if st.get("mapping_ok") is not False:
+        return []
+    bs, own = st.get("batch_slot"), st.get("slot")
+    where = (f"the batch's idx_mapping sent it to slot {bs}" if bs is not None and own is not None
+             and int(bs) != int(own) else "the rows / slots the call or the kernel got")
+    return [_cause("H-j", f"at step {st['step']} (batch of {st.get('batch_size')}, request "
+                          f"at position {st.get('batch_pos')}) {where}, while the host "
+                          f"registered it at slot {own} (req_id_to_index): the kernel read "
+                          "another slot's state for this request's rows")]
 
 
 def _rule_gate(c: Ctx) -> list[dict]:
@@ -267,15 +310,11 @@ def _rule_device_state(c: Ctx) -> list[dict]:
     st, out = c.st, []
     if st.get("markers_ok") is False:
         md = st.get("markers_dev") or {}
-        ver = st.get("markers_version")
-        untouched = not st.get("markers_moved") and ver is not None and all(
-            v is not None and int(v) == 0 for v in ver)
-        oob = (f"; storage unchanged and _version {ver} — no tracked PyTorch write put them "
-               "there (an out-of-band write, or one through an alias)") if untouched else \
-            f"; _version {ver}, storage {'moved' if st.get('markers_moved') else 'unchanged'}"
-        out.append(_cause("H-i", f"at step {st['step']} the state's device marker ids read "
-                                 f"start={md.get('start')} end={md.get('end')} natural_end="
-                                 f"{md.get('natural_end')}, configured {c.config_markers}{oob}"))
+        hyp, how = _marker_write(st)
+        out.append(_cause(hyp, f"at step {st['step']} the state's device marker ids read "
+                               f"start={md.get('start')} end={md.get('end')} natural_end="
+                               f"{md.get('natural_end')}, configured {c.config_markers}; "
+                               f"{how}"))
     bd, bh = st.get("budget_device"), st.get("budget_host")
     if bd is not None and bh is not None and int(bd) != int(bh):
         out.append(_cause("H-d", f"device budget {bd} != host budget {bh} for slot "
@@ -285,10 +324,6 @@ def _rule_device_state(c: Ctx) -> list[dict]:
                                          f"{st.get('total_len_dev')} for a committed history "
                                          f"of {st.get('total_len_before')} tokens (or its "
                                          "tokens differ: checksum mismatch)"))
-    if st.get("mapping_ok") is False:
-        out.append(_cause("H-j", f"at step {st['step']} (batch of {st.get('batch_size')}, "
-                                 f"request at position {st.get('batch_pos')}) the kernel was "
-                                 "not handed this request's rows mapped to its own slot"))
     if st.get("cache_before_ok") is False and st.get("markers_ok") is not False and \
             st.get("history_ok") is not False and (bd is None or int(bd) >= 0):
         prev = _previous_apply(c)
@@ -297,8 +332,9 @@ def _rule_device_state(c: Ctx) -> list[dict]:
                 f"reasoning starts at {prev.get('truth_start')}") if prev is not None else ""
         if prev is not None and prev.get("cache_after_ok") is False and \
                 prev.get("markers_ok") is False:
-            out.append(_cause("H-i", f"{left}: it read marker ids {prev.get('markers_dev')}, "
-                                     f"configured {c.config_markers}"))
+            hyp, how = _marker_write(prev)
+            out.append(_cause(hyp, f"{left}: it read marker ids {prev.get('markers_dev')}, "
+                                   f"configured {c.config_markers}; {how}"))
         elif prev is not None and prev.get("cache_after_ok") is False and \
                 prev.get("history_ok") is False:
             out.append(_cause("H-d-history", f"{left}: it read a history of total_len "
@@ -316,6 +352,35 @@ def _rule_device_state(c: Ctx) -> list[dict]:
             out.append(_cause("H-d-cache", _cache_saw(st) + (
                 "" if prev is None else f"; step {prev['step']}'s apply had left it right")))
     return out
+
+
+def _marker_write(st: dict) -> tuple[str, str]:
+    """In band or out of band? A PyTorch write moves the tensor's ``_version`` (or replaces
+    the tensor: storage moved); a write PyTorch does not track (another kernel, a raw or
+    untracked alias) leaves both. The reference is the tracer's baseline, taken before the
+    first request of the trace was added (``markers_version0``, values ``markers_base_ok``);
+    without one, vLLM's own: the tensors are made once (``torch.tensor``: ``_version`` 0) and
+    never written by vLLM."""
+    ver, ver0 = st.get("markers_version"), st.get("markers_version0")
+    moved, base_ok = st.get("markers_moved"), st.get("markers_base_ok")
+    known = ver is not None and all(v is not None for v in ver)
+    known0 = ver0 is not None and all(v is not None for v in ver0)
+    if moved:
+        return "H-i-inband", ("storage moved (the tensors were replaced): a PyTorch write "
+                              "changed them (in band)")
+    if known and known0 and list(ver) != list(ver0):
+        return "H-i-inband", (f"storage unchanged, _version {ver0} -> {ver} during the trace: "
+                              "a PyTorch write changed them (in band)")
+    if known and (base_ok is False or not known0) and any(int(v) != 0 for v in ver):
+        return "H-i-inband", (f"storage unchanged, _version {ver} (the tensors are made at "
+                              "_version 0 and vLLM never writes them): a PyTorch write "
+                              "changed them (in band)" + (", before this trace began"
+                                                          if base_ok is False else ""))
+    if known:
+        return "H-i", (f"storage unchanged and _version {ver} — no tracked PyTorch write put "
+                       "them there (an out-of-band write, or one through an untracked alias)")
+    return "H-i", ("storage unchanged, _version not tracked (inference tensors): no tracked "
+                   "PyTorch write is recorded, in band or out of band cannot be told")
 
 
 def _cache_saw(st: dict) -> str:
@@ -416,15 +481,86 @@ def _rule_kernel(c: Ctx) -> list[dict]:
     saw = (f"kernels launched at step {st['step']} with the state's own tensors, markers, "
            f"budget {st.get('budget_device')}, history and caches right, yet {where} "
            f"(row {row['row']}, local_pos {row['local_pos']}, count {row.get('count_host')} "
-           f">= budget {c.budget}) got no +1e9 in any column")
+           f">= budget {c.budget}) {_bias_found(c)}")
     pat = _pattern(c, "forced")
     if pat and pat["kind"] == "position":
         saw += f"; due rows were forced only when {pat['text']}"
     causes = [_cause("H-d-kernel", saw)]
-    batch = _batch_dependence(c, "forced")
+    # a bias that reached exactly this row's due column shows the kernel processed this row
+    # as due (its rows, its slot): batch composition is then excluded
+    batch = None if _due_delta(c) > 0 else _batch_dependence(c, "forced")
     if batch:
         causes.append(_cause("H-j", batch))
     return causes
+
+
+def _due_delta(c: Ctx) -> float:
+    """What apply added at the violating row's due column (0 when unknown)."""
+    row, due = c.row, c.due_token
+    before, after = row.get("due_logit_before_apply"), row.get("due_logit_after_apply")
+    if before is None and due is not None and c.markers.end and due == c.markers.end[0]:
+        before = row.get("end_logit_before_apply")
+    return 0.0 if before is None or after is None else float(after) - float(before)
+
+
+def _bias_found(c: Ctx) -> str:
+    """What ``apply`` really did at the due column of the violating row, against the logit
+    that won the row."""
+    row, due = c.row, c.due_token
+    before, after = row.get("due_logit_before_apply"), row.get("due_logit_after_apply")
+    if before is None and due is not None and c.markers.end and due == c.markers.end[0]:
+        before = row.get("end_logit_before_apply")
+    top, top_v = row.get("sampled_top"), row.get("sampled_top_logit")
+    if top is None:
+        ids, vals = row.get("topk_ids_after") or [], row.get("topk_vals_after") or []
+        top, top_v = (ids[0], vals[0]) if ids and vals else (None, None)
+    won = f"; token {top} won the row at {_fmt(top_v)}" if top is not None else ""
+    if before is None or after is None:
+        return f"was not forced at the due column {due} (left at {_fmt(after)}){won}"
+    delta = after - before
+    if delta > 0:
+        return (f"got +{_fmt(delta)} at the due column {due} ({_fmt(before)} -> "
+                f"{_fmt(after)}), not +1e9: too weak against the winning logit"
+                + (f" {_fmt(top_v)} of token {top}" if top is not None else ""))
+    return (f"got no bias at the due column {due} (it stayed at {_fmt(after)}) and +1e9 in "
+            f"no column{won}")
+
+
+def _rule_forced_kernel(c: Ctx) -> list[dict]:
+    """A row that was not due carries the forcing bias (``apply``'s tensor)."""
+    st, row = c.st, c.row
+    if row is None:
+        return []
+    cols = [int(x) for x in (row.get("bias_cols") or [])]
+    em = row.get("emitted_token")
+    if em is None or not (int(em) in cols or (_forced(row) and c.markers.end
+                                              and int(em) == int(c.markers.end[0]))):
+        return []
+    b = c.budget
+    why = ("the request has no budget" if b is None else
+           f"count {row.get('count_host')} < budget {b}" if c.kind == "early" else
+           "its reasoning had already ended")
+    bad = _substituted(c)
+    handed = (f"; apply handed the kernel {', '.join(bad)}, not the state's tensors"
+              if bad else "; the state's inputs were right")
+    return [_cause("H-d-kernel", f"row {row['row']} (local_pos {row['local_pos']}) at step "
+                                 f"{st['step']} was not due ({why}), yet apply put +1e9 in "
+                                 f"column(s) {cols}: {em} was forced"
+                                 f"{handed}")]
+
+
+def _rule_forced_commit(c: Ctx) -> list[dict]:
+    """The end token replaced a sampled token after sampling, where it was not due."""
+    row = c.row
+    if row is None:
+        return []
+    sv, em = row.get("sampled_vllm"), row.get("emitted_token")
+    if sv is not None and em is not None and int(sv) != int(em):
+        b = c.budget
+        why = "the request has no budget" if b is None else f"budget {b}, {c.kind}"
+        return [_cause("H-k", f"the {c.st.get('path')} produced {sv} at row {row['row']}, "
+                              f"{em} was committed instead where no end was due ({why})")]
+    return []
 
 
 def _batch_dependence(c: Ctx, what: str) -> str | None:
@@ -535,9 +671,15 @@ def _rule_commit(c: Ctx) -> list[dict]:
     return []
 
 
-RULES = (("state", _rule_state), ("registration", _rule_registration), ("gate", _rule_gate),
-         ("launch", _rule_launch), ("device state", _rule_device_state),
-         ("kernel", _rule_kernel), ("sampling", _rule_sampling), ("commit", _rule_commit))
+RULES = (("state", _rule_state), ("registration", _rule_registration),
+         ("batch mapping", _rule_mapping), ("gate", _rule_gate), ("launch", _rule_launch),
+         ("device state", _rule_device_state), ("kernel", _rule_kernel),
+         ("sampling", _rule_sampling), ("commit", _rule_commit))
+# the other side of the contract: the end forced where it was not due (early, into a request
+# without a budget, twice). Gate and launch cannot add a forcing; the stages that can, in order
+FORCING_RULES = (("registration", _rule_registration), ("batch mapping", _rule_mapping),
+                 ("device state", _rule_device_state), ("kernel", _rule_forced_kernel),
+                 ("commit", _rule_forced_commit))
 
 
 def _forced(row: dict) -> bool:
@@ -586,20 +728,11 @@ def _pattern(c: Ctx, what: str) -> dict | None:
 
 def classify(c: Ctx) -> list[dict]:
     """The causes of the first stage whose contract is broken at the violating row."""
-    for _stage_name, rule in RULES:
+    for _stage_name, rule in (RULES if c.kind == "missing" else FORCING_RULES):
         causes = rule(c)
         if causes:
             return _dedupe(causes)
     return []
-
-
-def _dedupe(causes: list[dict]) -> list[dict]:
-    seen, out = set(), []
-    for cse in causes:
-        if cse["hypothesis"] not in seen:
-            seen.add(cse["hypothesis"])
-            out.append(cse)
-    return out
 
 
 # ---- trace-wide contract checks (what "unclassified" lists; empty on healthy vLLM) ---------
@@ -624,7 +757,18 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
 
     budgeted = {rid for rid, r in regs.items() if r.get("budget_param") is not None}
     for s in steps:
+        if s["req_id"] not in regs:
+            continue
+        if s.get("mapping_ok") is False:  # every request: the kernel reads slots through it
+            hit("batch mapping", "mapping", s, f"rows / slots handed to the kernel are not the "
+                                               f"request's own slot {s.get('slot')} (batch "
+                                               f"slot {s.get('batch_slot')})")
         if s["req_id"] not in budgeted:
+            if s.get("use_thinking_budget") or (s.get("budget_host") is not None
+                                                and int(s["budget_host"]) != -1):
+                hit("registration", "registered", s,
+                    f"use={s.get('use_thinking_budget')} host budget={s.get('budget_host')} "
+                    "for a request without a budget")
             continue
         b = regs[s["req_id"]]["budget_param"]
         if s.get("enabled") is False:
@@ -650,9 +794,6 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
         if s.get("history_ok") is False:
             hit("device state", "history", s, f"device total_len {s.get('total_len_dev')} / "
                                               f"host {s.get('total_len_before')}")
-        if s.get("mapping_ok") is False:
-            hit("device state", "mapping", s, "rows / slots handed to the kernel differ from "
-                                              "the batch's")
         if s.get("positions_ok") is False:
             hit("device state", "positions", s, "local positions / drafts handed to the "
                                                 "kernel differ from the batch's")
@@ -669,10 +810,18 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
                                                           "apply's exit found it changed")
         if [n for n in (s.get("kernel_substituted") or [])]:
             hit("kernel", "kernel inputs", s, f"not the state's: {s['kernel_substituted']}")
+    ends = set(int(t) for t in (markers.end if markers is not None else ()))
     for r in rows:
-        if r["req_id"] not in budgeted:
-            continue
         cols = [int(x) for x in (r.get("bias_cols") or [])]
+        if r["req_id"] not in budgeted:
+            if cols:
+                hit("kernel", "non-due row biased", r, f"+1e9 in {cols} in a request without a "
+                                                       "budget", r["local_pos"])
+            sv, em = r.get("sampled_vllm"), r.get("emitted_token")
+            if sv is not None and em is not None and int(sv) != int(em) and int(em) in ends:
+                hit("commit", "end committed where not due", r, f"sampled {sv}, committed "
+                                                                f"{em}", r["local_pos"])
+            continue
         if r.get("due"):
             if not _forced(r):
                 if r.get("due_logit_kernel") is not None and r["due_logit_kernel"] >= FORCED:
@@ -705,6 +854,11 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
         elif cols:
             hit("kernel", "non-due row biased", r, f"+1e9 in {cols} at count "
                                                    f"{r.get('count_host')}", r["local_pos"])
+        else:
+            sv, em = r.get("sampled_vllm"), r.get("emitted_token")
+            if sv is not None and em is not None and int(sv) != int(em) and int(em) in ends:
+                hit("commit", "end committed where not due", r, f"sampled {sv}, committed "
+                                                                f"{em}", r["local_pos"])
     order = list(STAGES)
     return sorted(found.values(), key=lambda a: (order.index(a["stage"]), -a["count"]))[:limit]
 
@@ -723,7 +877,8 @@ def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> d
                               "causes": [], "chain": [], "probes": {}, "violations": [],
                               "anomalies": []}
     result["requests"] = [{k: r[k] for k in ("req_id", "budget", "r0", "expected_end_index",
-                                             "actual_end_index", "honored", "output")}
+                                             "actual_end_index", "honored", "kind", "at",
+                                             "forced", "output")}
                           for r in reqs]
     asked_v2 = cfg is None or getattr(cfg, "runner", "v2") == "v2"
     not_v2 = effective.get("runner_is_v2") is False or (
@@ -770,26 +925,29 @@ def _violations(result: dict, frames: dict, reqs: list, markers) -> None:
             rows_by_pos = {r["local_pos"]: r for r in all_rows
                            if r["step"] == st["step"] and r["req_id"] == bad["req_id"]}
             row = rows_by_pos.get(lp)
-        e = bad["expected_end_index"]
-        fv = {"req_id": bad["req_id"], "budget": bad["budget"],
+        e = bad["at"] if bad.get("at") is not None else bad["expected_end_index"]
+        kind = bad.get("kind") or "missing"
+        fv = {"req_id": bad["req_id"], "budget": bad["budget"], "kind": kind,
               "step": None if st is None else st["step"],
               "path": None if st is None else st["path"],
               "row": None if row is None else row["row"], "local_pos": lp,
-              "output_index": e, "expected_token": _int(row.get("due_token")) if row and
-              row.get("due_token") is not None else (end[0] if end else None),
+              "output_index": e, "expected_token": None if kind != "missing" else
+              _int(row.get("due_token")) if row and row.get("due_token") is not None
+              else (end[0] if end else None),
               "emitted_token": bad["output"][e] if e is not None and e < len(bad["output"])
               else None,
               "batch_size": None if st is None else st.get("batch_size"),
               "batch": [] if st is None else [
                   {"req_id": s["req_id"], "batch_pos": s.get("batch_pos"),
-                   "budget": s.get("budget_host")} for s in all_steps
+                   "budget": _budget_of(reqs, s)} for s in all_steps
                   if s["step"] == st["step"]]}
         causes = []
         if st is not None:
             c = Ctx(req=bad, st=st, lp=lp, row=row, rows_by_pos=rows_by_pos, rows=all_rows,
                     steps=all_steps, markers=markers, config_markers=config, path_of=path_of)
             causes = classify(c)
-        vios.append({"req_id": bad["req_id"], "budget": bad["budget"], "first_violation": fv,
+        vios.append({"req_id": bad["req_id"], "budget": bad["budget"], "kind": kind,
+                     "first_violation": fv,
                      "expected_end_index": e, "actual_end_index": bad["actual_end_index"],
                      "causes": causes, "hypothesis": _single(causes),
                      "evidence": [_slim(st or {}), row or {}]})
@@ -813,11 +971,10 @@ def _violations(result: dict, frames: dict, reqs: list, markers) -> None:
                          for r in reqs if r["budget"] is not None]
 
 
-def _single(causes: list[dict]) -> str:
-    hyps = {c["hypothesis"] for c in causes}
-    if len(hyps) == 1:
-        return next(iter(hyps))
-    return "ambiguous" if hyps else "unclassified"
+def _budget_of(reqs: list, s: dict) -> int | None:
+    """A request's budget as asked (None: none), from its registration."""
+    r = next((r for r in reqs if r["req_id"] == s["req_id"]), None)
+    return None if r is None else _int(r["budget"])
 
 
 def _name(result: dict) -> None:
@@ -836,9 +993,16 @@ def _name(result: dict) -> None:
     result["hypothesis"] = hyp
     result["hypothesis_title"] = title(hyp)
     fv = result.get("first_violation") or {}
-    head = (f"budget {fv.get('budget')} violated at step {fv.get('step')}, local_pos "
-            f"{fv.get('local_pos')} ({fv.get('path')}): expected {fv.get('expected_token')}, "
-            f"emitted {fv.get('emitted_token')}")
+    kind = fv.get("kind") or "missing"
+    asked = "no budget" if fv.get("budget") is None else f"budget {fv.get('budget')}"
+    where = (f"at step {fv.get('step')}, local_pos {fv.get('local_pos')} "
+             f"({fv.get('path')})")
+    if kind == "missing":
+        head = (f"{asked} violated {where}: expected {fv.get('expected_token')}, "
+                f"emitted {fv.get('emitted_token')}")
+    else:
+        head = (f"{asked} violated {where}: {budget.VIOLATION_KINDS[kind]} (output index "
+                f"{fv.get('output_index')}, token {fv.get('emitted_token')})")
     n_bad = len(result.get("violations") or [])
     if n_bad > 1:
         head += f" (and {n_bad - 1} more violated request{'s' if n_bad > 2 else ''})"
@@ -872,105 +1036,6 @@ def _client_agrees(reqs, client) -> bool | None:
     return all(tuple(c.get("token_ids") or []) in traced for c in client)
 
 
-# ---- probes fed back, and the chain -------------------------------------------------------
-
-# a probe result that is positive evidence on its own: (probe, verdict of the violating
-# request under it) -> the hypothesis it points to, when the original run was violated
-POSITIVE = {("alone", "honored"): "H-j", ("markers", "honored"): "H-i",
-            ("budget", "honored"): "H-d", ("caches", "honored"): "H-d-cache",
-            ("no_spec", "honored"): None, ("v1", "honored"): None}
-
-
 def with_probes(verdict: dict, probes: dict) -> dict:
-    """The verdict with the probes' results fed back: candidates a probe refutes are dropped
-    (each cause records ``confirmed_by`` / ``refuted_by``), causes a probe proves on its own
-    are added, and ``hypothesis`` / ``chain`` / summary recomputed. ``probes`` is
-    ``workbook.run.probes.run``'s result (name -> {verdict, ...})."""
-    v = json.loads(json.dumps(verdict))
-    v["probes"] = probes
-    if v.get("verdict") != "violated":
-        v["chain"] = chain_rows(v)
-        return v
-    results = {n: p for n, p in (probes or {}).items() if p.get("verdict") in ("honored",
-                                                                              "violated")}
-    causes = [dict(c) for c in v.get("causes") or []]
-    for c in causes:
-        pred = HYPOTHESES[c["hypothesis"]].predicts if c["hypothesis"] in HYPOTHESES else {}
-        # a probe whose own trace shows this very cause again reproduces it: the switch did
-        # not remove it (e.g. a writer that re-corrupts what the probe repaired), no refutal
-        again = [n for n, p in results.items() if p["verdict"] == "violated"
-                 and c["hypothesis"] in (p.get("causes") or [p.get("hypothesis")])]
-        c["confirmed_by"] = [n for n, p in results.items()
-                             if pred.get(n) == p["verdict"] or n in again]
-        c["refuted_by"] = [n for n, p in results.items()
-                           if pred.get(n) not in (None, p["verdict"]) and n not in again]
-        if again:
-            c["reproduced_by"] = again
-    kept = [c for c in causes if not c["refuted_by"]]
-    have = {c["hypothesis"] for c in kept}
-    for (name, outcome), hyp in POSITIVE.items():
-        p = results.get(name)
-        if hyp is None or p is None or p["verdict"] != outcome or hyp in have:
-            continue
-        pred = HYPOTHESES[hyp].predicts
-        refuted = [n for n, q in results.items() if pred.get(n) not in (None, q["verdict"])]
-        if refuted:
-            continue
-        new = _cause(hyp, f"probe '{name}' ({p.get('switch')}): {outcome}, while the run "
-                          "itself was violated", from_probe=name,
-                     confirmed_by=[n for n, q in results.items()
-                                   if pred.get(n) == q["verdict"]], refuted_by=[])
-        kept.append(new)
-        have.add(hyp)
-    v["refuted"] = [c for c in causes if c["refuted_by"]]
-    v["causes"] = kept
-    _name(v)
-    if v["hypothesis"] == "unclassified" and v["refuted"]:
-        v["reason"] = ("the probes refute every candidate (" + ", ".join(
-            f"{c['hypothesis']} by {c['refuted_by']}" for c in v["refuted"]) + "); " +
-            (v.get("reason") or ""))
-        v["summary"] = v["summary"].split(" — ")[0] + " — unclassified: " + v["reason"]
-    v["chain"] = chain_rows(v)
-    return v
-
-
-def chain_rows(verdict: dict) -> list[dict]:
-    """One row per cause (and per refuted candidate): stage → anomaly seen → cause → what
-    would confirm it → its result. The table notebook 03 and the report show."""
-    probes = verdict.get("probes") or {}
-    rows = []
-
-    def result_of(c: dict) -> str:
-        if not probes:
-            return "not run (run with probes=True)"
-        parts = []
-        pred = HYPOTHESES[c["hypothesis"]].predicts if c["hypothesis"] in HYPOTHESES else {}
-        again = c.get("reproduced_by") or []
-        for n, p in probes.items():
-            if p.get("verdict") not in ("honored", "violated"):
-                continue
-            want = pred.get(n)
-            mark = " ✓ (same cause again)" if n in again else \
-                "" if want is None else (" ✓" if want == p["verdict"] else " ✗")
-            parts.append(f"{n}: {p['verdict']}{mark}")
-        return ", ".join(parts) or "no probe applied"
-
-    for c in verdict.get("causes") or []:
-        rows.append({"stage": c.get("stage"), "anomaly": c.get("saw"),
-                     "cause": f"{c['hypothesis']}: {c.get('title')}",
-                     "confirm": c.get("confirm"), "result": result_of(c),
-                     "status": "named" if verdict.get("hypothesis") == c["hypothesis"]
-                     else "candidate"})
-    for c in verdict.get("refuted") or []:
-        rows.append({"stage": c.get("stage"), "anomaly": c.get("saw"),
-                     "cause": f"{c['hypothesis']}: {c.get('title')}",
-                     "confirm": c.get("confirm"), "result": result_of(c),
-                     "status": f"refuted by {', '.join(c.get('refuted_by') or [])}"})
-    if verdict.get("hypothesis") == "unclassified" and not rows:
-        for a in (verdict.get("anomalies") or [])[:5]:
-            rows.append({"stage": a["stage"], "anomaly": f"{a['check']} ×{a['count']}: "
-                                                         f"{a['saw']}",
-                         "cause": "unclassified", "confirm": "probes: batch of 1, markers "
-                         "re-uploaded, device state refreshed, guard on",
-                         "result": result_of({"hypothesis": ""}), "status": "anomaly"})
-    return rows
+    """``verdicts.with_probes`` with the budget's own summary (``_name``)."""
+    return verdicts.with_probes(verdict, probes, namer=_name)

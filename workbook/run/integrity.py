@@ -3,7 +3,7 @@
 ``verdict_from_watch(watch)`` turns ``watch.json`` (``workbook.hooks.watch``) into the
 ``integrity`` section of ``verdict.json``::
 
-    {"hypothesis": "H-i" | None, "verdict": "corrupted" | "intact" | "not watched",
+    {"hypothesis": "H-i" | "H-i-inband" | None, "verdict": "corrupted" | "intact" | "not watched",
      "phase": "profiling run › target forward", "module": "target.model.layers.0.mlp",
      "op": "aten.fill_.Scalar", "tensors": [...], "before": ..., "after": ..., "saw": "...",
      "confirm": "..."}
@@ -54,10 +54,11 @@ def verdict_from_watch(watch: dict | None) -> dict[str, Any]:
         op = named["op"]
     kernel = op[len("triton:"):] if op and op.startswith("triton:") else None
     module = ch.get("module") or (named or {}).get("module")
+    ver = ch.get("version") or [None, None]
+    oob = bool(named and named.get("alias")) or (not ch.get("ptr_moved") and ver[0] == ver[1])
     how = ("through an alias of its storage" if named and named.get("alias")
-           else "with no PyTorch write to the tensor itself" if not ch.get("ptr_moved")
-           and (ch.get("version") or [None, None])[0] == (ch.get("version") or [None, None])[1]
-           else "")
+           else "with no PyTorch write to the tensor itself" if oob
+           else "by a PyTorch write (in band)")
     where = ch["phase"] + (f", in {module}" if module else "") + \
         (f", by {op}" if op else "") + (f" (between {ch['last_clean']} and "
                                         f"{ch['first_dirty']})" if not op else "")
@@ -65,7 +66,8 @@ def verdict_from_watch(watch: dict | None) -> dict[str, Any]:
            f"{where}{'; ' + how if how else ''}; storage pointer "
            f"{'moved' if ch.get('ptr_moved') else 'unchanged'}, _version "
            f"{ch.get('version')}; tensors changed in that phase: {moved}")
-    return {**base, "hypothesis": "H-i", "verdict": "corrupted", "phase": ch["phase"],
+    return {**base, "hypothesis": "H-i" if oob else "H-i-inband", "verdict": "corrupted",
+            "phase": ch["phase"],
             "top_phase": ch.get("top_phase"), "step": ch.get("step"), "module": module,
             "op": op, "kernel": kernel, "tensors": moved, "tensor": ch["tensor"],
             "before": ch["before"], "after": ch["after"], "last_clean": ch["last_clean"],

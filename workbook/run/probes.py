@@ -206,28 +206,59 @@ def _guard_on(engine):
         yield
 
 
+def _recorrupted(name: str, frames: dict, request_id: str) -> str | None:
+    """Positive evidence that what a repair probe wrote was changed again: its own trace, at
+    the violating request's steps, read the repaired value (after the repair, when the kernel
+    read it) and found it wrong. None when it held (or the probe repairs nothing)."""
+    from workbook.run import diagnose
+
+    if name not in ("markers", "budget", "caches"):
+        return None
+    steps = sorted((s for s in diagnose._records(frames.get("requests"))
+                    if s["req_id"] == request_id or str(s["req_id"]).startswith(
+                        f"{request_id}-")), key=lambda s: s["step"])
+    for s in steps:
+        if name == "markers" and s.get("markers_ok") is False:
+            return f"step {s['step']}: marker ids {s.get('markers_dev')}"
+        bd, bh = s.get("budget_device"), s.get("budget_host")
+        if name == "budget" and bd is not None and bh is not None and int(bd) != int(bh):
+            return f"step {s['step']}: device budget {bd}, host {bh}"
+        if name == "caches" and s.get("cache_before_ok") is False:
+            return (f"step {s['step']}: marker cache entering apply last_start="
+                    f"{s.get('last_start_before')} last_end={s.get('last_end_before')}")
+    return None
+
+
 SWITCHES = {"markers": _markers_reuploaded, "budget": _budget_recopied,
             "caches": _caches_reset, "guard": _guard_on}
 
 
 # ---- running -------------------------------------------------------------------------------
 
-def _target(verdict: dict) -> tuple[int | None, list]:
+def _int(b) -> int | None:
+    """A budget as vLLM takes it: an int or None (a verdict read back from JSON, or written
+    by an older diagnosis, may hold 1.0; vLLM rejects it)."""
+    return None if b is None else int(b)
+
+
+def _target(verdict: dict) -> tuple[bool, int | None, list]:
+    """(a violating request found, its budget — None: it asked for none —, the run's batch
+    budgets in order)."""
     fv = verdict.get("first_violation") or {}
-    b = fv.get("budget")
+    req = next((r for r in verdict.get("requests") or []
+                if r.get("req_id") == fv.get("req_id")), {})
+    b = fv.get("budget") if "budget" in fv else req.get("budget")
     if b is None:
-        req = next((r for r in verdict.get("requests") or []
-                    if r.get("req_id") == fv.get("req_id")), {})
         b = req.get("budget")
-    others = [r.get("budget") for r in verdict.get("requests") or []]
-    return b, others
+    others = [_int(r.get("budget")) for r in verdict.get("requests") or []]
+    return bool(fv or req), _int(b), others
 
 
-def _budgets(name: str, b: int, others: list) -> list:
+def _budgets(name: str, b: int | None, others: list) -> list:
     if name == "alone":
         return [b]
     if name == "batched":
-        return [b, b + 3, None]
+        return [b, (b + 3) if b is not None else 3, None if b is not None else 1]
     return _same_batch(b, others)
 
 
@@ -243,11 +274,13 @@ def _same_batch(b, others: list) -> list:
 
 
 def run(engine, cfg, verdict: dict, names=None, *, zero_lm_head: bool | None = None,
-        max_tokens: int | None = None, on_cpu: bool | None = None) -> dict:
+        max_tokens: int | None = None, on_cpu: bool | None = None,
+        params: dict | None = None) -> dict:
     """Run ``names`` (default ``plan(verdict, cfg)``) on ``engine``; ``{name: result}``.
 
     ``zero_lm_head`` (default ``cfg.zero_lm_head``): send the probes under the zeroed target
-    ``lm_head``, as the run was. Each result: ``switch``, ``ran``, ``why`` (when not run),
+    ``lm_head``, as the run was; ``params``: further ``SamplingParams`` fields the run's
+    requests carried. Each result: ``switch``, ``ran``, ``why`` (when not run),
     ``budgets`` (the probe's batch, violating request first), ``verdict`` (of the violating
     request under the switch), ``tokens``, ``run_verdict``, ``hypothesis`` (the probe run's own
     diagnosis), ``summary``, ``seconds``.
@@ -258,19 +291,20 @@ def run(engine, cfg, verdict: dict, names=None, *, zero_lm_head: bool | None = N
     names = plan(verdict, cfg, on_cpu=on_cpu) if names is None else list(names)
     zero = getattr(cfg, "zero_lm_head", False) if zero_lm_head is None else zero_lm_head
     mt = max_tokens or getattr(cfg, "max_tokens", 32)
-    b, others = _target(verdict)
+    found, b, others = _target(verdict)
+    kind = (verdict.get("first_violation") or {}).get("kind") or "missing"
     out: dict = {}
     for name in names:
         why = applicable(name, verdict, cfg, on_cpu)
         res = {"switch": PROBES[name].switch, "ran": False}
-        if why or b is None:
+        if why or not found:
             res["why"] = why or "no violating request"
             out[name] = res
             continue
         budgets = _budgets(name, b, others)
         t0 = time.perf_counter()
         try:
-            res.update(_one(name, engine, cfg, budgets, zero, mt))
+            res.update(_one(name, engine, cfg, budgets, zero, mt, params or {}, kind))
             res["ran"] = True
         except Exception as e:  # a probe that fails is a finding, keep going
             res["why"] = f"{type(e).__name__}: {e}"[:300]
@@ -292,7 +326,7 @@ def _engine_for(name: str, engine, cfg):
     return engine
 
 
-def _one(name, engine, cfg, budgets, zero, max_tokens) -> dict:
+def _one(name, engine, cfg, budgets, zero, max_tokens, params, kind="missing") -> dict:
     from workbook.hooks.tracer import Tracer
     from workbook.run import diagnose, request
 
@@ -300,11 +334,22 @@ def _one(name, engine, cfg, budgets, zero, max_tokens) -> dict:
     switch = SWITCHES.get(name, lambda e: contextlib.nullcontext())
     weights = request.zeroed_lm_head(eng) if zero else contextlib.nullcontext()
     with switch(eng), weights, Tracer() as t:
-        outs = request.run_budgets(eng, budgets, max_tokens)
-    v = diagnose.diagnose(t.frames(), eng.effective, outs, eng.cfg)
+        outs = request.run_budgets(eng, budgets, max_tokens, **params)
+    frames = t.frames()
+    v = diagnose.diagnose(frames, eng.effective, outs, eng.cfg)
     target = outs[0]
-    return {"verdict": {True: "honored", False: "violated", None: "inconclusive"}[
-                target.honored],
+    # the violating request's verdict under the switch, on the side of the contract the run
+    # broke (``kind``): the end where due (the client's judgement), or no forcing where not
+    # due (seen in the probe's own trace only) — a switch is judged on the violation it is
+    # meant to remove, not on the other side
+    mine = [r for r in v.get("requests") or [] if r["req_id"] == target.request_id
+            or str(r["req_id"]).startswith(f"{target.request_id}-")]
+    honored = target.honored
+    if kind != "missing" and len(mine) == 1:
+        honored = False if mine[0].get("kind") in ("early", "unbudgeted", "twice") else (
+            True if mine[0].get("forced") is not None else None)
+    return {"verdict": {True: "honored", False: "violated", None: "inconclusive"}[honored],
+            "recorrupted": _recorrupted(name, frames, target.request_id),
             "tokens": target.token_ids[:16], "run_verdict": v["verdict"],
             "hypothesis": v.get("hypothesis"),
             "causes": [c["hypothesis"] for c in v.get("causes") or []],

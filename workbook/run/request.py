@@ -46,6 +46,7 @@ def sampling_params(cfg, *, budget: int | None = "cfg", max_tokens: int | None =
     from vllm import SamplingParams
 
     b = cfg.budget if budget == "cfg" else budget
+    b = None if b is None else int(b)  # vLLM takes an int (1.0 is rejected)
     args = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 max_tokens=max_tokens or cfg.max_tokens, ignore_eos=cfg.ignore_eos,
                 seed=cfg.seed if cfg.temperature > 0 else None, thinking_token_budget=b)
@@ -134,14 +135,16 @@ def generate(engine, prompts_ids: list[list[int]], params_list) -> list:
     return engine.llm.generate(prompts, params_list, use_tqdm=False)
 
 
-def run_budgets(engine, budgets: Sequence[int | None | str], max_tokens: int | None = None
-                ) -> list[Outcome]:
+def run_budgets(engine, budgets: Sequence[int | None | str], max_tokens: int | None = None,
+                **params) -> list[Outcome]:
     """The reported request once per budget, all in one ``generate`` call (prompt order).
 
-    A budget of ``"cfg"`` means the configuration's own."""
+    A budget of ``"cfg"`` means the configuration's own; any other is passed to vLLM as an
+    ``int`` (or None). ``params``: further ``SamplingParams`` fields for every request."""
     cfg, tok = engine.cfg, engine.tokenizer
     prompt = prompt_ids(tok, cfg)
-    params = [sampling_params(cfg, budget=b, max_tokens=max_tokens) for b in budgets]
+    budgets = [b if b is None or b == "cfg" else int(b) for b in budgets]
+    params = [sampling_params(cfg, budget=b, max_tokens=max_tokens, **params) for b in budgets]
     outs = generate(engine, [prompt] * len(budgets), params)
     return [outcome_from(tok, cfg, engine.effective, out.request_id, prompt,
                          list(out.outputs[0].token_ids), out.outputs[0].text,
