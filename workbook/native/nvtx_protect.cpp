@@ -79,20 +79,26 @@ extern "C" int wbp_regions(void* heap, const uintptr_t* ptrs, const size_t* size
 }
 
 extern "C" int wbp_assign(const uintptr_t* ptrs, size_t n, uint32_t flags) {
+  // one call per region: the tool refuses a whole batch when one region in it is not a live
+  // allocation it knows, so a batch would lose every permission for one bad pointer; the
+  // number of calls made is returned (the tool reports each refusal in its own log)
   if (g_domain == nullptr) wbp_init();
-  std::vector<nvtxMemPermissionsAssignRegionDesc_t> r(n);
+  size_t made = 0;
   for (size_t i = 0; i < n; ++i) {
-    r[i].flags = flags;
-    r[i].regionRefType = NVTX_MEM_REGION_REF_TYPE_POINTER;
-    r[i].region.pointer = reinterpret_cast<void const*>(ptrs[i]);
+    if (ptrs[i] == 0) continue;
+    nvtxMemPermissionsAssignRegionDesc_t r = {};
+    r.flags = flags;
+    r.regionRefType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+    r.region.pointer = reinterpret_cast<void const*>(ptrs[i]);
+    nvtxMemPermissionsAssignBatch_t b = {};
+    b.extCompatID = NVTX_EXT_COMPATID_MEM;
+    b.structSize = sizeof(b);
+    b.permissions = g_perm;
+    b.regionCount = 1;
+    b.regionElementSize = sizeof(nvtxMemPermissionsAssignRegionDesc_t);
+    b.regionElements = &r;
+    nvtxMemPermissionsAssign(g_domain, &b);
+    ++made;
   }
-  nvtxMemPermissionsAssignBatch_t b = {};
-  b.extCompatID = NVTX_EXT_COMPATID_MEM;
-  b.structSize = sizeof(b);
-  b.permissions = g_perm;
-  b.regionCount = n;
-  b.regionElementSize = sizeof(nvtxMemPermissionsAssignRegionDesc_t);
-  b.regionElements = r.data();
-  nvtxMemPermissionsAssign(g_domain, &b);
-  return 0;
+  return static_cast<int>(made);
 }
