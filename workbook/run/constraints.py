@@ -108,6 +108,7 @@ class Cell:
     output: list = field(default_factory=list)
     finish_reason: str | None = None
     differential: dict | None = None
+    kwargs: dict = field(default_factory=dict)  # the request's SamplingParams keywords
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -182,6 +183,7 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     for name, o in zip(names, outs):
         req = by_prompt.get(tuple(o.prompt_token_ids or ()))
         cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req))
+        cells[name].kwargs = _jsonable(cases[name])
         evidence[name] = {"req_id": req, "registration": next(
             (r for r in rc.registrations if r["req_id"] == req), None),
             "params": _jsonable(asdict(rc.params[req])) if req in rc.params else None,
@@ -369,8 +371,6 @@ def _emitted_at(ev: dict, i: int) -> dict:
 def run(methods=METHODS, constraints=CONSTRAINTS, *, out: str | None = None,
         batches=BATCHES, fault: str | None = None, k: int = 3) -> dict:
     """The grid (``grid.json`` under ``out`` when given)."""
-    import vllm
-
     from workbook.core.models import VOCAB
 
     constraints = list(constraints)
@@ -389,12 +389,14 @@ def run(methods=METHODS, constraints=CONSTRAINTS, *, out: str | None = None,
         try:
             got, ev, baseline = run_method(m, constraints, baseline, batches=batches,
                                            fault=fault, k=k, log=log)
-        except Exception as e:  # the method cannot run here: its message is the result
+        except Exception as e:  # the method cannot start here: its message is the result
             got, ev = [Cell(c, m, b, "refused" if _is_refusal(e) else "error", _msg(e))
                        for c in constraints for b in batches], {}
         cells += got
         evidence[m] = ev
     differential(cells, evidence)
+    import vllm  # only now: importing vLLM before the engine's environment breaks Triton's interpreter
+
     grid = {"vllm_version": vllm.__version__, "methods": methods, "batches": list(batches),
             "constraints": constraints, "fault": fault, "seconds": round(time.time() - t0, 1),
             "cells": [c.to_dict() for c in cells]}
@@ -408,6 +410,19 @@ def run(methods=METHODS, constraints=CONSTRAINTS, *, out: str | None = None,
                 with open(os.path.join(out, "evidence", m, f"{b}.json"), "w") as f:
                     json.dump(_jsonable(e), f, default=str)
     return grid
+
+
+def reproducer(cell: dict, grid: dict) -> str:
+    """A few lines that send the violating request again (in-process, the tiny model)."""
+    kw = cell.get("kwargs") or {}
+    return (f"# vLLM {grid.get('vllm_version')}: {cell['constraint']} with {cell['method']}\n"
+            f"from workbook.run import constraints as C\n"
+            f"from workbook.vllm import engine as E\n"
+            f"eng = E.start(C.config_for({cell['method']!r}))\n"
+            f"sp = C.sampling_params({kw!r})\n"
+            f"out = eng.llm.generate([{{'prompt_token_ids': C.prompt_for(eng.tokenizer, "
+            f"{cell['constraint']!r})}}], sp)\n"
+            f"print(out[0].outputs[0].token_ids)  # expected: {cell['first'] and cell['first']['what']}")
 
 
 def main(argv=None) -> int:
