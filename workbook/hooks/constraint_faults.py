@@ -56,7 +56,7 @@ EXPECTED = {
     "penalties-target-row-only": ("penalties", "apply on draft rows"),
     "bad-words-target-row-only": ("bad_words", "apply on draft rows"),
     "penalties-drafts-uncounted": ("penalties", "apply on draft rows"),
-    "min-tokens-off-by-one": ("min_tokens", "apply"),
+    "min-tokens-off-by-one": ("min_tokens", ("apply", "apply on draft rows")),
     "gate-off": ("penalties", "gate/fast path"),
     "stop-not-trimmed": ("stop", "host-side post-processing"),
     "logprobs-row-shift": ("logprobs", "logprob row selection"),

@@ -510,8 +510,8 @@ class RowCheck:
 
     @staticmethod
     def _stage(reg: dict | None, row: dict, j: int, row0_ok: bool, p) -> str:
-        if reg is not None and reg["missing"]:
-            return "registration"
+        if reg is not None and set(reg["missing"]) - {"gate"}:
+            return "registration"  # a parameter's per-slot state is missing (the gate: below)
         if row["gate"] is False or row["fast_path"]:
             return "gate/fast path"
         if not row["history_ok"]:
