@@ -1,0 +1,454 @@
+"""Per-request sampling constraints as contracts: what a logits row and the emitted tokens must
+satisfy. Pure Python, written once (the budget's own rule stays in ``workbook.core.budget``).
+
+A request's constraint parameters (``Params``, read from vLLM's ``SamplingParams`` in the worker,
+where the engine has added its EOS ids) and a row's position (``RowContext``: prompt, committed
+output, this step's drafts, local position ``j`` — ``0`` the target row, ``j >= 1`` draft row
+``j``) determine, for every column a contract names, the value the *processed* logits row must
+hold, as a function of the raw value (``expected``). vLLM's processing order inside
+``Sampler.apply_sampling_params`` (0.28–0.32, MRV2), restated:
+
+    1. allowed_token_ids   every other column  -> -inf
+    2. logit_bias          column c            -> raw + b[c]
+    3. min_tokens          stop/EOS columns    -> -inf while the row's output index < min_tokens
+    4. penalties           column c, count n(c) over output + drafts[:j], in_prompt(c):
+                           repetition: x/r if x > 0 else x*r (when c is in prompt or output),
+                           then - frequency * n(c) - presence * [n(c) > 0]
+    5. bad_words           last token of a banned sequence whose prefix ends the output
+                           (+ drafts[:j]) -> -inf (vLLM matches within the output only)
+    6. thinking budget     the forced column (``budget.row_truth``) -> >= ``budget.FORCED_LOGIT``
+    7. temperature         value / T when T is neither 0 (greedy) nor 1
+
+and what the emitted tokens must satisfy (``check_output``): no stop/EOS before ``min_tokens``;
+nothing past a stop token or past ``max_tokens`` (with accepted drafts); allowed ids only; no
+banned sequence inside the output; the budget's ``</think>`` where ``budget.judge`` wants it;
+each returned logprob equal to the log-softmax (or the logit, per ``logprobs_mode``) of the row
+it came from; a JSON-schema constrained output that parses.
+
+``validate(params, vocab_size)`` rejects, before an engine starts, what vLLM's ``SamplingParams``
+would reject (naming the parameter). A refusal that depends on the speculative method (vLLM
+0.32's ``_validate_spec_decode``: ``logit_bias`` / ``min_p`` with spec decoding) is deliberately
+NOT predicted here: vLLM's own message is the result.
+
+Deliberately not here: min_p, top-k/top-p (a row's surviving set is a rank property, not a
+column property; ``Params`` refuses them), anything that reads vLLM or torch objects
+(``Params.of`` only reads attributes), the evidence itself (``workbook.hooks.rowcheck``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from workbook.core import budget
+
+NEG_INF = float("-inf")
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+MAX_LOGPROBS = 20  # vLLM's default ModelConfig.max_logprobs
+CONSTRAINTS = ("thinking_token_budget", "min_tokens", "logit_bias", "allowed_token_ids",
+               "bad_words", "penalties", "stop", "logprobs", "structured_output")
+RTOL, ATOL = 1e-4, 1e-5  # float32 arithmetic in vLLM's kernels vs this rule in float64
+
+
+class ContractError(ValueError):
+    """A constraint parameter vLLM would reject; names the parameter. Raised before any
+    engine starts."""
+
+    def __init__(self, parameter: str, message: str):
+        super().__init__(f"{parameter}: {message}")
+        self.parameter = parameter
+
+
+@dataclass(frozen=True)
+class Params:
+    """The constraint parameters of one request (``SamplingParams``-like)."""
+
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()  # the engine's EOS ids (masked by min_tokens always)
+    ignore_eos: bool = False  # EOS does not stop the request (it is still masked by min_tokens)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token id sequences
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    temperature: float = 0.0
+    logprobs: int | None = None
+    logprobs_mode: str = "raw_logprobs"
+    thinking_token_budget: int | None = None
+    json_schema: dict | None = None
+    min_p: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        s = object.__setattr__
+        s(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        s(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+        lb = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        s(self, "logit_bias", tuple((int(k), float(v)) for k, v in lb))
+        if self.allowed_token_ids is not None:
+            s(self, "allowed_token_ids", tuple(int(t) for t in self.allowed_token_ids))
+        s(self, "bad_words", tuple(tuple(int(t) for t in w) for w in self.bad_words))
+
+    @classmethod
+    def of(cls, sp: Any, logprobs_mode: str = "raw_logprobs") -> "Params":
+        """From vLLM's ``SamplingParams`` (attributes; as the worker holds them) or a dict of
+        the same names (``bad_words`` there: token id lists)."""
+        get = sp.get if isinstance(sp, dict) else lambda k, d=None: getattr(sp, k, d)
+        stop = tuple(get("stop_token_ids") or ())
+        all_stop = get("all_stop_token_ids")
+        eos = tuple(sorted(set(all_stop) - set(stop))) if all_stop is not None \
+            else tuple(get("eos_token_ids") or ())
+        bad = get("bad_words_token_ids") if not isinstance(sp, dict) else get("bad_words")
+        so = get("structured_outputs")
+        schema = getattr(so, "json", None) if so is not None else get("json_schema")
+        if isinstance(schema, str):
+            schema = json.loads(schema)
+        budget_v = get("thinking_token_budget")
+        return cls(max_tokens=get("max_tokens"), min_tokens=int(get("min_tokens") or 0),
+                   stop_token_ids=stop, eos_token_ids=eos,
+                   ignore_eos=bool(get("ignore_eos") or False),
+                   logit_bias=tuple((get("logit_bias") or {}).items()),
+                   allowed_token_ids=get("allowed_token_ids") or None,
+                   bad_words=tuple(bad or ()),
+                   repetition_penalty=float(get("repetition_penalty", 1.0) or 1.0),
+                   presence_penalty=float(get("presence_penalty") or 0.0),
+                   frequency_penalty=float(get("frequency_penalty") or 0.0),
+                   temperature=float(get("temperature") or 0.0),
+                   logprobs=get("logprobs"), logprobs_mode=logprobs_mode,
+                   thinking_token_budget=None if budget_v is None or budget_v < 0 else budget_v,
+                   json_schema=schema, min_p=float(get("min_p") or 0.0),
+                   top_k=int(get("top_k") or 0), top_p=float(get("top_p") or 1.0))
+
+    # ---- which constraints a request carries -------------------------------------------------
+    @property
+    def penalised(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 \
+            or self.frequency_penalty != 0.0
+
+    def constraints(self) -> list[str]:
+        """The contracts this request is judged by (``CONSTRAINTS`` names, in that order)."""
+        on = {"thinking_token_budget": self.thinking_token_budget is not None,
+              "min_tokens": self.min_tokens > 0, "logit_bias": bool(self.logit_bias),
+              "allowed_token_ids": self.allowed_token_ids is not None,
+              "bad_words": bool(self.bad_words), "penalties": self.penalised,
+              "stop": bool(self.stop_token_ids) or (bool(self.eos_token_ids)
+                                                    and not self.ignore_eos)
+              or self.max_tokens is not None,
+              "logprobs": self.logprobs is not None,
+              "structured_output": self.json_schema is not None}
+        return [c for c in CONSTRAINTS if on[c]]
+
+    @property
+    def masked_by_min_tokens(self) -> frozenset[int]:
+        """vLLM's ``all_stop_token_ids``: stop ids and EOS ids (EOS even with ignore_eos)."""
+        return frozenset(self.stop_token_ids) | frozenset(self.eos_token_ids)
+
+    @property
+    def stopping_ids(self) -> frozenset[int]:
+        """Tokens that end the request when emitted."""
+        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos
+                                                 else frozenset(self.eos_token_ids))
+
+    def columns(self, markers: budget.Markers | None = None) -> list[int]:
+        """The static columns the contracts name for every row of this request (penalties add
+        the history's and the drafts' columns, which the evidence gathers on the device)."""
+        cols: list[int] = []
+        cols += [k for k, _ in self.logit_bias]
+        cols += list(self.allowed_token_ids or ())
+        if self.min_tokens > 0:
+            cols += sorted(self.masked_by_min_tokens)
+        cols += [w[-1] for w in self.bad_words if w]
+        if self.thinking_token_budget is not None and markers is not None:
+            cols += list(budget.Markers.of(markers).end)
+        return list(dict.fromkeys(cols))
+
+
+def validate(p: Params, vocab_size: int, max_logprobs: int = MAX_LOGPROBS) -> None:
+    """Raise ``ContractError`` naming the parameter for what vLLM's ``SamplingParams`` would
+    reject (vLLM 0.28–0.32 ``_verify_args`` and ``verify``), and for what this workbook's
+    contracts cannot judge (min_p, top-k/top-p)."""
+    def ids_in_vocab(name: str, ids: Iterable[int]) -> None:
+        bad = [t for t in ids if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise ContractError(name, f"token id(s) {bad} outside the vocabulary "
+                                      f"[0, {vocab_size})")
+
+    if p.max_tokens is not None and p.max_tokens < 1:
+        raise ContractError("max_tokens", f"must be at least 1, got {p.max_tokens}")
+    if p.min_tokens < 0:
+        raise ContractError("min_tokens", f"must be >= 0, got {p.min_tokens}")
+    if p.max_tokens is not None and p.min_tokens > p.max_tokens:
+        raise ContractError("min_tokens", f"must be <= max_tokens={p.max_tokens}, "
+                                          f"got {p.min_tokens}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = getattr(p, name)
+        if not -2.0 <= v <= 2.0:
+            raise ContractError(name, f"must be in [-2, 2], got {v}")
+    if not math.isfinite(p.repetition_penalty) or p.repetition_penalty <= 0.0:
+        raise ContractError("repetition_penalty", f"must be a finite number > 0, "
+                                                  f"got {p.repetition_penalty}")
+    if not math.isfinite(p.temperature) or not 0.0 <= p.temperature <= 2.0:
+        raise ContractError("temperature", f"must be in [0, 2], got {p.temperature}")
+    if p.logprobs is not None:
+        n = vocab_size if p.logprobs == -1 else p.logprobs
+        if n < 0:
+            raise ContractError("logprobs", f"must be non-negative or -1, got {p.logprobs}")
+        if n > max_logprobs:
+            raise ContractError("logprobs", f"{n} is greater than max allowed: {max_logprobs}")
+    if p.logprobs_mode not in LOGPROBS_MODES:
+        raise ContractError("logprobs_mode", f"must be one of {LOGPROBS_MODES}, "
+                                             f"got {p.logprobs_mode!r}")
+    if p.allowed_token_ids is not None:
+        if not p.allowed_token_ids:
+            raise ContractError("allowed_token_ids", "is not None and empty")
+        ids_in_vocab("allowed_token_ids", p.allowed_token_ids)
+    ids_in_vocab("logit_bias", [k for k, _ in p.logit_bias])
+    ids_in_vocab("stop_token_ids", p.stop_token_ids)
+    if any(len(w) == 0 for w in p.bad_words):
+        raise ContractError("bad_words", "an entry tokenizes to no token")
+    ids_in_vocab("bad_words", [t for w in p.bad_words for t in w])
+    if p.thinking_token_budget is not None and (isinstance(p.thinking_token_budget, bool)
+                                                or p.thinking_token_budget < 0):
+        raise ContractError("thinking_token_budget", "must be a non-negative integer or -1 "
+                                                     "for unlimited")
+    if p.min_p != 0.0:
+        raise ContractError("min_p", "not judged by the contracts (a rank property of the "
+                                     "row); leave it 0")
+    if p.top_k not in (0, -1) or p.top_p != 1.0:
+        raise ContractError("top_k" if p.top_k not in (0, -1) else "top_p",
+                            "not judged by the contracts (a rank property of the row); "
+                            "leave top_k 0 and top_p 1")
+
+
+# ---- the row contract ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RowContext:
+    """Where a logits row sits: the request's prompt, its committed output before this step,
+    this step's drafts and the row's local position (row ``j`` sees drafts ``[:j]``)."""
+
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    drafts: tuple[int, ...] = ()
+    local_pos: int = 0
+    markers: budget.Markers = field(default_factory=budget.Markers)
+
+    @property
+    def seen_output(self) -> list[int]:
+        """The output as this row sees it: committed output + drafts ``[:j]``."""
+        return list(self.output) + list(self.drafts[:self.local_pos])
+
+    @property
+    def out_index(self) -> int:
+        """Output index of the token this row produces."""
+        return len(self.output) + self.local_pos
+
+
+@dataclass(frozen=True)
+class Expect:
+    value: float  # what the processed column must hold (-inf, or a finite value)
+    forced: bool  # the budget's forced column: value >= budget.FORCED_LOGIT instead
+    by: tuple[str, ...]  # the contracts that changed the column (empty: must equal raw)
+
+
+def penalised(p: Params, x: float, count: int, in_prompt: bool) -> float:
+    """vLLM's penalties on one column (step 4 of the order)."""
+    if p.repetition_penalty != 1.0 and (in_prompt or count > 0):
+        r = p.repetition_penalty
+        x = x / r if x > 0 else x * r
+    return x - p.frequency_penalty * count - p.presence_penalty * (1 if count > 0 else 0)
+
+
+def expected(p: Params, ctx: RowContext, col: int, raw: float) -> Expect:
+    """The processed value of column ``col`` of a row whose raw value there is ``raw``."""
+    by: list[str] = []
+    x = float(raw)
+    seen = ctx.seen_output
+    if p.allowed_token_ids is not None and col not in p.allowed_token_ids:
+        x, by = NEG_INF, ["allowed_token_ids"]
+    bias = dict(p.logit_bias)
+    if col in bias:
+        x += bias[col]
+        by.append("logit_bias")
+    if p.min_tokens > 0 and ctx.out_index < p.min_tokens and col in p.masked_by_min_tokens:
+        x = NEG_INF
+        by.append("min_tokens")
+    if p.penalised:
+        n = seen.count(col)
+        y = penalised(p, x, n, col in ctx.prompt)
+        if (p.repetition_penalty != 1.0 and (n > 0 or col in ctx.prompt)) or \
+                (n > 0 and (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)):
+            by.append("penalties")
+        x = y
+    for w in p.bad_words:
+        pre = list(w[:-1])
+        if col == w[-1] and len(pre) <= len(seen) and (not pre or seen[len(seen) - len(pre):]
+                                                        == pre):
+            x = NEG_INF
+            by.append("bad_words")
+            break
+    forced = False
+    if p.thinking_token_budget is not None and ctx.markers.complete:
+        t = budget.row_truth(list(ctx.prompt) + list(ctx.output), list(ctx.drafts),
+                             ctx.local_pos, p.thinking_token_budget, ctx.markers)
+        if t.due and col == t.token:
+            forced = True
+            by.append("thinking_token_budget")
+    if p.temperature not in (0.0, 1.0) and not forced and math.isfinite(x):
+        x = x / p.temperature
+    return Expect(x, forced, tuple(dict.fromkeys(by)))
+
+
+@dataclass(frozen=True)
+class Breach:
+    """One way a row or an output broke a contract."""
+
+    contract: str
+    what: str  # a sentence: expected vs found
+    column: int | None = None
+    out_index: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"contract": self.contract, "what": self.what, "column": self.column,
+                "out_index": self.out_index}
+
+
+def close(a: float, b: float) -> bool:
+    if math.isinf(a) or math.isinf(b) or math.isnan(a) or math.isnan(b):
+        return a == b
+    return abs(a - b) <= ATOL + RTOL * max(abs(a), abs(b))
+
+
+def check_row(p: Params, ctx: RowContext, raw: dict[int, float], processed: dict[int, float],
+              finite_count: int | None = None) -> list[Breach]:
+    """The processed row at the columns the evidence kept (``raw``/``processed``: column ->
+    value) against ``expected``; ``finite_count``: the processed row's number of finite
+    columns (allowed_token_ids: none outside the allowed set may stay finite)."""
+    out: list[Breach] = []
+    for c, r in raw.items():
+        if c not in processed:
+            continue
+        e = expected(p, ctx, c, r)
+        got = float(processed[c])
+        if e.forced:
+            if not got >= budget.FORCED_LOGIT:
+                out.append(Breach("thinking_token_budget", f"column {c} due (forced) holds "
+                                  f"{got:.6g} < {budget.FORCED_LOGIT:g}", c, ctx.out_index))
+            continue
+        if not close(got, e.value):
+            name = e.by[-1] if e.by else _unchanged_owner(p, c)
+            out.append(Breach(name, f"column {c}: expected {e.value:.6g} (raw {r:.6g}"
+                              f"{' via ' + ', '.join(e.by) if e.by else ', unchanged'}), "
+                              f"found {got:.6g}", c, ctx.out_index))
+    if p.allowed_token_ids is not None and finite_count is not None:
+        limit = len(set(p.allowed_token_ids))
+        if p.thinking_token_budget is not None:
+            limit += 1  # the budget's forced column wins over the mask
+        if finite_count > limit:
+            out.append(Breach("allowed_token_ids", f"{finite_count} finite columns, at most "
+                              f"{limit} allowed", None, ctx.out_index))
+    return out
+
+
+def _unchanged_owner(p: Params, col: int) -> str:
+    """The contract that names a column whose value must stay raw (a control column)."""
+    cs = [c for c in p.constraints() if c not in ("stop", "logprobs")]
+    return cs[0] if cs else "unconstrained"
+
+
+def must_hold_token(p: Params, ctx: RowContext, token: int) -> Breach | None:
+    """A token emitted at a row that the row's contract forbids (a column at -inf)."""
+    if p.allowed_token_ids is not None and token not in p.allowed_token_ids:
+        return Breach("allowed_token_ids", f"emitted {token}, not allowed", token, ctx.out_index)
+    e = expected(p, ctx, token, 0.0)
+    if e.value == NEG_INF and not e.forced:
+        return Breach(e.by[-1], f"emitted {token}, which this row masks ({', '.join(e.by)})",
+                      token, ctx.out_index)
+    return None
+
+
+# ---- the output contract ------------------------------------------------------------------------
+
+def expected_logprob(mode: str, value: float, lse: float) -> float:
+    """What vLLM returns for a column holding ``value`` in a row whose logsumexp is ``lse``
+    (``value``/``lse`` of the raw row for raw_* modes, of the processed row otherwise)."""
+    return value if mode.endswith("_logits") else value - lse
+
+
+def check_output(p: Params, prompt: Sequence[int], output: Sequence[int],
+                 finish_reason: str | None = None, markers: budget.Markers | None = None,
+                 text: str | None = None, logprobs: Sequence[float | None] | None = None,
+                 logprob_truth: Sequence[float | None] | None = None) -> list[Breach]:
+    """What the emitted tokens (the request's final output) must satisfy.
+
+    ``logprobs[i]``: the logprob vLLM returned for output token ``i``; ``logprob_truth[i]``:
+    the value the row that emitted it says (``expected_logprob`` over the row evidence)."""
+    out: list[Breach] = []
+    output = [int(t) for t in output]
+    if p.max_tokens is not None and len(output) > p.max_tokens:
+        out.append(Breach("stop", f"{len(output)} tokens > max_tokens={p.max_tokens}", None,
+                          p.max_tokens))
+    for i, t in enumerate(output):
+        if i < p.min_tokens and t in p.masked_by_min_tokens:
+            out.append(Breach("min_tokens", f"stop/EOS token {t} at output index {i} < "
+                              f"min_tokens={p.min_tokens}", t, i))
+            break
+    for i, t in enumerate(output[:-1]):
+        if t in p.stopping_ids and i >= p.min_tokens:
+            out.append(Breach("stop", f"stop token {t} at index {i}, then {len(output) - i - 1}"
+                              f" more token(s)", t, i + 1))
+            break
+    if finish_reason == "stop" and p.min_tokens > 0 and len(output) < p.min_tokens:
+        out.append(Breach("min_tokens", f"finished by stop after {len(output)} < min_tokens="
+                          f"{p.min_tokens} tokens", None, len(output)))
+    if p.allowed_token_ids is not None:
+        allowed = set(p.allowed_token_ids)
+        bad = [(i, t) for i, t in enumerate(output) if t not in allowed]
+        if bad:
+            out.append(Breach("allowed_token_ids", f"token {bad[0][1]} at index {bad[0][0]} not "
+                              f"allowed ({len(bad)} such)", bad[0][1], bad[0][0]))
+    for w in p.bad_words:
+        i = budget.first_index_of(output, w)
+        if i >= 0:
+            out.append(Breach("bad_words", f"banned sequence {list(w)} at index {i}", w[-1],
+                              i + len(w) - 1))
+    if p.thinking_token_budget is not None and markers is not None and \
+            budget.Markers.of(markers).complete:
+        j = budget.judge(prompt, output, p.thinking_token_budget, markers)
+        if j.honored is False:
+            out.append(Breach("thinking_token_budget", f"end marker due at {j.expected_end_index},"
+                              f" first at {j.actual_end_index}", None, j.expected_end_index))
+    if p.logprobs is not None and logprobs is not None:
+        if len(logprobs) != len(output):
+            out.append(Breach("logprobs", f"{len(logprobs)} logprob entries for "
+                              f"{len(output)} tokens", None, min(len(logprobs), len(output))))
+        for i, (got, want) in enumerate(zip(logprobs, logprob_truth or [])):
+            if got is None or want is None:
+                continue
+            if not close(float(got), float(want)):
+                out.append(Breach("logprobs", f"token {output[i]} at index {i}: returned "
+                                  f"{float(got):.6g}, its row says {float(want):.6g}",
+                                  output[i], i))
+                break
+    if p.json_schema is not None and finish_reason == "stop" and text is not None:
+        try:
+            json.loads(text)
+        except ValueError as e:
+            out.append(Breach("structured_output", f"finished by stop but not JSON: {e}",
+                              None, len(output)))
+    return out
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """First output index where two greedy outputs differ (None: one is a prefix of the
+    other and they are equally long, i.e. identical)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

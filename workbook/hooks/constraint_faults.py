@@ -1,0 +1,179 @@
+"""A catalogue of constraint faults: one raw patch per contract, so tests prove the row check
+and the output check catch each at the exact row (``workbook.run.constraints``).
+
+Each fault is a ``PatchSet`` of layer "fault" (innermost: the row check sees its effects as it
+would see a broken vLLM), removed with ``.remove()``. The shapes follow the public record
+(``../shared/brief`` §9.4): a logits processor applied to the target row only (#42744's
+shape), draft tokens not counted by the penalties (#29699's review), an off-by-one position
+in min_tokens, a gate that skips processing, stop tokens in accepted drafts not trimmed on the
+host, logprobs taken from the wrong row (#33391's shape), and the budget's draft rows
+(``H-d-draft`` of ``workbook.hooks.faults``, unchanged).
+
+- ``bias-target-row-only``     ``LogitBiasState.apply`` (allowed_token_ids, logit_bias,
+                               min_tokens) leaves draft rows (local position >= 1) raw
+- ``penalties-target-row-only`` ``PenaltiesState.apply`` leaves draft rows raw
+- ``bad-words-target-row-only`` ``BadWordsState.apply`` leaves draft rows raw
+- ``penalties-drafts-uncounted`` ``PenaltiesState.apply`` sees every local position as 0, so
+                               a row's earlier drafts are not counted
+- ``min-tokens-off-by-one``    the bias kernel reads each row's position + 1: the last row
+                               that must mask stop/EOS does not
+- ``gate-off``                 ``Sampler.add_request`` clears ``needs_logits_processing`` for
+                               every request: the fast path returns the raw logits
+- ``stop-not-trimmed``         the scheduler keeps the tokens after a stop token of the same
+                               step (accepted drafts)
+- ``logprobs-row-shift``       the rejection sampler's logprobs come from the next row
+- ``budget-draft-rows``        ``H-d-draft``: the budget kernel never forces draft rows
+
+Version notes: written against MRV2's ``sample/`` state objects (0.31+: ``LogitsContext``; 0.28
+generation: the same classes with positional arguments); a fault whose hook point is missing
+raises ``patching``'s ``AttributeError`` naming it.
+Not here: any knowledge used by the checks (they never read which fault was injected).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from workbook.vllm import hookpoints, patching
+
+PKG = "vllm.v1.worker.gpu.sample"
+FAULTS = {
+    "bias-target-row-only": "allowed_token_ids / logit_bias / min_tokens applied to target rows "
+                            "only",
+    "penalties-target-row-only": "penalties applied to target rows only",
+    "bad-words-target-row-only": "bad words applied to target rows only",
+    "penalties-drafts-uncounted": "penalties ignore a row's earlier drafts",
+    "min-tokens-off-by-one": "min_tokens reads position + 1",
+    "gate-off": "the per-slot gate is off: the fast path skips all processing",
+    "stop-not-trimmed": "the scheduler keeps tokens after a stop token within a step",
+    "logprobs-row-shift": "returned logprobs come from the next logits row",
+    "budget-draft-rows": "the budget kernel never forces draft rows (H-d-draft)",
+}
+# the contract each fault breaks and the stage the evidence must name
+EXPECTED = {
+    "bias-target-row-only": ("allowed_token_ids", "apply on draft rows"),
+    "penalties-target-row-only": ("penalties", "apply on draft rows"),
+    "bad-words-target-row-only": ("bad_words", "apply on draft rows"),
+    "penalties-drafts-uncounted": ("penalties", "apply on draft rows"),
+    "min-tokens-off-by-one": ("min_tokens", ("apply", "apply on draft rows")),
+    "gate-off": ("penalties", "gate/fast path"),
+    "stop-not-trimmed": ("stop", "host-side post-processing"),
+    "logprobs-row-shift": ("logprobs", "logprob row selection"),
+    "budget-draft-rows": ("thinking_token_budget", "apply on draft rows"),
+}
+
+
+def _cls(module: str, name: str):
+    mod = importlib.import_module(f"{PKG}.{module}")
+    cls = getattr(mod, name, None)
+    if cls is None:
+        raise AttributeError(f"{PKG}.{module}.{name} does not exist")
+    return cls
+
+
+def _ctx_of(a, k):
+    """(logits, ctx) of a 0.31+ ``LogitsProcessor.apply(logits, ctx)``."""
+    logits = a[0] if a else k["logits"]
+    ctx = a[1] if len(a) > 1 else k["ctx"]
+    return logits, ctx
+
+
+def _target_rows_only(ps, cls):
+    def make(orig):
+        def apply(self, *a, **k):
+            logits, ctx = _ctx_of(a, k)
+            draft = (ctx.expanded_local_pos >= 1).unsqueeze(1)  # [rows, 1] device
+            before = logits.clone()
+            out = orig(self, *a, **k)
+            out.copy_(before.where(draft, out))
+            return out
+
+        return apply
+
+    ps.wrap(cls, "apply", make)
+
+
+def _ctx_replaced(ps, cls, **fields):
+    def make(orig):
+        def apply(self, *a, **k):
+            logits, ctx = _ctx_of(a, k)
+            new = dataclasses.replace(ctx, **{n: f(ctx) for n, f in fields.items()})
+            return orig(self, logits, new)
+
+        return apply
+
+    ps.wrap(cls, "apply", make)
+
+
+def _gate_off(ps, hp):
+    def make(orig):
+        def add_request(self, *a, **k):
+            out = orig(self, *a, **k)
+            req_idx = a[0] if a else k["req_idx"]
+            self.needs_logits_processing[req_idx] = False
+            return out
+
+        return add_request
+
+    ps.wrap(hp.sampler, "add_request", make)
+
+
+def _stop_not_trimmed(ps, hp):
+    from vllm.v1.core.sched import utils
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    def make(orig):
+        def _update_request_with_output(self, request, new_token_ids, *a, **k):
+            stopped = False
+            for tok in new_token_ids:
+                request.append_output_token_ids(tok)
+                stopped = stopped or utils.check_stop(request, self.max_model_len)
+            return new_token_ids, stopped
+
+        return _update_request_with_output
+
+    ps.wrap(Scheduler, "_update_request_with_output", make)
+
+
+def _logprobs_row_shift(ps, hp):
+    def make(orig):
+        def _get_logprobs_tensors(self, *a, **k):
+            out = orig(self, *a, **k)
+            if out is None:
+                return out
+            return out._replace(logprobs=out.logprobs.roll(-1, 0))
+
+        return _get_logprobs_tensors
+
+    ps.wrap(hp.rejection, "_get_logprobs_tensors", make)
+
+
+def inject(name: str) -> patching.PatchSet:
+    """Install fault ``name`` (``FAULTS``); returns its ``PatchSet`` (``.remove()`` undoes)."""
+    if name not in FAULTS:
+        raise ValueError(f"unknown constraint fault {name!r}; known: {sorted(FAULTS)}")
+    if name == "budget-draft-rows":
+        from workbook.hooks import faults
+
+        return faults.inject("H-d-draft")
+    hp = hookpoints.resolve()
+    ps = patching.PatchSet(f"constraint-fault:{name}", "fault")
+    if name == "bias-target-row-only":
+        _target_rows_only(ps, _cls("logit_bias", "LogitBiasState"))
+    elif name == "penalties-target-row-only":
+        _target_rows_only(ps, _cls("penalties", "PenaltiesState"))
+    elif name == "bad-words-target-row-only":
+        _target_rows_only(ps, _cls("bad_words", "BadWordsState"))
+    elif name == "penalties-drafts-uncounted":
+        _ctx_replaced(ps, _cls("penalties", "PenaltiesState"),
+                      expanded_local_pos=lambda c: c.expanded_local_pos.mul(0))
+    elif name == "min-tokens-off-by-one":
+        _ctx_replaced(ps, _cls("logit_bias", "LogitBiasState"), pos=lambda c: c.pos + 1)
+    elif name == "gate-off":
+        _gate_off(ps, hp)
+    elif name == "stop-not-trimmed":
+        _stop_not_trimmed(ps, hp)
+    elif name == "logprobs-row-shift":
+        _logprobs_row_shift(ps, hp)
+    return ps.install()

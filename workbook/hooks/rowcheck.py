@@ -1,0 +1,588 @@
+"""The row check: per logits row (draft rows included), the values at the columns a contract
+names, before and after ``Sampler.apply_sampling_params``, judged by ``workbook.core.contracts``.
+
+``RowCheck().install()`` patches (``workbook.vllm.patching`` layer "trace") the MRV2 hook points
+of ``workbook.vllm.hookpoints``:
+
+- ``GPUModelRunner.add_requests``: the request's constraint parameters (``contracts.Params.of``
+  the worker's ``SamplingParams``, EOS included), its prompt and slot, and the registration
+  evidence: what vLLM's per-slot sampling state holds for the slot right after registration
+  (host arrays: the gate ``needs_logits_processing``, allowed / bias / stop counts, ``min_lens``,
+  penalty values, bad-word counts — whichever the installed version has);
+- ``GPUModelRunner.sample_tokens``: the step (request ids, slots, logits rows per request);
+- ``Sampler.apply_sampling_params`` (every call: ``Sampler`` and ``RejectionSampler._verify``):
+  per row, the columns ``[static | history | drafts]`` — the request's contract columns (a
+  per-slot device table written at registration), the committed history as the device holds it
+  (``all_token_ids[slot, :W]``: penalties' columns, and the commit evidence), this step's drafts
+  of the row's request (``input_ids`` of its later rows) — gathered from the raw and the
+  processed logits; the processed row's top-2; the number of finite columns (when a request
+  of the batch has ``allowed_token_ids``); the penalty counts vLLM keeps at those columns (when
+  one is penalised); whether the fast path returned the input;
+- ``GPUModelRunner.sample``: the tokens sampled per request and row, the processed and raw
+  values at the emitted token of every row, and the logprobs vLLM returns per row with the raw
+  (or processed, per ``logprobs_mode``) row's logsumexp and values at those ids.
+
+Every index is a device tensor (the static table is written at registration from a fresh
+host buffer; row offsets come from ``torch.arange`` and ``searchsorted`` on the device), so the
+check queues device work only and never synchronizes inside a step; the tensors are copied to
+the host and judged after the run (``materialize``; one synchronization). Never whole rows:
+memory is bounded by rows × (static + W + k) columns per step.
+
+It never writes into vLLM tensors and never changes a return value; removing it restores the
+methods exactly (``workbook.vllm.patching``).
+
+Judging (``judge``): each row's breaches (``contracts.check_row`` on the kept columns; the
+emitted token against the row: ``contracts.must_hold_token`` and, greedy, the processed
+argmax), each tagged with the stage the evidence shows, from positive evidence only:
+
+    registration     vLLM's per-slot state after ``add_request`` lacks the parameter
+    gate/fast path   the slot's gate was off, or ``apply_sampling_params`` returned its input,
+                     at a row whose contract changes a column
+    commit           the device history (or penalty counts) the row was processed with differs
+                     from the tokens emitted before
+    apply            the processed row breaks the contract with gate on, no fast path, history
+                     right (``apply on draft rows`` when row 0 of the same step held)
+    rejection        the processed row holds but the emitted token breaks it (masked, or not
+                     the greedy argmax)
+
+(host-side post-processing is the output check's: ``workbook.run.constraints``.)
+Not here: the contracts themselves (``workbook.core.contracts``), running requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from workbook.core import budget, contracts
+from workbook.vllm import hookpoints, patching
+
+STAGES = ("registration", "gate/fast path", "commit", "apply", "apply on draft rows",
+          "rejection", "host-side post-processing")
+REG_ATTRS = ("num_allowed_token_ids", "num_logit_bias", "min_lens", "num_stop_token_ids",
+             "repetition_penalty", "frequency_penalty", "presence_penalty", "num_bad_words")
+
+
+@dataclass
+class _Call:
+    offset: int  # first logits row of this call within the step
+    n: int  # rows
+    slots: Any  # [n] device int
+    local_pos: Any  # [n]
+    input_ids: Any  # [n]
+    cols: Any  # [n, C] device long: static | history | drafts
+    raw: Any  # [n, C]
+    proc: Any  # [n, C]
+    top2: Any  # (vals [n, 2], ids [n, 2]) of the processed row
+    finite: Any = None  # [n] finite processed columns
+    counts: Any = None  # [n, C] vLLM's penalty counts at the columns
+    gate: Any = None  # np [reqs] needs_logits_processing of the call's slots
+    gate_slots: Any = None
+    fast_path: bool = False
+    w_static: int = 0
+    w_hist: int = 0
+    raw_t: Any = None  # the raw / processed logits, held until the step's sample returns
+    proc_t: Any = None
+    at_tok: Any = None  # (raw, proc) [n] at the emitted token of each row
+    lp: Any = None  # (ids [n, L], vals [n, L], raw_at [n, L], lse [n]) per logprobs_mode
+
+
+@dataclass
+class _Step:
+    index: int
+    req_ids: list
+    slots: np.ndarray
+    cu: np.ndarray  # host cu_num_logits
+    cu_dev: Any
+    calls: list = field(default_factory=list)
+    sampled: Any = None  # [reqs, k+1]
+    num_sampled: Any = None
+
+
+class RowCheck:
+    """Install with ``install()`` / ``with RowCheck() as rc:``; judge with ``judge()``."""
+
+    def __init__(self, max_steps: int = 4096, max_drafts: int = 8, max_static: int = 64):
+        self.hp = hookpoints.resolve()
+        self.max_steps, self.max_drafts, self.max_static = max_steps, max_drafts, max_static
+        self.patches = self._build_patches()
+        self.params: dict[str, contracts.Params] = {}
+        self.prompts: dict[str, list[int]] = {}
+        self.slot_of: dict[str, int] = {}
+        self.registrations: list[dict] = []
+        self.markers = budget.Markers()
+        self.logprobs_mode = "raw_logprobs"
+        self._static: dict[str, list[int]] = {}  # req -> its static columns
+        self._table = None  # device [slots, S] static columns
+        self._host_table = None
+        self._dev = None
+        self._step: _Step | None = None
+        self._pending: list[_Step] = []
+        self._steps: list[dict] = []  # materialized: one per step and request
+        self._nsteps = 0
+        self._len_ub: dict[str, int] = {}
+        self._history: dict[str, list[int]] = {}  # prompt + emitted (device-sampled) tokens
+        self.errors: list[str] = []
+
+    # ---- install ------------------------------------------------------------------------------
+    def install(self) -> "RowCheck":
+        self.patches.install()
+        return self
+
+    def remove(self) -> None:
+        self.patches.remove()
+
+    def __enter__(self):
+        return self.install()
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+    def _build_patches(self) -> patching.PatchSet:
+        hp = self.hp
+        ps = patching.PatchSet("rowcheck", "trace")
+        ps.wrap(hp.runner, "add_requests", self._w_add_requests)
+        ps.wrap(hp.runner, "sample_tokens", self._w_sample_tokens)
+        ps.wrap(hp.runner, "sample", self._w_sample)
+        ps.wrap(hp.sampler, "apply_sampling_params", self._w_apply)
+        return ps
+
+    def _error(self, where: str, e: Exception) -> None:
+        self.errors.append(f"{where}: {type(e).__name__}: {e}"[:300])
+
+    # ---- registration ---------------------------------------------------------------------------
+    def _w_add_requests(self, orig):
+        rc = self
+
+        def add_requests(runner, scheduler_output, *a, **k):
+            out = orig(runner, scheduler_output, *a, **k)
+            try:
+                rc._on_add(runner, scheduler_output)
+            except Exception as e:  # the check must never break the engine
+                rc._error("add_requests", e)
+            return out
+
+        return add_requests
+
+    def _on_add(self, runner, so) -> None:
+        import torch
+
+        sampler = getattr(runner, "sampler", None)
+        if self._dev is None:
+            rc = getattr(runner.vllm_config, "reasoning_config", None)
+            self.markers = budget.Markers.of(rc)
+            self.logprobs_mode = str(getattr(sampler, "logprobs_mode", None) or getattr(
+                runner.model_config, "logprobs_mode", "raw_logprobs"))
+            self._dev = runner.req_states.all_token_ids.gpu.device
+            n_slots = int(runner.req_states.all_token_ids.gpu.shape[0])
+            self._host_table = np.zeros((n_slots, 1), dtype=np.int64)
+        changed = False
+        for new in so.scheduled_new_reqs:
+            if new.req_id in self._history:
+                self.materialize()
+            sp = new.sampling_params
+            p = contracts.Params.of(sp, self.logprobs_mode)
+            slot = int(runner.req_states.req_id_to_index[new.req_id])
+            tokens = [int(t) for t in (new.prefill_token_ids or [])]
+            plen = int(getattr(new, "prompt_len", len(tokens)) or len(tokens))
+            self.params[new.req_id], self.slot_of[new.req_id] = p, slot
+            self.prompts[new.req_id] = tokens[:plen]
+            self._history[new.req_id] = list(tokens)
+            self._len_ub[new.req_id] = len(tokens)
+            cols = p.columns(self.markers)[:self.max_static]
+            self._static[new.req_id] = cols
+            width = max(self._host_table.shape[1], len(cols), 1)
+            if width > self._host_table.shape[1]:
+                grown = np.zeros((self._host_table.shape[0], width), dtype=np.int64)
+                grown[:, :self._host_table.shape[1]] = self._host_table
+                self._host_table = grown
+            self._host_table[slot, :] = cols[0] if cols else 0
+            self._host_table[slot, :len(cols)] = cols
+            changed = True
+            self.registrations.append(self._registration(sampler, new.req_id, slot, p, plen))
+        if changed:  # a fresh host buffer each time: the copy may still be in flight
+            host = torch.from_numpy(self._host_table.copy())
+            if self._dev.type == "cuda":
+                host = host.pin_memory()
+            self._table = host.to(self._dev, non_blocking=True)
+
+    def _registration(self, sampler, req_id, slot, p, prompt_len) -> dict:
+        """What vLLM's per-slot state holds for the request right after ``add_request``
+        (host arrays; ``None`` where the installed version has no such array), and whether
+        that registers each of the request's constraints (``missing``)."""
+        got: dict[str, Any] = {"gate": None}
+        if sampler is not None and hasattr(sampler, "needs_logits_processing"):
+            got["gate"] = bool(sampler.needs_logits_processing[slot])
+        for obj in _states(sampler):
+            for a in REG_ATTRS:
+                v = getattr(obj, a, None)
+                arr = getattr(v, "np", v)
+                if got.get(a) is None and isinstance(arr, np.ndarray) and arr.ndim == 1:
+                    got[a] = arr[slot].item()
+        missing = []
+        known = lambda a: got.get(a) is not None
+
+        def need(cond, name):
+            if cond:
+                missing.append(name)
+
+        if p.allowed_token_ids is not None and known("num_allowed_token_ids"):
+            need(got["num_allowed_token_ids"] != len(p.allowed_token_ids), "allowed_token_ids")
+        if p.logit_bias and known("num_logit_bias"):
+            need(got["num_logit_bias"] != len(p.logit_bias), "logit_bias")
+        if p.min_tokens > 0 and p.masked_by_min_tokens and known("min_lens"):
+            need(got["min_lens"] != prompt_len + p.min_tokens or
+                 got.get("num_stop_token_ids") == 0, "min_tokens")
+        if p.penalised and known("repetition_penalty"):
+            need(not all(abs(got[a] - getattr(p, a)) < 1e-6 for a in
+                         ("repetition_penalty", "frequency_penalty", "presence_penalty")
+                         if known(a)), "penalties")
+        if p.bad_words and known("num_bad_words"):
+            need(got["num_bad_words"] != len(p.bad_words), "bad_words")
+        row_changing = [c for c in p.constraints() if c not in ("stop", "logprobs",
+                                                                 "structured_output")]
+        if row_changing and got["gate"] is False:
+            missing.append("gate")
+        return {"req_id": req_id, "slot": slot, "constraints": p.constraints(),
+                "missing": missing, **got}
+
+    # ---- the step ------------------------------------------------------------------------------
+    def _w_sample_tokens(self, orig):
+        rc = self
+
+        def sample_tokens(runner, *a, **k):
+            st = getattr(runner, "execute_model_state", None)
+            batch = getattr(st, "input_batch", None) if st is not None else None
+            try:
+                rc._begin(batch)
+            except Exception as e:
+                rc._error("begin", e)
+            try:
+                return orig(runner, *a, **k)
+            finally:
+                if rc._step is not None:
+                    rc._pending.append(rc._step)
+                    for c in rc._step.calls:  # release the logits
+                        c.raw_t = c.proc_t = None
+                rc._step = None
+
+        return sample_tokens
+
+    def _begin(self, batch) -> None:
+        self._step = None
+        if batch is None or not getattr(batch, "req_ids", None):
+            return
+        req_ids = list(batch.req_ids)
+        if not any(r in self._history for r in req_ids) or self._nsteps >= self.max_steps:
+            return
+        cu = np.array(batch.cu_num_logits_np, copy=True)
+        for r, n in zip(req_ids, np.diff(cu)):
+            if r in self._len_ub:
+                self._len_ub[r] += int(n)
+        self._step = _Step(self._nsteps, req_ids, np.array(batch.idx_mapping_np, copy=True), cu,
+                           getattr(batch, "cu_num_logits", None))
+        self._nsteps += 1
+
+    def _w_apply(self, orig):
+        rc = self
+
+        def apply_sampling_params(sampler, *a, **k):
+            step = rc._step
+            if step is None or rc._table is None:
+                return orig(sampler, *a, **k)
+            args = hookpoints.apply_sampling_args(a, k)
+            out = orig(sampler, *a, **k)
+            try:
+                rc._on_apply(sampler, step, args, out)
+            except Exception as e:
+                rc._error("apply_sampling_params", e)
+            return out
+
+        return apply_sampling_params
+
+    def _on_apply(self, sampler, step: _Step, args, out) -> None:
+        import torch
+
+        logits = args.logits
+        n, V = int(logits.shape[0]), int(logits.shape[-1])
+        dev = logits.device
+        offset = sum(c.n for c in step.calls)
+        slots = args.expanded_idx_mapping.long()  # [n]
+        static = self._table[slots]  # [n, S]
+        all_tok = _all_tokens(sampler, self)
+        w = max((self._len_ub.get(r, 0) for r in step.req_ids), default=1)
+        w = max(1, min(int(all_tok.shape[1]), w))
+        hist = all_tok[slots, :w].long()  # [n, W] the device history
+        k = min(self.max_drafts, max(1, int(np.max(np.diff(step.cu))) - 1))
+        lp = args.expanded_local_pos.long()
+        ar = torch.arange(n, device=dev)
+        didx = ((ar - lp).unsqueeze(1) + torch.arange(1, k + 1, device=dev)).clamp(0, n - 1)
+        drafts = args.input_ids.long()[didx]  # [n, k] the drafts of the row's request
+        cols = torch.cat([static, hist, drafts], 1).clamp(0, V - 1)
+        call = _Call(offset=offset, n=n, slots=args.expanded_idx_mapping.clone(),
+                     local_pos=lp, input_ids=args.input_ids.clone(), cols=cols,
+                     raw=logits.gather(1, cols).float(), proc=out.gather(1, cols).float(),
+                     top2=torch.topk(out.float(), 2, dim=-1), w_static=int(static.shape[1]),
+                     w_hist=w, fast_path=out is logits, raw_t=logits, proc_t=out)
+        slots_np = np.asarray(args.idx_mapping_np)
+        call.gate_slots = np.array(slots_np, copy=True)
+        g = getattr(sampler, "needs_logits_processing", None)
+        call.gate = None if g is None else np.array(g[slots_np], copy=True)
+        ps = [self.params.get(r) for r in step.req_ids]
+        if any(p is not None and p.allowed_token_ids is not None for p in ps):
+            call.finite = torch.isfinite(out).sum(-1)
+        counts = _penalty_counts(sampler)
+        if counts is not None and any(p is not None and p.penalised for p in ps):
+            call.counts = counts[slots.unsqueeze(1), cols]
+        step.calls.append(call)
+
+    def _w_sample(self, orig):
+        rc = self
+
+        def sample(runner, hidden_states, input_batch, *a, **k):
+            out = orig(runner, hidden_states, input_batch, *a, **k)
+            step = rc._step
+            if step is not None:
+                try:
+                    rc._on_sample(step, out)
+                except Exception as e:
+                    rc._error("sample", e)
+            return out
+
+        return sample
+
+    def _on_sample(self, step: _Step, out) -> None:
+        import torch
+
+        sampler_output, num_sampled = out[0], out[1]
+        sampled = sampler_output.sampled_token_ids
+        step.sampled, step.num_sampled = sampled.clone(), num_sampled.clone()
+        lpt = getattr(sampler_output, "logprobs_tensors", None)
+        want_lp = any(p is not None and p.logprobs is not None
+                      for p in (self.params.get(r) for r in step.req_ids))
+        for c in step.calls:
+            if c.raw_t is None:
+                continue
+            dev = c.raw_t.device
+            rows = torch.arange(c.offset, c.offset + c.n, device=dev)
+            cu = step.cu_dev
+            if cu is None:
+                cu = torch.as_tensor(step.cu, device=dev)
+            bi = torch.searchsorted(cu[1:].long(), rows, right=True).clamp(max=sampled.shape[0] - 1)
+            tok = sampled[bi, c.local_pos.clamp(max=sampled.shape[1] - 1)].long()
+            tok = tok.clamp(0, c.raw_t.shape[-1] - 1)  # rows past num_sampled hold garbage
+            c.at_tok = (c.raw_t.gather(1, tok[:, None]).float()[:, 0],
+                        c.proc_t.gather(1, tok[:, None]).float()[:, 0])
+            if want_lp and lpt is not None:
+                src = c.proc_t if self.logprobs_mode.startswith("processed") else c.raw_t
+                ids = lpt.logprob_token_ids[c.offset:c.offset + c.n].long()
+                c.lp = (ids, lpt.logprobs[c.offset:c.offset + c.n].float(),
+                        src.float().gather(1, ids.clamp(0, src.shape[-1] - 1)),
+                        torch.logsumexp(src.float(), -1))
+
+    # ---- after the run ------------------------------------------------------------------------
+    def materialize(self) -> None:
+        """Copy pending steps to the host and build the per-(step, request) records."""
+        if not self._pending:
+            return
+        _sync()
+        pending, self._pending = self._pending, []
+        for step in pending:
+            try:
+                self._materialize(step)
+            except Exception as e:
+                self._error("materialize", e)
+
+    def _materialize(self, step: _Step) -> None:
+        h = _host
+        sampled, ns = h(step.sampled), h(step.num_sampled)
+        calls = [(c, {k: h(getattr(c, k)) for k in ("slots", "local_pos", "input_ids", "cols",
+                                                   "raw", "proc", "finite", "counts")},
+                  (h(c.top2[0]), h(c.top2[1])),
+                  None if c.at_tok is None else (h(c.at_tok[0]), h(c.at_tok[1])),
+                  None if c.lp is None else tuple(h(x) for x in c.lp)) for c in step.calls]
+        for i, req_id in enumerate(step.req_ids):
+            if req_id not in self.params:
+                continue
+            r0, r1 = int(step.cu[i]), int(step.cu[i + 1])
+            hist = self._history[req_id]
+            prompt = self.prompts[req_id]
+            n_s = int(ns[i]) if ns is not None else 0
+            emitted = [int(t) for t in sampled[i, :n_s]] if sampled is not None else []
+            rows = []
+            for c, H, top, at, lp in calls:
+                for r in range(max(r0, c.offset), min(r1, c.offset + c.n)):
+                    rows.append(self._row(c, H, top, at, lp, r - c.offset, r - r0, req_id,
+                                          hist, prompt, emitted))
+            drafts = [row["input_token"] for row in rows[1:]]
+            for row in rows:
+                row["drafts"] = drafts
+            self._steps.append({"step": step.index, "req_id": req_id, "slot": int(step.slots[i]),
+                                "committed_before": len(hist) - len(prompt), "rows": rows,
+                                "emitted": emitted, "num_rows": r1 - r0})
+            hist.extend(emitted)
+
+    def _row(self, c, H, top, at, lp, q, j, req_id, hist, prompt, emitted) -> dict:
+        cols, raw, proc = H["cols"][q], H["raw"][q], H["proc"][q]
+        s, w = c.w_static, c.w_hist
+        static = self._static.get(req_id, [])
+        keep = list(range(min(len(static), s)))  # the request's own static columns
+        dev_hist = [int(x) for x in cols[s:s + w]]
+        n_hist = min(len(hist), w)
+        keep += list(range(s, s + n_hist))  # history columns actually committed
+        n_rows_req = None
+        row = {"row": c.offset + q, "local_pos": j, "input_token": int(H["input_ids"][q]),
+               "gate": None if c.gate is None else bool(c.gate[list(c.gate_slots).index(
+                   self.slot_of[req_id])]) if self.slot_of[req_id] in c.gate_slots else None,
+               "fast_path": c.fast_path,
+               "history_ok": dev_hist[:n_hist] == [int(t) for t in hist[:n_hist]],
+               "top1": int(top[1][q][0]), "top1_val": float(top[0][q][0]),
+               "top2_val": float(top[0][q][1]),
+               "emitted_token": emitted[j] if j < len(emitted) else None}
+        del n_rows_req
+        k = cols.shape[0] - s - w
+        keep += [s + w + d for d in range(min(j, k))]  # this row's own earlier drafts
+        row["raw"] = {int(cols[x]): float(raw[x]) for x in keep}
+        row["proc"] = {int(cols[x]): float(proc[x]) for x in keep}
+        row["finite"] = None if H["finite"] is None else int(H["finite"][q])
+        if H["counts"] is not None:
+            row["counts"] = {int(cols[x]): int(H["counts"][q][x]) for x in keep}
+        if at is not None and row["emitted_token"] is not None:
+            row["raw_at_emitted"], row["proc_at_emitted"] = float(at[0][q]), float(at[1][q])
+        if lp is not None:
+            ids, vals, src_at, lse = lp
+            row["logprob_ids"] = [int(x) for x in ids[q]]
+            row["logprobs"] = [float(x) for x in vals[q]]
+            row["logprob_truth"] = [contracts.expected_logprob(self.logprobs_mode, float(v),
+                                                               float(lse[q])) for v in src_at[q]]
+        return row
+
+    # ---- judging -------------------------------------------------------------------------------
+    @property
+    def steps(self) -> list[dict]:
+        self.materialize()
+        return self._steps
+
+    def judge(self) -> dict[str, dict]:
+        """Per request: the rows checked, the breaches (each with step, row, local position,
+        output index, stage, contract, what) and the first one."""
+        regs = {r["req_id"]: r for r in self.registrations}
+        out: dict[str, dict] = {}
+        for rec in self.steps:
+            req_id = rec["req_id"]
+            p = self.params[req_id]
+            res = out.setdefault(req_id, {"rows": 0, "draft_rows": 0, "breaches": [],
+                                          "constraints": p.constraints()})
+            prompt = tuple(self.prompts[req_id])
+            committed = tuple(self._output_before(req_id, rec))
+            row0_ok = True
+            for row in rec["rows"]:
+                j = row["local_pos"]
+                res["rows"] += 1
+                res["draft_rows"] += j > 0
+                ctx = contracts.RowContext(prompt, committed, tuple(row["drafts"]), j,
+                                           self.markers)
+                found = [(b, self._stage(regs.get(req_id), row, j, row0_ok, p))
+                         for b in contracts.check_row(p, ctx, row["raw"], row["proc"],
+                                                      row["finite"])]
+                if not found:
+                    found = self._rejection(p, ctx, row)
+                if j == 0:
+                    row0_ok = not found
+                for b, stage in found:
+                    res["breaches"].append({"step": rec["step"], "row": row["row"],
+                                            "local_pos": j, "stage": stage, **b.to_dict()})
+        for res in out.values():
+            res["first"] = res["breaches"][0] if res["breaches"] else None
+        return out
+
+    def _output_before(self, req_id: str, rec: dict) -> list[int]:
+        toks: list[int] = []
+        for r in self._steps:
+            if r is rec:
+                break
+            if r["req_id"] == req_id:
+                toks.extend(r["emitted"])
+        return toks
+
+    @staticmethod
+    def _stage(reg: dict | None, row: dict, j: int, row0_ok: bool, p) -> str:
+        if reg is not None and set(reg["missing"]) - {"gate"}:
+            return "registration"  # a parameter's per-slot state is missing (the gate: below)
+        if row["gate"] is False or row["fast_path"]:
+            return "gate/fast path"
+        if not row["history_ok"]:
+            return "commit"
+        if p.penalised and row.get("counts") is not None:
+            return "apply on draft rows" if j > 0 and row0_ok else "apply"
+        return "apply on draft rows" if j > 0 and row0_ok else "apply"
+
+    @staticmethod
+    def _rejection(p, ctx, row) -> list:
+        t = row["emitted_token"]
+        if t is None:
+            return []
+        b = contracts.must_hold_token(p, ctx, t)
+        if b is not None:
+            return [(b, "rejection")]
+        if p.temperature == 0.0 and "proc_at_emitted" in row:
+            if row["proc_at_emitted"] < row["top1_val"] and t != row["top1"]:
+                return [(contracts.Breach("greedy", f"emitted {t} ({row['proc_at_emitted']:.6g})"
+                                          f", the processed row's argmax is {row['top1']} "
+                                          f"({row['top1_val']:.6g})", t, ctx.out_index),
+                         "rejection")]
+        return []
+
+    def emitted_rows(self, req_id: str) -> list[dict]:
+        """One entry per emitted token of ``req_id`` in output order: step, row, local
+        position, token, and the row's logprob evidence."""
+        out = []
+        for rec in self.steps:
+            if rec["req_id"] != req_id:
+                continue
+            for row in rec["rows"]:
+                if row["emitted_token"] is not None:
+                    out.append({"step": rec["step"], **{k: row.get(k) for k in (
+                        "row", "local_pos", "emitted_token", "logprob_ids", "logprobs",
+                        "logprob_truth", "top1_val", "top2_val")}})
+        return out
+
+
+def _states(sampler) -> list:
+    """The sampler's per-slot state objects (0.31+: ``logits_processors``; older: attributes)."""
+    if sampler is None:
+        return []
+    objs = list(getattr(sampler, "logits_processors", None) or [])
+    objs += [v for k, v in vars(sampler).items() if k.endswith("_state") and v is not None]
+    return objs
+
+
+def _all_tokens(sampler, rc: RowCheck):
+    rs = getattr(sampler, "req_states", None)
+    t = getattr(getattr(rs, "all_token_ids", None), "gpu", None)
+    if t is None:
+        raise RuntimeError("no req_states.all_token_ids on the sampler")
+    return t
+
+
+def _penalty_counts(sampler):
+    ps = getattr(sampler, "penalties_state", None)
+    return getattr(ps, "output_bin_counts", None)
+
+
+def _host(t):
+    if t is None:
+        return None
+    if isinstance(t, np.ndarray):
+        return t
+    return t.detach().cpu().numpy()
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()

@@ -1,0 +1,451 @@
+"""The constraints grid: every sampling constraint × speculative method × batch, on one engine
+per method, judged row by row (``workbook.hooks.rowcheck``), on the output
+(``contracts.check_output``) and against the same greedy request without speculation (the
+differential).
+
+``run(methods, constraints, out=...)`` starts one in-process engine per method (the tiny models
+of ``workbook.core.models``; ``none`` first: the differential's reference and the baseline the
+cases are derived from) and sends, per method:
+
+- ``single``        each constraint alone (a batch of one) with the target ``lm_head`` zeroed,
+                    so every logit is 0, the drafter agrees and drafts are accepted (draft rows
+                    are checked, stop tokens land inside accepted drafts);
+- ``mixed``         every constraint vLLM accepts, one request each, in one batch (lm_head
+                    zeroed);
+- ``mixed-natural`` the same batch on the model's own (random) weights: distinct logits, drafts
+                    mostly rejected.
+
+A cell is ``holds`` (every row and the output satisfy the contract), ``violated`` (the first
+violating step and row, its local position and output index, the contract, and the stage the
+evidence shows — ``rowcheck.STAGES``; host-side post-processing when every row held but the
+final output breaks the contract), ``refused`` (vLLM rejected the parameter for this method:
+its message is the result) or ``error`` (the request failed otherwise: the message). Each cell
+also carries the differential: the first output index where the greedy output differs from
+method ``none``'s for the same request, located to the spec run's step and row, with that row's
+top-1/top-2 margin (a near tie is numerics, not a constraint).
+
+Files under ``out``: ``grid.json`` (cells, the version, the methods run), ``evidence/<method>/
+<batch>.json`` (per request: registration, every row's kept columns raw/processed, breaches).
+Bad constraint parameters fail before any engine starts (``contracts.validate``).
+
+Not here: the contracts (``workbook.core.contracts``), the evidence hooks
+(``workbook.hooks.rowcheck``), the faults (``workbook.hooks.constraint_faults``), rendering
+(``workbook.report.constraints``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from workbook.core import contracts
+from workbook.core.config import ConfigError, RunConfig
+
+METHODS = ("none", "mtp", "eagle", "ngram", "draft_model")
+BATCHES = ("single", "mixed", "mixed-natural")
+CONSTRAINTS = contracts.CONSTRAINTS
+JSON_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def case_kwargs(name: str, baseline: list[int], decode) -> dict[str, Any]:
+    """``SamplingParams`` keywords of constraint ``name``, derived from the unconstrained greedy
+    output ``baseline`` (so each constraint binds: it masks, penalises or stops a token the
+    model would emit); ``decode(ids) -> str`` for the string-valued ``bad_words``."""
+    b0 = int(baseline[0]) if baseline else 0
+    b1 = int(baseline[1]) if len(baseline) > 1 else b0
+    other = [t for t in (5, 6, 7, 8) if t != b0][:3]
+    return {
+        "thinking_token_budget": {"thinking_token_budget": 2},
+        "min_tokens": {"min_tokens": 5, "stop_token_ids": [b0]},
+        "logit_bias": {"logit_bias": {b0: -50.0, other[0]: 5.0}},
+        "allowed_token_ids": {"allowed_token_ids": other},
+        "bad_words": {"bad_words": [decode([b0])] + ([decode([b1, b0])] if b1 != b0 else [])},
+        "penalties": {"repetition_penalty": 1.5, "presence_penalty": 0.5,
+                      "frequency_penalty": 0.3},
+        # min_tokens 2 moves the stop token inside a step's accepted drafts (lm_head zeroed)
+        "stop": {"stop_token_ids": [b0], "ignore_eos": False, "min_tokens": 2},
+        "logprobs": {"logprobs": 3},
+        "structured_output": {"structured_outputs": {"json": JSON_SCHEMA}},
+    }[name]
+
+
+def validate_case(name: str, kw: dict, vocab_size: int) -> None:
+    """``contracts.validate`` on a case's keywords (bad words as strings: non-empty)."""
+    if name not in CONSTRAINTS:
+        raise ConfigError(f"constraint {name!r} is unknown; known: {list(CONSTRAINTS)}")
+    d = dict(kw)
+    words = d.pop("bad_words", None) or []
+    if any(not isinstance(w, str) or not w.strip() for w in words):
+        raise contracts.ContractError("bad_words", "entries must be non-empty strings")
+    d.pop("structured_outputs", None)
+    d["bad_words"] = [(0,)] * len(words)
+    contracts.validate(contracts.Params.of(d), vocab_size)
+
+
+def config_for(method: str, k: int = 3, model: str = "tiny-mimo-mtp") -> RunConfig:
+    if method not in METHODS:
+        raise ConfigError(f"method {method!r} is unknown; known: {list(METHODS)}")
+    return RunConfig(model=model, spec_method=method, num_spec_tokens=k, max_num_seqs=16,
+                     max_tokens=16, thinking_token_budget=-1, trace=False)
+
+
+@dataclass
+class Cell:
+    constraint: str
+    method: str
+    batch: str
+    status: str  # holds | violated | refused | error | not run
+    message: str = ""
+    first: dict | None = None  # step, row, local_pos, out_index, contract, stage, what
+    breaches: int = 0
+    rows: int = 0
+    draft_rows: int = 0
+    accepted_drafts: int = 0
+    output: list = field(default_factory=list)
+    finish_reason: str | None = None
+    differential: dict | None = None
+    kwargs: dict = field(default_factory=dict)  # the request's SamplingParams keywords
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def prompt_for(tokenizer, name: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": f"Say {name}."}],
+                                        add_generation_prompt=True, tokenize=True,
+                                        enable_thinking=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def sampling_params(kw: dict, max_tokens: int = 16):
+    from vllm import SamplingParams
+
+    kw = dict(kw)
+    so = kw.pop("structured_outputs", None)
+    if so is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kw["structured_outputs"] = StructuredOutputsParams(**so)
+    base = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
+    base.update(kw)
+    return SamplingParams(**base)
+
+
+def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
+              fault: str | None = None) -> tuple[dict[str, Cell], dict]:
+    """Send ``cases`` (name -> SamplingParams keywords) as one batch under the row check;
+    returns the cells (method / batch filled by the caller) and the evidence."""
+    from workbook.hooks import constraint_faults, rowcheck
+    from workbook.run import request as rq
+
+    llm, tok = engine.llm, engine.tokenizer
+    cells: dict[str, Cell] = {}
+    prompts, sps, names = [], [], []
+    for name, kw in cases.items():
+        try:
+            sps.append(sampling_params(kw))
+        except Exception as e:  # vLLM refused the parameter itself
+            cells[name] = Cell(name, "", batch, "refused", _msg(e))
+            continue
+        prompts.append({"prompt_token_ids": prompt_for(tok, name)})
+        names.append(name)
+    evidence: dict = {}
+    if not names:
+        return cells, evidence
+    head = rq.zeroed_lm_head(engine) if zero_head else contextlib.nullcontext()
+    fps = None
+    with head:
+        rc = rowcheck.RowCheck()
+        try:
+            if fault:
+                fps = constraint_faults.inject(fault)
+            rc.install()
+            try:
+                outs = llm.generate(prompts, sps, use_tqdm=False)
+            except Exception as e:
+                msg = _msg(e)
+                status = "refused" if _is_refusal(e) else "error"
+                for n in names:
+                    cells[n] = Cell(n, "", batch, status, msg)
+                return cells, {"error": msg}
+        finally:
+            rc.remove()
+            if fps is not None:
+                fps.remove()
+    verdicts = rc.judge()
+    by_prompt = {tuple(p): r for r, p in rc.prompts.items()}
+    for name, o in zip(names, outs):
+        req = by_prompt.get(tuple(o.prompt_token_ids or ()))
+        cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req))
+        cells[name].kwargs = _jsonable(cases[name])
+        evidence[name] = {"req_id": req, "registration": next(
+            (r for r in rc.registrations if r["req_id"] == req), None),
+            "params": _jsonable(asdict(rc.params[req])) if req in rc.params else None,
+            "steps": [s for s in rc.steps if s["req_id"] == req],
+            "verdict": verdicts.get(req), "errors": rc.errors}
+    return cells, evidence
+
+
+def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict | None) -> Cell:
+    """The cell of one request: the row breaches, then the output contract on what the user
+    got (host-side post-processing when the rows held)."""
+    comp = o.outputs[0]
+    output = [int(t) for t in comp.token_ids]
+    cell = Cell(name, "", batch, "holds", output=output, finish_reason=comp.finish_reason)
+    if req is None or verdict is None:
+        cell.status, cell.message = "error", "no row evidence for this request"
+        return cell
+    cell.rows, cell.draft_rows = verdict["rows"], verdict["draft_rows"]
+    emitted = rc.emitted_rows(req)
+    cell.accepted_drafts = sum(1 for e in emitted if e["local_pos"] and e["local_pos"] > 0)
+    p = rc.params[req]
+    breaches = list(verdict["breaches"])
+    breaches += _logprob_rows(p, emitted)
+    returned, truth = _returned_logprobs(comp, output, emitted)
+    out_b = contracts.check_output(p, rc.prompts[req], output, comp.finish_reason, rc.markers,
+                                   text=comp.text, logprobs=returned, logprob_truth=truth)
+    stream = [e["emitted_token"] for e in emitted]
+    for b in out_b:
+        at = emitted[b.out_index] if b.out_index is not None and b.out_index < len(emitted) \
+            else (emitted[-1] if emitted else {})
+        breaches.append({"step": at.get("step"), "row": at.get("row"),
+                         "local_pos": at.get("local_pos"),
+                         "stage": "host-side post-processing" if not verdict["breaches"]
+                         and output != stream[:len(output)] or (not verdict["breaches"] and
+                                                               b.contract == "stop")
+                         else _stage_of_first(verdict), **b.to_dict()})
+    breaches.sort(key=lambda b: (b["step"] if b["step"] is not None else 1 << 30,
+                                 b["row"] if b["row"] is not None else 1 << 30))
+    cell.breaches = len(breaches)
+    if breaches:
+        cell.status, cell.first = "violated", breaches[0]
+    if rc.errors:
+        cell.message = "; ".join(rc.errors[:3])
+    return cell
+
+
+def _stage_of_first(verdict: dict) -> str:
+    return verdict["breaches"][0]["stage"] if verdict["breaches"] else \
+        "host-side post-processing"
+
+
+def _logprob_rows(p, emitted: list[dict]) -> list[dict]:
+    """Each emitted row's returned logprob (column 0: the sampled token) vs its own row."""
+    if p.logprobs is None:
+        return []
+    out = []
+    for e in emitted:
+        ids, got, want = e.get("logprob_ids"), e.get("logprobs"), e.get("logprob_truth")
+        if not ids:
+            continue
+        if ids[0] != e["emitted_token"] or not contracts.close(got[0], want[0]):
+            out.append({"step": e["step"], "row": e["row"], "local_pos": e["local_pos"],
+                        "stage": "logprob row selection", "contract": "logprobs",
+                        "what": f"row {e['row']} returns {got[0]:.6g} for token {ids[0]}; the "
+                                f"row's log-softmax at {e['emitted_token']} is {want[0]:.6g}",
+                        "column": e["emitted_token"], "out_index": None})
+            break
+    return out
+
+
+def _returned_logprobs(comp, output, emitted):
+    if comp.logprobs is None:
+        return None, None
+    returned = []
+    for i, d in enumerate(comp.logprobs):
+        lp = d.get(output[i]) if i < len(output) else None
+        returned.append(None if lp is None else float(lp.logprob))
+    truth = [e["logprob_truth"][0] if e.get("logprob_truth") and e["emitted_token"] == t
+             else None for e, t in zip(emitted, output)]
+    return returned, truth
+
+
+def _is_refusal(e: Exception) -> bool:
+    return type(e).__name__ in ("VLLMValidationError", "ValueError", "NotImplementedError")
+
+
+def _msg(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}".splitlines()[0][:400]
+
+
+def _jsonable(x):
+    return json.loads(json.dumps(x, default=str))
+
+
+def run_method(method: str, constraints: list[str], baseline: list[int] | None, *,
+               batches=BATCHES, fault: str | None = None, k: int = 3,
+               log: str | None = None) -> tuple[list[Cell], dict, list[int]]:
+    """One engine for ``method``; every batch; returns the cells, the evidence and the
+    baseline (the unconstrained greedy output with the lm_head zeroed, derived here when
+    ``None``)."""
+    from workbook.run import request as rq
+    from workbook.vllm import engine as vengine
+
+    cfg = config_for(method, k)
+    eng = vengine.start(cfg, log)
+    try:
+        tok = eng.tokenizer
+        if baseline is None:
+            sp = sampling_params({})
+            outs = eng.llm.generate([{"prompt_token_ids": prompt_for(tok, "nothing")}], sp,
+                                    use_tqdm=False)
+            baseline = [int(t) for t in outs[0].outputs[0].token_ids]
+        with rq.zeroed_lm_head(eng):
+            sp = sampling_params({})
+            zb = [int(t) for t in eng.llm.generate(
+                [{"prompt_token_ids": prompt_for(tok, "nothing")}], sp,
+                use_tqdm=False)[0].outputs[0].token_ids]
+        decode = lambda ids: tok.decode(ids)
+        cells, evidence = [], {}
+        for batch in batches:
+            zero = batch != "mixed-natural"
+            base = zb if zero else baseline
+            cases = {c: case_kwargs(c, base, decode) for c in constraints}
+            if batch == "single":
+                for c in constraints:
+                    got, ev = run_batch(eng, {c: cases[c]}, zero_head=zero, batch=batch,
+                                        fault=fault)
+                    cells += _fill(got, method)
+                    evidence.setdefault(batch, {}).update(ev)
+            else:
+                refused = {cl.constraint for cl in cells if cl.status == "refused"}
+                ok = {c: kw for c, kw in cases.items() if c not in refused}
+                got, ev = run_batch(eng, ok, zero_head=zero, batch=batch, fault=fault)
+                cells += _fill(got, method)
+                cells += [Cell(c, method, batch, "refused", next(
+                    cl.message for cl in cells if cl.constraint == c and cl.status == "refused"))
+                    for c in cases if c in refused]
+                evidence[batch] = ev
+        return cells, evidence, baseline
+    finally:
+        eng.shutdown()
+        del eng
+        import gc
+
+        gc.collect()
+
+
+def _fill(cells: dict[str, Cell], method: str) -> list[Cell]:
+    for c in cells.values():
+        c.method = method
+    return list(cells.values())
+
+
+def differential(cells: list[Cell], evidence: dict) -> None:
+    """Fill each spec cell's ``differential`` against method ``none``'s same request."""
+    ref = {(c.constraint, c.batch): c for c in cells if c.method == "none"}
+    for c in cells:
+        r = ref.get((c.constraint, c.batch))
+        if c.method == "none" or r is None or not c.output or not r.output:
+            continue
+        i = contracts.first_divergence(c.output, r.output)
+        if i is None:
+            c.differential = {"vs": "none", "identical": True, "tokens": len(c.output)}
+            continue
+        ev = evidence.get(c.method, {}).get(c.batch, {}).get(c.constraint, {})
+        at = _emitted_at(ev, i)
+        c.differential = {"vs": "none", "identical": False, "out_index": i,
+                          "token": c.output[i] if i < len(c.output) else None,
+                          "reference_token": r.output[i] if i < len(r.output) else None, **at}
+
+
+def _emitted_at(ev: dict, i: int) -> dict:
+    n = 0
+    for s in ev.get("steps", []):
+        for row in s["rows"]:
+            if row.get("emitted_token") is None:
+                continue
+            if n == i:
+                return {"step": s["step"], "row": row["row"], "local_pos": row["local_pos"],
+                        "margin": row["top1_val"] - row["top2_val"]}
+            n += 1
+    return {}
+
+
+def run(methods=METHODS, constraints=CONSTRAINTS, *, out: str | None = None,
+        batches=BATCHES, fault: str | None = None, k: int = 3) -> dict:
+    """The grid (``grid.json`` under ``out`` when given)."""
+    from workbook.core.models import VOCAB
+
+    constraints = list(constraints)
+    for c in constraints:  # bad input fails here, before any engine starts
+        validate_case(c, case_kwargs(c, [0, 1], lambda ids: "x"), VOCAB)
+    methods = list(methods)
+    if "none" in methods:
+        methods.remove("none")
+    methods = ["none"] + methods  # the reference and the baseline first
+    cells: list[Cell] = []
+    evidence: dict = {}
+    baseline = None
+    t0 = time.time()
+    for m in methods:
+        log = os.path.join(out, "logs", f"vllm-{m}.log") if out else None
+        try:
+            got, ev, baseline = run_method(m, constraints, baseline, batches=batches,
+                                           fault=fault, k=k, log=log)
+        except Exception as e:  # the method cannot start here: its message is the result
+            got, ev = [Cell(c, m, b, "refused" if _is_refusal(e) else "error", _msg(e))
+                       for c in constraints for b in batches], {}
+        cells += got
+        evidence[m] = ev
+    differential(cells, evidence)
+    import vllm  # only now: importing vLLM before the engine's environment breaks Triton's interpreter
+
+    grid = {"vllm_version": vllm.__version__, "methods": methods, "batches": list(batches),
+            "constraints": constraints, "fault": fault, "seconds": round(time.time() - t0, 1),
+            "cells": [c.to_dict() for c in cells]}
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "grid.json"), "w") as f:
+            json.dump(grid, f, indent=1, default=str)
+        for m, ev in evidence.items():
+            os.makedirs(os.path.join(out, "evidence", m), exist_ok=True)
+            for b, e in ev.items():
+                with open(os.path.join(out, "evidence", m, f"{b}.json"), "w") as f:
+                    json.dump(_jsonable(e), f, default=str)
+    return grid
+
+
+def reproducer(cell: dict, grid: dict) -> str:
+    """A few lines that send the violating request again (in-process, the tiny model)."""
+    kw = cell.get("kwargs") or {}
+    return (f"# vLLM {grid.get('vllm_version')}: {cell['constraint']} with {cell['method']}\n"
+            f"from workbook.run import constraints as C\n"
+            f"from workbook.vllm import engine as E\n"
+            f"eng = E.start(C.config_for({cell['method']!r}))\n"
+            f"sp = C.sampling_params({kw!r})\n"
+            f"out = eng.llm.generate([{{'prompt_token_ids': C.prompt_for(eng.tokenizer, "
+            f"{cell['constraint']!r})}}], sp)\n"
+            f"print(out[0].outputs[0].token_ids)  # expected: {cell['first'] and cell['first']['what']}")
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="constraint x method grid (workbook.run.constraints)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS))
+    ap.add_argument("--constraints", nargs="+", default=list(CONSTRAINTS))
+    ap.add_argument("--batches", nargs="+", default=list(BATCHES))
+    ap.add_argument("--fault", default=None)
+    ap.add_argument("-k", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    try:
+        grid = run(a.methods, a.constraints, out=a.out, batches=a.batches, fault=a.fault, k=a.k)
+    except (ConfigError, contracts.ContractError) as e:
+        print(f"error: {e}")
+        return 2
+    from workbook.report.constraints import text_grid
+
+    print(text_grid(grid))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
