@@ -13,8 +13,11 @@
 #          compute-sanitizer, the markers read-only through NVTX, a writer of KIND hidden in the
 #          drafter's propose during the profiling run (python -m workbook.run.watchcmd --probe;
 #          workbook.hooks.writers); caching off: each tensor its own cudaMalloc; on: the marker
-#          segment registered as an NVTX heap, every block a region. Limit FIRST_S (first run:
-#          Triton's cold compile, default 140) then RUN_S (default 80) seconds per run.
+#          segment registered as an NVTX heap, every block a region. Limit FIRST_S (the first
+#          run KINDS x CACHING select: Triton's cold compile under memcheck; default 170) then
+#          RUN_S (default 90) seconds per run (all six: up to 620 s, past one 600 s device call:
+#          split with CACHING=off / CACHING=on). A run cut before start-up ends reads
+#          "incomplete", never "intact".
 #   r27    the same at the reporter's shape: r27-nvfp4-mtp-flashinfer (Qwen3.5 27B-shape NVFP4,
 #          FlashInfer attention, MTP k=4) for R27_KINDS (default alias_fill) x R27_CACHING
 #          (default on), R27_S seconds each (default 300; gpu_memory_utilization R27_GPU_UTIL,
@@ -72,7 +75,7 @@ for step in $STEPS; do
     first=1
     for caching in ${CACHING:-off on}; do
       for kind in ${KINDS:-alias_fill memset triton_store}; do
-        lim=${RUN_S:-80}; [ $first = 1 ] && lim=${FIRST_S:-140}; first=0
+        lim=${RUN_S:-90}; [ $first = 1 ] && lim=${FIRST_S:-170}; first=0
         probe "tiny-$kind-caching-$caching" "$lim" "$kind" "$caching" --env "$WB_ENV" --set max_tokens=4 ${PROBE_ARGS:-}
       done
     done ;;

@@ -25,8 +25,50 @@ def _first(watch: dict) -> dict | None:
     return (watch or {}).get("first_change")
 
 
-def verdict_from_watch(watch: dict | None) -> dict[str, Any]:
-    """The watch's reading: was the budget state changed by something not allowed to?"""
+def _top(phase: str | None) -> str | None:
+    return phase.split(" › ")[0] if phase else None
+
+
+def startup_reach(watch: dict | None, stopped: str | None = None, rc=None) -> dict:
+    """How far the watched start-up got: ``{"complete", "phases_run", "last_phase", "why"}``.
+
+    Complete when the watch saw a real step begin (every start-up phase ran before it) or the
+    pass's process ended on its own with status 0. Otherwise the pass stopped in its last
+    phase, and ``why`` says why: the pass's own reason (``stopped``, e.g. its time limit), its
+    exit status, or that the watch's record simply ends there."""
+    w = watch or {}
+    phases = list(w.get("phase_order") or [])
+    real = (w.get("steps") or {}).get("real_steps") or 0
+    stepped = bool(real or w.get("first_real_step_phase")
+                   or any(p.startswith("step ") for p in phases))
+    complete = stepped or (rc == 0 and not stopped)
+    if stopped:
+        why = stopped
+    elif rc not in (None, 0):
+        why = f"the pass's process exited with status {rc}"
+    else:
+        why = "the watch's record ends there"
+    return {"complete": complete, "phases_run": phases,
+            "last_phase": phases[-1] if phases else None, "why": None if complete else why}
+
+
+def incomplete_text(reach: dict) -> str:
+    """The sentence for a start-up that did not finish under the watch."""
+    phases = reach.get("phases_run") or []
+    where = (f"stopped in {reach['last_phase']}" if reach.get("last_phase")
+             else "stopped before any watched phase")
+    ran = (f"the phases that ran ({' → '.join(phases)}) changed no watched tensor"
+           if phases else "no phase ran under the watch")
+    return (f"start-up incomplete: the pass {where} ({reach.get('why')}), before the first real "
+            f"step; {ran}; the phases after it were not watched, so nothing is known of them")
+
+
+def verdict_from_watch(watch: dict | None, stopped: str | None = None,
+                       rc=None) -> dict[str, Any]:
+    """The watch's reading: was the budget state changed by something not allowed to?
+
+    ``stopped`` / ``rc``: how the pass that wrote ``watch`` ended (``workbook.run.watchcmd``);
+    a start-up that did not finish and saw no change reads ``incomplete``, never ``intact``."""
     if not watch:
         return {"hypothesis": None, "verdict": "not watched", "saw": "no watch evidence"}
     if not watch.get("state_found"):
@@ -40,6 +82,11 @@ def verdict_from_watch(watch: dict | None) -> dict[str, Any]:
     observed = watch.get("startup_observed", True)
     base = {"startup_observed": observed, "phases_run": watch.get("phase_order", []),
             "localization": {k: loc.get(k) for k in ("level", "complete", "stopped", "checks")}}
+    reach = startup_reach(watch, stopped, rc)
+    if ch is None and not reach["complete"]:
+        return {**base, "hypothesis": None, "verdict": "incomplete",
+                "stopped_in": reach["last_phase"], "stop_reason": reach["why"],
+                "saw": incomplete_text(reach), "confirm": None}
     if ch is None:
         return {**base, "hypothesis": None, "verdict": "intact",
                 "saw": "no watched tensor changed outside its allowed writers "
@@ -106,35 +153,59 @@ def changes_table(watch: dict):
                         columns=cols)
 
 
-def summary(watch: dict | None) -> list[str]:
-    """Human-readable lines (``workbook watch``)."""
-    v = verdict_from_watch(watch)
+def _or(v, missing: str) -> str:
+    return missing if v is None or v == "" else str(v)
+
+
+def summary(watch: dict | None, stopped: str | None = None, rc=None) -> list[str]:
+    """Human-readable lines (``workbook watch``); ``stopped`` / ``rc`` as for
+    ``verdict_from_watch``."""
+    v = verdict_from_watch(watch, stopped, rc)
     if not watch:
         return ["no watch evidence"]
-    lines = [f"vLLM {watch.get('vllm_version')} on {watch.get('device')} "
-             f"({watch.get('platform')}); start-up observed: {watch.get('startup_observed')}",
-             "phases that ran: " + " → ".join(watch.get("phase_order") or [])]
+    observed = "yes" if watch.get("startup_observed") else "no"
+    lines = [f"vLLM {_or(watch.get('vllm_version'), 'version unknown')} on "
+             f"{_or(watch.get('device'), 'an unnamed device')} "
+             f"({_or(watch.get('platform'), 'platform unknown')}); start-up observed: {observed}",
+             "phases that ran: " + (" → ".join(watch.get("phase_order") or [])
+                                    or "none recorded")]
     for t in watch.get("layout") or []:
         lines.append(f"  {t['ptr_hex']} +{t['offset']:<8d} {t['nbytes']:6d} B  {t['name']}")
     if v["verdict"] == "corrupted":
         lines += [f"FIRST UNEXPECTED CHANGE: {v['saw']}",
                   f"  phase:  {v['phase']}", f"  module: {v.get('module') or '-'}",
                   f"  op:     {v.get('op') or '-'}",
-                  f"  last clean check: {v['last_clean']}",
-                  f"  first dirty check: {v['first_dirty']}"]
+                  f"  last clean check: {_or(v.get('last_clean'), 'none recorded')}",
+                  f"  first dirty check: {_or(v.get('first_dirty'), 'none recorded')}"]
         for a in (v.get("suspect_launches") or [])[:3]:
             lines.append(f"  Triton launch handed a watched pointer: {a}")
     else:
         lines.append(f"{v['verdict'].upper()}: {v.get('saw')}")
     loc = watch.get("localization") or {}
     if loc.get("level") not in (None, "none"):
-        lines.append(f"localization: level {loc.get('level')}, {loc.get('checks')} checks in "
-                     f"{loc.get('elapsed_s')} s; {loc.get('stopped')}")
+        lines.append(f"localization: level {loc.get('level')}, {_or(loc.get('checks'), 0)} "
+                     f"checks in {_or(loc.get('elapsed_s'), '?')} s"
+                     + (f"; {loc['stopped']}" if loc.get("stopped") else ""))
     ov = watch.get("overhead") or {}
-    lines.append(f"watch cost: start-up {ov.get('startup_checks')} checks "
-                 f"{ov.get('startup_check_s')} s; steps {ov.get('step_checks')} checks "
-                 f"{ov.get('step_check_s')} s")
+    lines.append(f"watch cost: start-up {_or(ov.get('startup_checks'), 0)} checks "
+                 f"{_or(ov.get('startup_check_s'), 0.0)} s; steps {_or(ov.get('step_checks'), 0)} "
+                 f"checks {_or(ov.get('step_check_s'), 0.0)} s")
     return lines
+
+
+def culprit_text(c: dict | None) -> str:
+    """One sentence for a ``watch-summary.json`` culprit (the PROBE line, the notebook)."""
+    c = c or {}
+    verdict = c.get("verdict")
+    if verdict == "corrupted":
+        where = f" during {c['phase']}" if c.get("phase") else ""
+        mod = f", in {c['module']}" if c.get("module") else ""
+        return f"corrupted{where}{mod}"
+    if verdict == "incomplete":  # its sentence begins "start-up incomplete"
+        return _or(c.get("saw"), "start-up incomplete (no sentence recorded)")
+    if verdict in ("intact", "not watched"):
+        return f"{verdict}: {_or(c.get('saw'), 'no sentence recorded')}"
+    return "no verdict (no pass left watch evidence)"
 
 
 # ---- the sanitizer stage's writer (workbook.run.sanistage) ------------------------------------
@@ -167,8 +238,9 @@ def writer_lines(stage: dict, writer: dict | None) -> list[str]:
     """What ``workbook watch`` prints about the sanitizer stage of one pass."""
     mode = (stage or {}).get("mode", "none")
     if mode == "skipped":
-        return [f"sanitizer stage: {stage.get('message')}"]
-    lines = [f"sanitizer stage ({mode}): {stage.get('verdict')}"]
+        return [f"sanitizer stage: {_or(stage.get('message'), 'skipped (no reason recorded)')}"]
+    lines = [f"sanitizer stage ({mode}): "
+             f"{_or(stage.get('verdict'), 'no verdict (the stage recorded none)')}"]
     if writer:
         lines.append(f"FIRST WRITER: {writer_text(writer)}")
         for f in (writer.get("stack") or [])[:6]:
@@ -176,28 +248,74 @@ def writer_lines(stage: dict, writer: dict | None) -> list[str]:
     return lines
 
 
+def _side(s: dict | None) -> dict | None:
+    """One layout's ``watch-summary.json`` → symptom, the phase it showed in, how far it got."""
+    if not s:
+        return None
+    c = s.get("culprit") or {}
+    passes = s.get("passes") or []
+    phases: list[str] = []
+    for p in passes:
+        for ph in ((p.get("verdict") or {}).get("phases_run") or []):
+            if ph not in phases:
+                phases.append(ph)
+    complete = any(ph.startswith("step ") for ph in phases) or any(
+        p.get("rc") == 0 and not p.get("stopped") for p in passes)
+    last = next((p for p in reversed(passes)), {}) if passes else {}
+    hit = bool(c.get("verdict") == "corrupted" or c.get("writer"))
+    return {"hit": hit, "phase": _top(c.get("phase") or (c.get("writer") or {}).get("phase")),
+            "phases": phases, "complete": complete,
+            "why": last.get("stopped") or (f"exit status {last.get('rc')}"
+                                           if last.get("rc") not in (None, 0) else
+                                           "its record ends there")}
+
+
+def _reached(side: dict, phase: str | None) -> bool:
+    """Did this pass get past ``phase`` (or through the whole start-up)?"""
+    if side["complete"]:
+        return True
+    return phase is not None and phase in side["phases"] and side["phases"][-1] != phase
+
+
+def _short_of(name: str, side: dict, phase: str | None) -> str:
+    last = side["phases"][-1] if side["phases"] else "no watched phase"
+    target = f"the end of {phase}, where the other layout's change came" if phase else \
+        "the end of start-up"
+    return f"inconclusive: the {name} pass stopped in {last} ({side['why']}) before {target}"
+
+
 def layout_ab(caching_on: dict | None, caching_off: dict | None) -> dict:
     """The caching-allocator A/B (two ``watch-summary.json``): the symptom (a corrupted
-    verdict or a named writer) gone with caching off → layout-dependent (a neighbour's
-    overrun); still there → a write that finds the markers wherever they are (a pointer
-    write). Either summary missing → undecided."""
-    def hit(s):
-        if not s:
-            return None
-        c = s.get("culprit") or {}
-        return bool(c.get("verdict") == "corrupted" or c.get("writer"))
-
-    on, off = hit(caching_on), hit(caching_off)
+    verdict or a named writer) in one layout and not the other is evidence about the layout
+    only when the clean pass got past the phase where the other saw the change; no symptom in
+    either only when both start-ups finished. Otherwise the reading is ``inconclusive: <which
+    pass> stopped in <phase> before <phase of the change>``. Either summary missing →
+    undecided. What it does not do: name the neighbour (``watch.json``'s layout evidence
+    lists the overrun suspects)."""
+    on, off = _side(caching_on), _side(caching_off)
     if on is None or off is None:
         reading = "undecided: one of the two layouts has no summary"
-    elif on and not off:
-        reading = ("layout-dependent: the symptom is gone with each tensor in its own "
-                   "allocation — a neighbour's overrun into the markers' segment")
-    elif on and off:
+    elif on["hit"] and off["hit"]:
         reading = ("a pointer write: the writer finds the markers in either layout (it holds "
                    "their address or an alias)")
-    elif off and not on:
-        reading = "seen only with caching off: a write that depends on the uncached layout"
+    elif on["hit"] and not _reached(off, on["phase"]):
+        reading = _short_of("caching-off", off, on["phase"])
+    elif off["hit"] and not _reached(on, off["phase"]):
+        reading = _short_of("caching-on", on, off["phase"])
+    elif on["hit"]:
+        reading = (f"layout-dependent: the change during {on['phase']} comes with the caching "
+                   "allocator and is gone with each tensor in its own allocation, past the same "
+                   "phase — consistent with a neighbour's overrun into the markers' segment "
+                   "(watch.json's layout evidence lists the neighbours)")
+    elif off["hit"]:
+        reading = (f"seen only with caching off: the change during {off['phase']} is gone with "
+                   "the caching allocator, past the same phase — a write whose target depends "
+                   "on the uncached layout")
+    elif not on["complete"]:
+        reading = _short_of("caching-on", on, None)
+    elif not off["complete"]:
+        reading = _short_of("caching-off", off, None)
     else:
-        reading = "no symptom in either layout"
-    return {"caching_on": on, "caching_off": off, "reading": reading}
+        reading = "no symptom in either layout (both start-ups finished under the watch)"
+    return {"caching_on": None if on is None else on["hit"],
+            "caching_off": None if off is None else off["hit"], "reading": reading}

@@ -70,8 +70,10 @@ def wrap(stage: dict, cmd: list[str], env: dict) -> tuple[list[str], dict]:
             "--print-limit", "200", "--log-file", stage["log"], *cmd], env
 
 
-def collect(stage: dict, outdir: str, watch: dict | None, rc) -> dict:
-    """The writer the stage named (or None) and the stage's record; writes ``writer.json``."""
+def collect(stage: dict, outdir: str, watch: dict | None, rc, stopped: str | None = None) -> dict:
+    """The writer the stage named (or None) and the stage's record; writes ``writer.json``.
+    ``stopped``: why the pass was cut (its time limit), so that the verdict never reads a
+    start-up that did not finish as watched to its end."""
     from workbook.run import integrity, sanitizer
 
     mode = stage["mode"]
@@ -79,10 +81,12 @@ def collect(stage: dict, outdir: str, watch: dict | None, rc) -> dict:
     if mode == "nvtx":
         if os.path.exists(stage["log"]):
             with open(stage["log"], errors="replace") as f:
-                rep = sanitizer.tie(sanitizer.parse(f.read()), watch)
+                rep = sanitizer.tie(sanitizer.parse(f.read()), watch, stopped, rc)
             rundir.write_json(os.path.join(outdir, "sanitizer.json"), rep)
             stage = {**stage, "n_errors": rep["n_errors"],
-                     "touching_watched": rep["touching_watched"], "verdict": rep["verdict"]}
+                     "touching_watched": rep["touching_watched"], "verdict": rep["verdict"],
+                     "protection_applied": rep["protection"]["applied"],
+                     "nvtx_refused": rep["protection"]["refused"]}
             writer = rep.get("first_writer")
         else:
             stage = {**stage, "verdict": "compute-sanitizer wrote no log (see pass.log)"}

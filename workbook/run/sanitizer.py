@@ -44,15 +44,30 @@ _FRAME = re.compile(r"^=+\s+Host Frame:\s*(?P<frame>.+)$")
 # a Python frame in the host backtrace: "<module> in poc.py:22", "forward in /x/y.py:12"
 _PYFRAME = re.compile(r"^(?P<func>\S.*?) in (?P<file>[^\s\[\]]+\.py):(?P<line>\d+)\s*$")
 _SUMMARY = re.compile(r"ERROR SUMMARY:\s*(?P<n>\d+) error")
+# the tool refusing an NVTX call (the permission it carried was never applied):
+# "========= Warning: Call to nvtxMemPermissionsAssign failed: One or more of the parameters is
+# invalid"
+_REFUSED = re.compile(r"^=+\s+Warning: Call to (?P<call>nvtx\w+) failed:\s*(?P<why>.*?)\s*$")
 
 
 def parse(text: str) -> dict:
-    """memcheck's log → ``{"errors": [...], "error_summary": n | None, "lines": n}``."""
+    """memcheck's log → ``{"errors": [...], "error_summary": n | None, "lines": n,
+    "nvtx_refused": [{"call", "count", "reasons"}, ...]}`` (the NVTX calls the tool refused)."""
     errors: list[dict] = []
     cur: dict | None = None
     summary = None
+    refused: dict[str, dict] = {}
     for raw in text.splitlines():
         line = raw.rstrip()
+        m = _REFUSED.match(line)
+        if m:
+            r = refused.setdefault(m.group("call"), {"call": m.group("call"), "count": 0,
+                                                      "reasons": []})
+            r["count"] += 1
+            if m.group("why") and m.group("why") not in r["reasons"]:
+                r["reasons"].append(m.group("why"))
+            cur = None
+            continue
         m = _SUMMARY.search(line)
         if m:
             summary = int(m.group("n"))
@@ -106,7 +121,8 @@ def parse(text: str) -> dict:
                                              "line": int(py.group("line"))})
             elif len(cur["host_frames"]) < 24:
                 cur["host_frames"].append(frame)
-    return {"errors": errors, "error_summary": summary, "lines": len(text.splitlines())}
+    return {"errors": errors, "error_summary": summary, "lines": len(text.splitlines()),
+            "nvtx_refused": list(refused.values())}
 
 
 # frames that are machinery, not the writer (innermost-first search skips them)
@@ -176,8 +192,34 @@ def parse_fault(text: str) -> dict:
     return {"signal": sig, "frames": frames, "writer": name_writer(frames)}
 
 
-def tie(parsed: dict, watch: dict | None) -> dict:
-    """Each error placed relative to the watched tensors of the same run."""
+def protection_status(parsed: dict, watch: dict | None) -> dict:
+    """Was the read-only protection in force under memcheck? Applied only when the watch
+    assigned it (tensors listed as protected, an NVTX tool attached) and the tool refused none
+    of the NVTX calls in its log; otherwise ``why`` says what was missing."""
+    prot = (watch or {}).get("protection") or {}
+    refused = parsed.get("nvtx_refused") or []
+    n = sum(r["count"] for r in refused)
+    why = []
+    if n:
+        calls = "; ".join(f"{r['call']} ×{r['count']}" + (f" ({', '.join(r['reasons'])})"
+                                                          if r["reasons"] else "")
+                          for r in refused)
+        why.append(f"compute-sanitizer refused {n} NVTX call(s): {calls}")
+    if watch is not None and not prot.get("protected"):
+        why.append("the watch protected no tensor" + (f" ({prot['message']})"
+                                                      if prot.get("message") else ""))
+    if prot.get("tool_attached") is False:
+        why.append("the shim found no NVTX tool attached (its permission calls were no-ops)")
+    return {"applied": not why, "refused": n, "refused_calls": refused,
+            "why": "; ".join(why) if why else None}
+
+
+def tie(parsed: dict, watch: dict | None, stopped: str | None = None, rc=None) -> dict:
+    """Each error placed relative to the watched tensors of the same run; the verdict says
+    whether memcheck's silence means anything (the protection applied, the start-up
+    watched to its end). ``stopped`` / ``rc``: how the pass ended (``workbook.run.watchcmd``)."""
+    from workbook.run import integrity
+
     layout = (watch or {}).get("layout") or []
     out = []
     for e in parsed["errors"]:
@@ -191,19 +233,34 @@ def tie(parsed: dict, watch: dict | None) -> dict:
     for e in out:
         e["writer"] = name_writer(e.get("python_frames") or [])
     change = (watch or {}).get("first_change")
+    prot = protection_status(parsed, watch)
+    not_applied = (f"the read-only protection was not applied ({prot['why']}), so memcheck's "
+                   "silence says nothing about the writer")
     if hits:
         verdict = (f"{len(hits)} memcheck error(s) touch watched memory; first: "
-                   f"{hits[0]['kind']} by kernel {hits[0]['kernel']} "
+                   f"{hits[0]['kind']} by kernel {hits[0]['kernel'] or '(not named)'} "
                    f"{hits[0]['watched']['relation']} {hits[0]['watched']['tensor']}")
+        if not prot["applied"]:
+            verdict += f"; note: {prot['why']}"
+    elif change and prot["applied"]:
+        verdict = ("the watch saw " + change["tensor"] + " change during " + change["phase"] +
+                   " but no memcheck error touches watched memory, with the protection applied "
+                   "(no NVTX call refused): the writer stays inside a live allocation "
+                   "(invisible to memcheck); the watch's localization names it")
     elif change:
         verdict = ("the watch saw " + change["tensor"] + " change during " + change["phase"] +
-                   " but no memcheck error touches watched memory: the writer stays inside a "
-                   "live allocation (invisible to memcheck); the watch's localization names it")
+                   " and no memcheck error touches watched memory, but " + not_applied +
+                   "; the watch's localization names the phase")
     else:
-        verdict = (f"{len(out)} memcheck error(s), none in watched memory; the watch saw no "
-                   "unexpected change")
+        reach = integrity.startup_reach(watch, stopped, rc)
+        verdict = f"{len(out)} memcheck error(s), none in watched memory; "
+        verdict += ("the watch saw no unexpected change" if reach["complete"] else
+                    integrity.incomplete_text(reach))
+        if not prot["applied"]:
+            verdict += "; " + not_applied
     return {"errors": out, "error_summary": parsed.get("error_summary"),
             "n_errors": len(out), "touching_watched": len(hits), "verdict": verdict,
+            "protection": prot,
             "first_writer": first_writer(hits[0]) if hits else None,
             "watched_layout": layout}
 
@@ -324,8 +381,11 @@ def main(argv=None) -> int:
     if a.output:
         with open(a.output, "w") as f:
             json.dump(report, f, indent=1, default=str)
-    print(f"memcheck: {report['n_errors']} error(s) (summary line: {report['error_summary']}); "
-          f"touching watched memory: {report['touching_watched']}")
+    summ = report["error_summary"]
+    print(f"memcheck: {report['n_errors']} error(s) ("
+          + (f"summary line: {summ}" if summ is not None else "no summary line: the log was cut")
+          + f"); touching watched memory: {report['touching_watched']}; NVTX calls refused: "
+          f"{report['protection']['refused']}")
     print(report["verdict"])
     return 0
 

@@ -109,7 +109,7 @@ def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
             "seconds": round(time.perf_counter() - t0, 1),
             "caching": caching or ("off" if env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
                                    else "on")}
-    named = sanistage.collect(stage, outdir, watch, rc)
+    named = sanistage.collect(stage, outdir, watch, rc, why)
     info["sanitizer"], info["writer"] = named["stage"], named["writer"]
     if writer:
         info["planted"] = writer
@@ -151,7 +151,8 @@ def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
         first = run_pass(base.replace(localize="module", localize_within=""),
                          _pass_dir(out, 1, "module"), timeout_s, checks, caching, writer)
         passes.append(first)
-        v = integrity.verdict_from_watch(first["watch"])
+        v = integrity.verdict_from_watch(first["watch"], first["info"]["stopped"],
+                                         first["info"]["rc"])
         module = v.get("module")
         if v.get("verdict") == "corrupted" and module and not v.get("op"):
             passes.append(run_pass(base.replace(localize="op", localize_within=module),
@@ -162,8 +163,9 @@ def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
                                             localize_within=base.localize_within
                                             if localize == "op" else ""),
                                _pass_dir(out, 1, localize), timeout_s, checks, caching, writer))
-    verdicts = [integrity.with_writer(integrity.verdict_from_watch(p["watch"]),
-                                      p["info"].get("writer")) for p in passes]
+    verdicts = [integrity.with_writer(
+        integrity.verdict_from_watch(p["watch"], p["info"].get("stopped"), p["info"].get("rc")),
+        p["info"].get("writer")) for p in passes]
     best = next((v for v in reversed(verdicts) if v.get("verdict") == "corrupted"),
                 verdicts[-1] if verdicts else {})
     first_v = next((v for v in verdicts if v.get("verdict") == "corrupted"), best)
@@ -186,15 +188,23 @@ def print_summary(result: dict, out: str) -> None:
     from workbook.run import integrity
 
     for i, (p, w) in enumerate(zip(result["passes"], result["watches"]), 1):
-        failed = "" if p.get("rc") == 0 else \
-            f", ended at the refused write (exit {p.get('rc')})" if p.get("writer") else \
-            f", FAILED (exit {p.get('rc')}): see pass.log"
+        code = p.get("rc")
+        if code == 0:
+            failed = ""
+        elif code is None:  # cut (time limit, interrupt): no exit status of its own
+            failed = ", ended by the workbook: see pass.log" if p.get("stopped") else \
+                ", no exit status recorded: see pass.log"
+        elif p.get("writer"):
+            failed = f", ended at the refused write (exit {code})"
+        else:
+            failed = f", FAILED (exit {code}): see pass.log"
         stopped = ", " + p["stopped"] if p.get("stopped") else ""
         print(f"== pass {i}: {p['outdir']} ({p['seconds']} s{stopped}{failed})")
-        for line in integrity.summary(w):
+        for line in integrity.summary(w, p.get("stopped"), code):
             print(line)
         if p.get("checks") or p.get("budget_verdict"):
-            print(f"budget: {p.get('budget_verdict')}; checks exact: {p.get('checks')}")
+            print(f"budget: {p.get('budget_verdict') or 'no verdict recorded'}; checks exact: "
+                  f"{p.get('checks') or 'none ran'}")
         if p.get("sanitizer", {}).get("mode", "none") != "none":
             for line in integrity.writer_lines(p["sanitizer"], p.get("writer")):
                 print(line)
@@ -205,9 +215,10 @@ def print_summary(result: dict, out: str) -> None:
               f" op {c.get('op') or '-'}; tensors {c.get('tensors')}; "
               f"{c.get('before')} → {c.get('after')}")
     if c.get("writer"):
-        print(f"hypothesis {c.get('hypothesis')}: writer {integrity.writer_text(c['writer'])}")
+        print(f"hypothesis {c.get('hypothesis') or 'H-i'}: writer "
+              f"{integrity.writer_text(c['writer'])}")
     elif c.get("verdict") != "corrupted" or not c.get("tensors"):
-        print(f"{c.get('verdict')}: {c.get('saw')}")
+        print(integrity.culprit_text(c))
     print(os.path.join(out, "watch-summary.json"))
 
 
@@ -229,12 +240,25 @@ def _child(outdir: str) -> int:
     return 0
 
 
+def probe_line(kind: str, p: dict, culprit: dict) -> str:
+    """The one ``PROBE …`` line of ``--probe``: what the sanitizer stage named, else why not,
+    and the watch's reading as a sentence."""
+    from workbook.run import integrity
+
+    w = p.get("writer")
+    san = p.get("sanitizer") or {}
+    if w:
+        return (f"PROBE {kind} caching={p.get('caching')} sanitizer={san.get('mode')}: "
+                f"named {integrity.writer_text(w)}")
+    why = san.get("verdict") or san.get("message") or "the stage recorded no verdict"
+    return (f"PROBE {kind} caching={p.get('caching')} sanitizer={san.get('mode')}: "
+            f"no writer named ({why}; watch: {integrity.culprit_text(culprit)})")
+
+
 def _probe(a) -> int:
     """``--probe KIND``: one sanitized pass with a test writer of ``KIND`` hidden in the
     drafter's propose during the profiling run (``workbook.hooks.writers``); prints the
     summary and one line ``PROBE kind caching: named …`` (scripts/writer_gpu.sh, the tests)."""
-    from workbook.run import integrity
-
     overrides = {}
     for kv in a.set or []:
         import yaml
@@ -249,12 +273,7 @@ def _probe(a) -> int:
     res = run_passes(cfg, a.out, "none", timeout_s=a.timeout, caching=a.caching,
                      writer=a.probe)
     print_summary(res, a.out)
-    p = res["passes"][0]
-    w = p.get("writer")
-    print(f"PROBE {a.probe} caching={p.get('caching')} sanitizer={p['sanitizer'].get('mode')}: "
-          + (f"named {integrity.writer_text(w)}" if w else
-             f"no writer named ({p['sanitizer'].get('verdict') or p['sanitizer'].get('message')}"
-             f"; watch: {res['culprit'].get('verdict')} {res['culprit'].get('phase')})"))
+    print(probe_line(a.probe, res["passes"][0], res["culprit"]))
     return 0
 
 
