@@ -343,15 +343,6 @@ def test_sanitizer_stage_collects_the_writer_into_the_pass(tmp_path, mode):
     assert lines[1].startswith("FIRST WRITER:") and "None" not in " ".join(lines)
 
 
-def test_caching_ab_reading():
-    bad = {"culprit": {"verdict": "corrupted"}}
-    good = {"culprit": {"verdict": "intact"}}
-    named = {"culprit": {"verdict": "intact", "writer": {"frame": "f"}}}
-    assert integrity.layout_ab(bad, good)["reading"].startswith("layout-dependent")
-    assert integrity.layout_ab(bad, named)["reading"].startswith("a pointer write")
-    assert integrity.layout_ab(None, good)["reading"].startswith("undecided")
-
-
 def test_a_localization_past_its_time_limit_keeps_what_it_narrowed(tmp_path):
     from workbook.hooks import watch
 

@@ -263,7 +263,8 @@ def _side(s: dict | None) -> dict | None:
         p.get("rc") == 0 and not p.get("stopped") for p in passes)
     last = next((p for p in reversed(passes)), {}) if passes else {}
     hit = bool(c.get("verdict") == "corrupted" or c.get("writer"))
-    return {"hit": hit, "phase": _top(c.get("phase") or (c.get("writer") or {}).get("phase")),
+    full = c.get("phase") or (c.get("writer") or {}).get("phase")
+    return {"hit": hit, "phase": _top(full), "where": full,
             "phases": phases, "complete": complete,
             "why": last.get("stopped") or (f"exit status {last.get('rc')}"
                                            if last.get("rc") not in (None, 0) else
@@ -303,12 +304,12 @@ def layout_ab(caching_on: dict | None, caching_off: dict | None) -> dict:
     elif off["hit"] and not _reached(on, off["phase"]):
         reading = _short_of("caching-on", on, off["phase"])
     elif on["hit"]:
-        reading = (f"layout-dependent: the change during {on['phase']} comes with the caching "
+        reading = (f"layout-dependent: the change during {on['where']} comes with the caching "
                    "allocator and is gone with each tensor in its own allocation, past the same "
                    "phase — consistent with a neighbour's overrun into the markers' segment "
                    "(watch.json's layout evidence lists the neighbours)")
     elif off["hit"]:
-        reading = (f"seen only with caching off: the change during {off['phase']} is gone with "
+        reading = (f"seen only with caching off: the change during {off['where']} is gone with "
                    "the caching allocator, past the same phase — a write whose target depends "
                    "on the uncached layout")
     elif not on["complete"]:
