@@ -550,6 +550,11 @@ def test_sanitize_without_its_tools_is_skipped_and_the_watch_runs(tmp_path):
         w["protection"]["message"]
     assert w["state_found"] and w["first_change"] is None
     assert p["verdict"]["verdict"] == "intact"
+    # the pipeline's own reading (the watch alone, no pass info): the start-up finished
+    # because the watch saw the real steps begin, so intact — not "incomplete"
+    assert w["steps"]["real_steps"] >= 1
+    own = json.load(open(os.path.join(p["outdir"], "verdict.json")))["integrity"]
+    assert own["verdict"] == "intact", own
 
 
 def test_sampler_warmup_runs_the_budget_writers_in_the_profiling_run(tmp_path):
