@@ -118,6 +118,13 @@ def test_culprit_sentences_carry_no_none(c):
     assert "None" not in integrity.culprit_text(c)
 
 
+def test_a_change_with_unread_pointer_and_version_says_so():
+    ch = {**CHANGE, "ptr_moved": None, "version": [None, None]}
+    saw = integrity.verdict_from_watch(watch(PAST_PROFILE, ch))["saw"]
+    assert "None" not in saw and "storage pointer not compared" in saw
+    assert "_version not readable" in saw
+
+
 def test_stage_lines_without_a_recorded_verdict_carry_no_none():
     assert "None" not in " ".join(integrity.writer_lines({"mode": "nvtx"}, None))
     assert "None" not in " ".join(integrity.writer_lines({"mode": "skipped"}, None))

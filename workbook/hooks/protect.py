@@ -224,7 +224,8 @@ def segment_of(ptr: int, segs: list[dict]) -> dict | None:
 def _frames(b: dict, n: int = 6) -> list[str]:
     fr = [f for f in b.get("frames") or [] if f.get("filename", "").endswith(".py")]
     keep = [f for f in fr if "/torch/" not in f["filename"]] or fr
-    return [f"{f.get('name')} in {f['filename']}:{f.get('line')}" for f in keep[:n]]
+    return [f"{f.get('name') or '?'} in {f['filename']}:{f.get('line') or '?'}"
+            for f in keep[:n]]
 
 
 def neighbours(tensors: dict, width: int = 4) -> dict:

@@ -109,10 +109,13 @@ def verdict_from_watch(watch: dict | None, stopped: str | None = None,
     where = ch["phase"] + (f", in {module}" if module else "") + \
         (f", by {op}" if op else "") + (f" (between {ch['last_clean']} and "
                                         f"{ch['first_dirty']})" if not op else "")
+    ptr = {True: "storage pointer moved", False: "storage pointer unchanged"}.get(
+        ch.get("ptr_moved"), "storage pointer not compared")
+    vers = (f"_version {ch.get('version')}" if None not in ver
+            else "_version not readable (an inference tensor)")
     saw = (f"{ch['tensor']} ({ch['role']}) changed {ch['before']} → {ch['after']} during "
-           f"{where}{'; ' + how if how else ''}; storage pointer "
-           f"{'moved' if ch.get('ptr_moved') else 'unchanged'}, _version "
-           f"{ch.get('version')}; tensors changed in that phase: {moved}")
+           f"{where}{'; ' + how if how else ''}; {ptr}, {vers}; tensors changed in that "
+           f"phase: {moved}")
     return {**base, "hypothesis": "H-i" if oob else "H-i-inband", "verdict": "corrupted",
             "phase": ch["phase"],
             "top_phase": ch.get("top_phase"), "step": ch.get("step"), "module": module,

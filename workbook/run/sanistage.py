@@ -105,8 +105,9 @@ def collect(stage: dict, outdir: str, watch: dict | None, rc, stopped: str | Non
                       "in_forward_of": w["in_forward_of"], "phase": w["phase"],
                       "stack": w["stack"][:12]}
         stage = {**stage, "signal": fault["signal"], "exit": rc,
-                 "verdict": (f"a write to a protected tensor raised {fault['signal']}; the "
-                             "process ended there" if fault["writer"] else
+                 "verdict": (f"a write to a protected tensor raised "
+                             f"{fault['signal'] or 'a fault'}; the process ended there"
+                             if fault["writer"] else
                              "no write to a protected tensor (no fault)")}
     if writer is not None and watch:
         writer["watch_last_phase"] = (watch.get("phase_order") or [None])[-1]

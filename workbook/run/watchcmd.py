@@ -248,11 +248,12 @@ def probe_line(kind: str, p: dict, culprit: dict) -> str:
     w = p.get("writer")
     san = p.get("sanitizer") or {}
     if w:
-        return (f"PROBE {kind} caching={p.get('caching')} sanitizer={san.get('mode')}: "
-                f"named {integrity.writer_text(w)}")
+        return (f"PROBE {kind} caching={p.get('caching') or 'unset'} "
+                f"sanitizer={san.get('mode') or 'none'}: named {integrity.writer_text(w)}")
     why = san.get("verdict") or san.get("message") or "the stage recorded no verdict"
-    return (f"PROBE {kind} caching={p.get('caching')} sanitizer={san.get('mode')}: "
-            f"no writer named ({why}; watch: {integrity.culprit_text(culprit)})")
+    return (f"PROBE {kind} caching={p.get('caching') or 'unset'} "
+            f"sanitizer={san.get('mode') or 'none'}: no writer named ({why}; "
+            f"watch: {integrity.culprit_text(culprit)})")
 
 
 def _probe(a) -> int:
