@@ -204,6 +204,12 @@ def test_memcheck_silence_means_something_only_with_the_protection_applied(
         assert m not in rep["verdict"], rep["verdict"]
 
 
+def test_without_watch_evidence_the_protection_is_not_claimed():
+    rep = sanitizer.tie(sanitizer.parse(CLEAN_LOG), None)
+    assert rep["protection"]["applied"] is False and "no watch evidence" in rep["verdict"]
+    assert "None" not in rep["verdict"]
+
+
 def test_the_stage_records_refused_calls_and_a_cut_pass(tmp_path):
     (tmp_path / "sanitizer.log").write_text(REFUSED_LOG)
     stage = {"mode": "nvtx", "log": str(tmp_path / "sanitizer.log")}

@@ -205,7 +205,9 @@ def protection_status(parsed: dict, watch: dict | None) -> dict:
                                                           if r["reasons"] else "")
                           for r in refused)
         why.append(f"compute-sanitizer refused {n} NVTX call(s): {calls}")
-    if watch is not None and not prot.get("protected"):
+    if watch is None:
+        why.append("no watch evidence, so no record that any tensor was protected")
+    elif not prot.get("protected"):
         why.append("the watch protected no tensor" + (f" ({prot['message']})"
                                                       if prot.get("message") else ""))
     if prot.get("tool_attached") is False:
