@@ -39,7 +39,7 @@ REFUSED_LOG = "\n".join(
 CLEAN_LOG = "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n"
 
 
-def watch(phases, change=None, real_steps=0, tool_attached=True, protected=True):
+def watch(phases, change=None, real_steps=0, tool_attached=True, protected=True, mode="nvtx"):
     return {"state_found": True, "startup_observed": True, "phase_order": list(phases),
             "phases": [{"phase": p} for p in phases], "layout": LAYOUT,
             "first_change": change, "changes": [change] if change else [],
@@ -48,7 +48,7 @@ def watch(phases, change=None, real_steps=0, tool_attached=True, protected=True)
             "device": "NVIDIA H200", "platform": "cuda",
             "overhead": {"startup_checks": 3, "startup_check_s": 0.0066, "step_checks": 0,
                          "step_check_s": 0.0},
-            "protection": {"mode": "nvtx", "tool_attached": tool_attached,
+            "protection": {"mode": mode, "tool_attached": tool_attached,
                            "protected": ["reasoning_start_token_ids"] if protected else []}}
 
 
@@ -193,6 +193,9 @@ def test_refused_nvtx_calls_are_read_from_the_log():
                                                     "no NVTX call refused"), ("not applied",)),
     (REFUSED_LOG, watch(PAST_PROFILE + ["step 1 (first real step)"], real_steps=2), False,
      ("saw no unexpected change", "not applied"), ()),
+    # plain memcheck (scripts/integrity_sanitizer.sh): no protection asked, none claimed
+    (CLEAN_LOG, {**watch(PAST_PROFILE, CHANGE), "protection": {}}, False,
+     ("plain memcheck", "invisible to plain memcheck"), ("not applied",)),
 ])
 def test_memcheck_silence_means_something_only_with_the_protection_applied(
         log, w, applied, must, must_not):

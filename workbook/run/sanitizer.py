@@ -193,12 +193,15 @@ def parse_fault(text: str) -> dict:
 
 
 def protection_status(parsed: dict, watch: dict | None) -> dict:
-    """Was the read-only protection in force under memcheck? Applied only when the watch
-    assigned it (tensors listed as protected, an NVTX tool attached) and the tool refused none
-    of the NVTX calls in its log; otherwise ``why`` says what was missing."""
+    """Was the read-only protection in force under memcheck? ``attempted``: the watch asked
+    for NVTX permissions (``protection.mode == "nvtx"``) or the log shows NVTX calls; a run
+    without (plain memcheck, ``scripts/integrity_sanitizer.sh``) attempted none. Applied only
+    when attempted, the watch lists protected tensors, the shim found a tool attached, and the
+    tool refused none of the NVTX calls in its log; otherwise ``why`` says what was missing."""
     prot = (watch or {}).get("protection") or {}
     refused = parsed.get("nvtx_refused") or []
     n = sum(r["count"] for r in refused)
+    attempted = prot.get("mode") == "nvtx" or bool(n)
     why = []
     if n:
         calls = "; ".join(f"{r['call']} ×{r['count']}" + (f" ({', '.join(r['reasons'])})"
@@ -207,12 +210,14 @@ def protection_status(parsed: dict, watch: dict | None) -> dict:
         why.append(f"compute-sanitizer refused {n} NVTX call(s): {calls}")
     if watch is None:
         why.append("no watch evidence, so no record that any tensor was protected")
+    elif not attempted:
+        why.append("no read-only protection was asked for (plain memcheck)")
     elif not prot.get("protected"):
         why.append("the watch protected no tensor" + (f" ({prot['message']})"
                                                       if prot.get("message") else ""))
     if prot.get("tool_attached") is False:
         why.append("the shim found no NVTX tool attached (its permission calls were no-ops)")
-    return {"applied": not why, "refused": n, "refused_calls": refused,
+    return {"attempted": attempted, "applied": not why, "refused": n, "refused_calls": refused,
             "why": "; ".join(why) if why else None}
 
 
@@ -242,13 +247,18 @@ def tie(parsed: dict, watch: dict | None, stopped: str | None = None, rc=None) -
         verdict = (f"{len(hits)} memcheck error(s) touch watched memory; first: "
                    f"{hits[0]['kind']} by kernel {hits[0]['kernel'] or '(not named)'} "
                    f"{hits[0]['watched']['relation']} {hits[0]['watched']['tensor']}")
-        if not prot["applied"]:
+        if not prot["applied"] and prot["attempted"]:
             verdict += f"; note: {prot['why']}"
     elif change and prot["applied"]:
         verdict = ("the watch saw " + change["tensor"] + " change during " + change["phase"] +
                    " but no memcheck error touches watched memory, with the protection applied "
                    "(no NVTX call refused): the writer stays inside a live allocation "
                    "(invisible to memcheck); the watch's localization names it")
+    elif change and watch is not None and not prot["attempted"]:
+        verdict = ("the watch saw " + change["tensor"] + " change during " + change["phase"] +
+                   " but no memcheck error touches watched memory: plain memcheck (no read-only "
+                   "protection) sees only accesses outside live allocations, so the write stayed "
+                   "inside one (invisible to plain memcheck); the watch's localization names it")
     elif change:
         verdict = ("the watch saw " + change["tensor"] + " change during " + change["phase"] +
                    " and no memcheck error touches watched memory, but " + not_applied +
@@ -258,7 +268,7 @@ def tie(parsed: dict, watch: dict | None, stopped: str | None = None, rc=None) -
         verdict = f"{len(out)} memcheck error(s), none in watched memory; "
         verdict += ("the watch saw no unexpected change" if reach["complete"] else
                     integrity.incomplete_text(reach))
-        if not prot["applied"]:
+        if not prot["applied"] and (prot["attempted"] or watch is None):
             verdict += "; " + not_applied
     return {"errors": out, "error_summary": parsed.get("error_summary"),
             "n_errors": len(out), "touching_watched": len(hits), "verdict": verdict,
