@@ -24,14 +24,18 @@ static nvtxDomainHandle_t g_domain = nullptr;
 static nvtxMemPermissionsHandle_t g_perm = nullptr;
 
 extern "C" int wbp_init(void) {
-  // without an injected tool (compute-sanitizer) NVTX hands out no domain: every call below is
-  // then a no-op, and this returns 2 ("no tool attached")
+  // compute-sanitizer (2025.3) implements NVTX's memory extension but not nvtxDomainCreateA:
+  // the domain is NULL (NVTX's default domain) under it too, so a NULL domain says nothing.
+  // The permissions handle does: NULL or NVTX_MEM_PERMISSIONS_HANDLE_NO_TOOL without a tool
+  // (every call below is then a no-op; this returns 2). Measured on the H200: bailing out on
+  // the NULL domain left the handle NULL, and the tool refused every nvtxMemPermissionsAssign
+  // ("One or more of the parameters is invalid"); with the handle fetched, "not writable".
   if (g_domain == nullptr) g_domain = nvtxDomainCreateA("workbook.protect");
-  if (g_domain == nullptr) return 2;
   g_perm = nvtxMemCudaGetProcessWidePermissions(g_domain);
   // not NVTX_MEM_PERMISSIONS_HANDLE_NO_TOOL: CUDA 13.0's header spells it as a static_cast
   // from int to a pointer, which C++ rejects
-  return reinterpret_cast<intptr_t>(g_perm) == static_cast<intptr_t>(-1) ? 2 : 0;
+  intptr_t h = reinterpret_cast<intptr_t>(g_perm);
+  return (h == 0 || h == static_cast<intptr_t>(-1)) ? 2 : 0;
 }
 
 extern "C" uint32_t wbp_flag(int which) {
@@ -44,7 +48,7 @@ extern "C" uint32_t wbp_flag(int which) {
 }
 
 extern "C" void* wbp_heap(uintptr_t base, size_t size) {
-  if (g_domain == nullptr) wbp_init();
+  if (g_perm == nullptr) wbp_init();
   nvtxMemVirtualRangeDesc_t range = {};
   range.ptr = reinterpret_cast<void const*>(base);
   range.size = size;
@@ -59,7 +63,7 @@ extern "C" void* wbp_heap(uintptr_t base, size_t size) {
 }
 
 extern "C" int wbp_regions(void* heap, const uintptr_t* ptrs, const size_t* sizes, size_t n) {
-  if (g_domain == nullptr) wbp_init();
+  if (g_perm == nullptr) wbp_init();
   std::vector<nvtxMemVirtualRangeDesc_t> r(n);
   for (size_t i = 0; i < n; ++i) {
     r[i].ptr = reinterpret_cast<void const*>(ptrs[i]);
@@ -82,7 +86,7 @@ extern "C" int wbp_assign(const uintptr_t* ptrs, size_t n, uint32_t flags) {
   // one call per region: the tool refuses a whole batch when one region in it is not a live
   // allocation it knows, so a batch would lose every permission for one bad pointer; the
   // number of calls made is returned (the tool reports each refusal in its own log)
-  if (g_domain == nullptr) wbp_init();
+  if (g_perm == nullptr) wbp_init();
   size_t made = 0;
   for (size_t i = 0; i < n; ++i) {
     if (ptrs[i] == 0) continue;
