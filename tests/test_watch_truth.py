@@ -186,7 +186,7 @@ def test_refused_nvtx_calls_are_read_from_the_log():
      ("not applied", "refused 2 NVTX call(s)", "says nothing about the writer"),
      ("invisible to memcheck",)),
     (CLEAN_LOG, watch(PAST_PROFILE, CHANGE, tool_attached=False), False,
-     ("not applied", "no NVTX tool attached"), ("invisible to memcheck",)),
+     ("not applied", "no process-wide permissions handle"), ("invisible to memcheck",)),
     (CLEAN_LOG, watch(PAST_PROFILE, CHANGE, protected=False), False,
      ("not applied", "protected no tensor"), ("invisible to memcheck",)),
     (CLEAN_LOG, watch(PAST_PROFILE, CHANGE), True, ("invisible to memcheck",

@@ -216,7 +216,8 @@ def protection_status(parsed: dict, watch: dict | None) -> dict:
         why.append("the watch protected no tensor" + (f" ({prot['message']})"
                                                       if prot.get("message") else ""))
     if prot.get("tool_attached") is False:
-        why.append("the shim found no NVTX tool attached (its permission calls were no-ops)")
+        why.append("the shim got no process-wide permissions handle (wbp_init reported no "
+                   "NVTX tool), so its permission calls carried none")
     return {"attempted": attempted, "applied": not why, "refused": n, "refused_calls": refused,
             "why": "; ".join(why) if why else None}
 
