@@ -68,7 +68,7 @@ def _cell_text(c: dict) -> tuple[str, str]:
                   f"{v(f.get('contract'))} at {v(f.get('stage'), 'stage not named')} — "
                   f"{v(f.get('what'))}")
     elif st == "not judged":
-        detail = "not judged: " + (c.get("message") or "no reason recorded")
+        detail = c.get("message") or "no reason recorded"
     else:
         detail = c.get("message") or ("no message recorded" if st != "not run" else "")
     d = c.get("differential")

@@ -239,7 +239,9 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
     fixed = [g for g in tried if g["fixed"]]
     guarded_healthy = [r for r in all_runs if r.category == "guard" and r.fault == "none"
                        and r.finished_ok and verdict_of(r)]
-    hw = " and ".join(sorted({b.hardware for b in batches}))
+    # the hardware the healthy verdicts come from (not every batch's: a batch of faults only
+    # says nothing about healthy vLLM on its hardware)
+    hw = " and ".join(sorted({r.hardware for r in judged} or {b.hardware for b in batches}))
     ok_req, n_req = _n_requests(judged)
     every = "every run" if not stopped else "every run that finished"
     parts = []
