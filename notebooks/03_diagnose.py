@@ -68,7 +68,7 @@ cfg = RunConfig.from_params(globals())
 res = pipeline.run(cfg, outdir or None)
 v = res.verdict
 display(views.verdict_markdown(v))
-views.table(views.first_violation(v),
+views.table(views.first_violation(v, views.decoder(model=cfg.model)),
             "No request was violated: there is no first violating step.")
 
 # %% [markdown]
