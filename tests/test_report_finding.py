@@ -142,7 +142,9 @@ CASES = {
          "runs: cpu · reported-mtp (H-a: gate bypass"], ["Healthy vLLM honoured"]),
     "forced kinds and the guard's repairs": (
         [run("fault-early", forced("early", 5), asked={"fault": "H-a"}),
-         run("fault-unbudgeted", forced("unbudgeted", None), asked={"fault": "H-b"}),
+         run("fault-unbudgeted", {**forced("unbudgeted", None), "requests": [
+             *forced("unbudgeted", None)["requests"],
+             {**forced("early", 5)["requests"][0], "req_id": "r1"}]}, asked={"fault": "H-b"}),
          run("fault-early-guard", {**HEALTHY, "guard": GUARD},
              asked={"fault": "H-a", "guard": True}),
          run("healthy-guard", {**HEALTHY, "guard": GUARD_IDLE}, asked={"guard": True}),
@@ -364,6 +366,8 @@ def test_report_lists_every_guard_repair(tmp_path):
     assert "server-guard (guard on): the guard ran in the server's worker process" in text
     assert "every repair the guard logged in fault-early-guard" in text
     assert "tail[2]" in text and "[5, 5, 0]" in text  # each record, not only the first
+    assert "2 of 2 requests of this run violated the budget (budgets no budget: unbudgeted, " \
+           "5: early)" in text
 
 
 # ---------------------------------------------------------------- violation kinds

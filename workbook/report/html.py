@@ -455,9 +455,11 @@ def _violations(page: Page, runs: list[Run]) -> None:
         page.p(text)
         n_bad = sum(q["honored"] is False for q in reqs)
         if n_bad > 1:
+            said = ", ".join(f"{wording.budget_text(q['budget'])}"
+                             + (f": {q['kind']}" if q.get("kind") else "")
+                             for q in reqs if q["honored"] is False)
             page.p(f"{n_bad} of {len(reqs)} requests of this run violated the budget "
-                   f"(budgets {', '.join(wording.budget_text(q['budget']) for q in reqs if q['honored'] is False)});"
-                   " the first is drawn.", "note")
+                   f"(budgets {said}); the first is drawn.", "note")
         if r.notebook_link:
             page.raw(f'<p class="note">Executed notebook: {_link(r.notebook_link, "open")}</p>')
         g = grid.cells(r.frames, req.get("req_id")) if r.frames and req else pd.DataFrame()
