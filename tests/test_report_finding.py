@@ -6,7 +6,10 @@ ran), ``verdict.json`` and, for notebook 04, ``fix.json`` — and checks the cou
 of ``workbook.report.finding`` against those files: a run is counted by its own files (the
 ``fix-guard`` run of the default CPU batch asks for ``guard: false`` and runs the guard), an
 interrupted batch says what finished, no ``None`` / ``NaN`` / ``null`` / empty table reaches the
-page. ``test_default_cpu_batch_*`` reads a real batch when one is given in
+page. Also table-driven: the guard's sentence per ``verdict["guard"]`` (fixed / repaired /
+nothing / server / absent) and every repair on the page; each violation kind in a sentence
+(no expected token for the forced kinds); the constraints section (only with a grid; "not
+judged" never counted as held; the committed grids). ``test_default_cpu_batch_*`` reads a real batch when one is given in
 ``$WORKBOOK_TEST_BATCH`` (a ``workbook run cpu`` folder).
 """
 
