@@ -141,7 +141,7 @@ views.table(rows, "No deterministic check was asked for in this run (`checks` is
 # %%
 v = res.verdict
 display(views.verdict_markdown(v, ""))
-views.table([v["first_violation"]] if v.get("first_violation") else [],
+views.table(views.first_violation(v, views.decoder(model=cfg.model)),
             "No request was violated: there is no first violating step.")
 
 # %% [markdown]

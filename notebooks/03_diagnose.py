@@ -56,7 +56,7 @@ from IPython.display import display
 
 from workbook.core import hypotheses
 from workbook.core.config import RunConfig
-from workbook.report import views
+from workbook.report import views, wording
 from workbook.run import diagnose, experiments, pipeline
 
 cfg = RunConfig.from_params(globals())
@@ -68,7 +68,7 @@ cfg = RunConfig.from_params(globals())
 res = pipeline.run(cfg, outdir or None)
 v = res.verdict
 display(views.verdict_markdown(v))
-views.table([v["first_violation"]] if v.get("first_violation") else [],
+views.table(views.first_violation(v, views.decoder(model=cfg.model)),
             "No request was violated: there is no first violating step.")
 
 # %% [markdown]
@@ -97,6 +97,8 @@ views.table([{"probe": n, **{k: p.get(k) for k in ("switch", "ran", "verdict", "
 
 # %%
 views.table([{"req_id": x["req_id"], "budget": x["budget"],
+              "kind": x["first_violation"].get("kind") or "missing",
+              "what": wording.violation_text(x["first_violation"]),
               "step": x["first_violation"]["step"],
               "local_pos": x["first_violation"]["local_pos"],
               "hypothesis": x["hypothesis"] or "no cause named",

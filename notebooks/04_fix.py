@@ -128,6 +128,17 @@ fixed = pipeline.run(cfg.replace(fault=fault, guard=True, trace=True), outdir or
 display(views.verdict_markdown(fixed.verdict, ""))
 
 # %% [markdown]
+# What the guard did in that run (`verdict["guard"]`): the tokens it replaced, and every field
+# of its own device state (budget, count, tail, kept in three replicas) that it found differing
+# from the host's truth and repaired — each repair one row of the trace's `guard` table.
+
+# %%
+display(Markdown(f"**{views.guard_sentence(fixed.verdict)}.**"))
+views.table(views.guard_repairs(fixed.verdict, fixed.frames),
+            "No repair of the guard's own state is recorded for this run (the sentence "
+            "above says why).")
+
+# %% [markdown]
 # ## Verdict
 
 # %%
@@ -138,6 +149,8 @@ summary = {"fault": fault, "violated_without_guard": violated_off,
            "pipeline_verdict_with_guard": fixed.verdict["verdict"],
            "honored_with_guard": honored_on, "checks_exact_with_guard": checks_on,
            "identical_on_healthy_vllm": ident["identical"],
+           "guard_fixed_tokens": (fixed.verdict.get("guard") or {}).get("fixed_tokens"),
+           "guard_repaired_fields": (fixed.verdict.get("guard") or {}).get("repaired_fields"),
            "guard_patch_set": guard_hook.patch_set().name, "guard_installed_now": guard_hook.installed()}
 shown = (violated_off or fault == "none") and honored_on and checks_on and ident["identical"]
 display(Markdown("**The guard restores the budget and is invisible on healthy vLLM.**"

@@ -221,9 +221,13 @@ else:
 # ## The budget holding with the fix
 # The same engine (its state already overwritten, if a fault struck): checks A (budgets 1, 0
 # → `</think>` first) and B (drafts accepted, `</think>` exactly at budgets 2..9) with vLLM
-# alone, then with the guard. The guard's marker ids are constants of its kernel and its
-# per-slot state is validated (majority of three replicas) at every step, so what overwrote
-# vLLM's state cannot take the budget with it.
+# alone, then with the guard. The guard's marker ids are constants of its kernel; the host
+# keeps each request's budget, reasoning count and last tokens (memory no device writer can
+# reach) and passes them with every launch, and the kernel checks the three device replicas of
+# that state against the host's truth, repairing (and logging) every field that differs. A
+# request the host says has no budget is never forced. So what overwrote vLLM's state — even
+# all three of the guard's replicas — cannot take the budget with it. `guard_repaired`: the
+# fields of its own state the guard repaired.
 
 # %%
 from workbook.hooks import guard

@@ -32,8 +32,10 @@ def cases(engine):
 def test_healthy_mixed_batch_no_false_alarm(engine, cases):
     ok = {c: kw for c, kw in cases.items() if c != "logit_bias"}  # refused with spec (0.32)
     cells, ev = C.run_batch(engine, ok, zero_head=True, batch="mixed")
+    # a structured output cut by max_tokens is "not judged" (contracts.unjudged), never held
     bad = {c: (cl.status, cl.first, cl.message) for c, cl in cells.items()
-           if cl.status not in ("holds",)}
+           if cl.status != "holds" and not (cl.status == "not judged" and cl.finish_reason
+                                             != "stop" and c == "structured_output")}
     assert not bad
     assert sum(cl.draft_rows for cl in cells.values()) > 0
     assert sum(cl.accepted_drafts for cl in cells.values()) > 0

@@ -6,7 +6,10 @@ ran), ``verdict.json`` and, for notebook 04, ``fix.json`` — and checks the cou
 of ``workbook.report.finding`` against those files: a run is counted by its own files (the
 ``fix-guard`` run of the default CPU batch asks for ``guard: false`` and runs the guard), an
 interrupted batch says what finished, no ``None`` / ``NaN`` / ``null`` / empty table reaches the
-page. ``test_default_cpu_batch_*`` reads a real batch when one is given in
+page. Also table-driven: the guard's sentence per ``verdict["guard"]`` (fixed / repaired /
+nothing / server / absent) and every repair on the page; each violation kind in a sentence
+(no expected token for the forced kinds); the constraints section (only with a grid; "not
+judged" never counted as held; the committed grids). ``test_default_cpu_batch_*`` reads a real batch when one is given in
 ``$WORKBOOK_TEST_BATCH`` (a ``workbook run cpu`` folder).
 """
 
@@ -80,9 +83,31 @@ def write_batch(root: Path, runs_: list[dict], *, planned=None, interrupted=None
     return str(folder)
 
 
+REPAIR = {"guard_step": 3, "req_id": "r0", "slot": 0, "row": 0, "total_len_before": 14,
+          "field": "budget", "found": [0, 0, 0], "truth": 1, "truth_from": "host"}
+GUARD = {"available": True, "installed": True, "enabled": True, "guarded_steps": 9,
+         "fixed_tokens": 1, "repaired_fields": 2, "repaired_requests": ["r0"],
+         "repairs": [REPAIR, {**REPAIR, "field": "tail[2]", "found": [5, 5, 0], "truth": 5}],
+         "repairs_dropped": 0, "truth_lagged_rows": 0}
+GUARD_IDLE = {**GUARD, "fixed_tokens": 0, "repaired_fields": 0, "repaired_requests": [],
+              "repairs": []}
+
+
+def forced(kind: str, budget, at: int = 3) -> dict:
+    """A violated verdict of one of the forced kinds: no expected token (None, as diagnose
+    writes it), the request's ``kind`` / ``at`` / ``forced``."""
+    return {**VIOLATED, "first_violation": {
+        **VIOLATED["first_violation"], "kind": kind, "budget": budget, "output_index": at,
+        "expected_token": None, "emitted_token": 369},
+        "requests": [{"req_id": "r0", "budget": budget, "expected_end_index": None,
+                      "actual_end_index": at, "honored": False, "kind": kind, "at": at,
+                      "forced": [at], "output": [7, 7, 7, 369]}]}
+
+
 DEFAULT_CPU = [run("reported-mtp", HEALTHY), run("fault-H-a", VIOLATED, asked={"fault": "H-a"},
                                                  ran={}),
-               run("fix-guard", {**HEALTHY, "requests": HEALTHY["requests"][:1]},
+               run("fix-guard", {**HEALTHY, "requests": HEALTHY["requests"][:1],
+                                 "guard": GUARD},
                    asked={"fault": "H-b"}, ran={"guard": True}, fix=FIX)]
 
 CASES = {
@@ -118,6 +143,21 @@ CASES = {
         [run("reported-mtp", VIOLATED), run("no-spec", HEALTHY)], {},
         ["vLLM ignored thinking_token_budget WITHOUT any injected fault in 1 of 2 finished "
          "runs: cpu · reported-mtp (H-a: gate bypass"], ["Healthy vLLM honoured"]),
+    "forced kinds and the guard's repairs": (
+        [run("fault-early", forced("early", 5), asked={"fault": "H-a"}),
+         run("fault-unbudgeted", {**forced("unbudgeted", None), "requests": [
+             *forced("unbudgeted", None)["requests"],
+             {**forced("early", 5)["requests"][0], "req_id": "r1"}]}, asked={"fault": "H-b"}),
+         run("fault-early-guard", {**HEALTHY, "guard": GUARD},
+             asked={"fault": "H-a", "guard": True}),
+         run("healthy-guard", {**HEALTHY, "guard": GUARD_IDLE}, asked={"guard": True}),
+         run("server-guard", {**HEALTHY, "guard": {"installed": True, "available": False,
+                                                    "why": "mode='server'"}},
+             asked={"guard": True})], {},
+        ["violated in 2 of 2 runs", "The guard fixed the one violation it was tried on "
+         "(fault-early-guard: honored)", "The guard's own record over the 2 runs that "
+         "reported it: 1 token replaced, 2 fields of its own state repaired (1 run ran its "
+         "guard in a server worker: not in its files)."], ["None", "NaN"]),
     "unclassified violation says so": (
         [run("fault-x", {**VIOLATED, "hypothesis": None, "hypothesis_title": None},
              asked={"fault": "H-a"})], {},
@@ -137,9 +177,15 @@ def test_finding_counts_what_each_run_did(tmp_path, case):
     lines = finding.terminal_lines(f)
     assert lines[0] == f["headline"]
     violated = [r for r in runs_ if (r["verdict"] or {}).get("verdict") == "violated"]
-    assert len(lines) == 1 + len(violated)  # one line per violated run
+    guarded = [r for r in runs_ if (r["ran"] or r["asked"]).get("guard") and
+               r not in violated and r["verdict"] is not None]
+    # one line per violated run, then one per other run with the guard on
+    assert len(lines) == 1 + len(violated) + len(guarded)
     for line, r in zip(lines[1:], violated):
         assert f"cpu · {r['name']}" in line and "step 0, row 0" in line
+    for line, r in zip(lines[1 + len(violated):], guarded):
+        assert line.startswith(f"  guard: cpu · {r['name']}: the guard ")
+    assert not any(re.search(r"\bNone\b|\bnan\b|\bNaN\b", x) for x in lines), lines
 
 
 def test_run_config_is_what_the_run_ran(tmp_path):
@@ -273,6 +319,196 @@ def test_workbook_run_prints_the_finding(tmp_path, capsys):
     cli._print_finding(folder)
     out = capsys.readouterr().out.splitlines()
     f = finding.finding([runs.load_batch(folder)])
-    assert out[0] == f["headline"] and len(out) == 2
+    assert out[0] == f["headline"] and len(out) == 3
     assert out[1].startswith("  violated: cpu · fault-H-a (fault H-a): gate → H-a: gate bypass")
     assert "step 0, row 0 (local_pos 0, Sampler), request 1 of 1 (budget 1)" in out[1]
+    assert out[2].startswith("  guard: cpu · fix-guard: the guard fixed 1 token, repaired 2 "
+                             "fields of its own state (budget ×1, tail ×1; in request r0; "
+                             "first at guard step 3, slot 0: budget found [0, 0, 0], truth 1 "
+                             "from host)")
+
+
+# ---------------------------------------------------------------- the guard, in one sentence
+
+@pytest.mark.parametrize("g,text", [
+    (GUARD, "the guard fixed 1 token, repaired 2 fields of its own state (budget ×1, tail ×1; "
+            "in request r0; first at guard step 3, slot 0: budget found [0, 0, 0], truth 1 "
+            "from host) over 9 guarded steps"),
+    (GUARD_IDLE, "the guard changed nothing: 9 guarded steps, no token replaced, no field of "
+                 "its own state repaired"),
+    ({**GUARD, "fixed_tokens": 0, "repairs_dropped": 198, "repaired_fields": 200},
+     "the guard fixed 0 tokens, repaired 200 fields of its own state (budget ×1, tail ×1; in "
+     "request r0; first at guard step 3, slot 0: budget found [0, 0, 0], truth 1 from host; "
+     "198 more repair records counted but not kept) over 9 guarded steps"),
+    ({**GUARD_IDLE, "truth_lagged_rows": 2, "guarded_steps": 1},
+     "the guard changed nothing: 1 guarded step, no token replaced, no field of its own state "
+     "repaired; 2 rows took count and tail from the replicas' majority because the host's "
+     "truth lagged (async scheduling)"),
+    ({"installed": True, "available": False, "why": "mode='server': in the worker"},
+     "the guard ran in the server's worker process; its repairs are not in this run's files "
+     "(mode='server': in the worker)"),
+    ({**GUARD_IDLE, "installed": False, "enabled": None},
+     "the guard was asked for but did not run on this engine (not installed or not enabled): "
+     "it changed nothing because it never ran"),
+    (None, "the guard was on, but this run's verdict holds no guard report (written before "
+           "the guard reported its repairs)"),
+])
+def test_guard_text(g, text):
+    assert wording.guard_text(g) == text
+
+
+def test_report_lists_every_guard_repair(tmp_path):
+    from workbook.report import html as rep
+
+    runs_, kw, _, _ = CASES["forced kinds and the guard's repairs"]
+    text = " ".join(_page_text(rep.build([runs.load_batch(write_batch(tmp_path, runs_,
+                                                                       **kw))])).split())
+    assert "What the guard did" in text
+    assert "fault-early-guard (guard on): the guard fixed 1 token, repaired 2 fields" in text
+    assert "healthy-guard (guard on): the guard changed nothing: 9 guarded steps" in text
+    assert "server-guard (guard on): the guard ran in the server's worker process" in text
+    assert "every repair the guard logged in fault-early-guard" in text
+    assert "tail[2]" in text and "[5, 5, 0]" in text  # each record, not only the first
+    assert "2 of 2 requests of this run violated the budget (budgets no budget: unbudgeted, " \
+           "5: early)" in text
+
+
+# ---------------------------------------------------------------- violation kinds
+
+LABEL = {369: "</think> (369)", 7: "'a' (7)"}.get
+
+
+@pytest.mark.parametrize("fv,text", [
+    ({"kind": "missing", "output_index": 1, "expected_token": 369, "emitted_token": 7,
+      "budget": 1}, "expected </think> (369) at output index 1, emitted 'a' (7)"),
+    ({"output_index": 1, "expected_token": 369, "emitted_token": 7},  # before kinds existed
+     "expected </think> (369) at output index 1, emitted 'a' (7)"),
+    ({"kind": "missing", "output_index": 4, "expected_token": 369, "emitted_token": None},
+     "expected </think> (369) at output index 4, emitted no token (the output ended)"),
+    ({"kind": "early", "output_index": 3, "expected_token": None, "emitted_token": 369,
+      "budget": 5}, "</think> (369) forced at output index 3 before the budget bound "
+                    "(budget 5)"),
+    ({"kind": "early", "output_index": 3, "expected_token": None, "emitted_token": 369,
+      "budget": 5.0}, "</think> (369) forced at output index 3 before the budget bound "
+                      "(budget 5)"),
+    ({"kind": "unbudgeted", "output_index": 0, "expected_token": None, "emitted_token": 369,
+      "budget": None}, "</think> (369) forced at output index 0 into a request without a "
+                       "budget"),
+    ({"kind": "twice", "output_index": 9, "expected_token": None, "emitted_token": 369,
+      "budget": 2}, "</think> (369) forced twice: again at output index 9, after reasoning "
+                    "had already ended (budget 2)"),
+    ({"kind": "early", "output_index": None, "expected_token": None, "emitted_token": None,
+      "budget": 5}, "the end marker forced at an unrecorded output index before the budget "
+                    "bound (budget 5)"),
+])
+def test_violation_text(fv, text):
+    assert wording.violation_text(fv, LABEL) == text
+
+
+@pytest.mark.parametrize("kind,budget,said", [
+    ("early", 5, "request 1 of 1 (budget 5): 369 (369) forced at output index 3 before the budget "
+                 "bound (budget 5)"),
+    ("unbudgeted", None, "request 1 of 1 (no budget): 369 (369) forced at output index 3 into a "
+                         "request without a budget"),
+    ("twice", 2, "request 1 of 1 (budget 2): 369 (369) forced twice: again at output index 3"),
+])
+def test_where_text_says_the_kind(tmp_path, kind, budget, said):
+    b = runs.load_batch(write_batch(tmp_path, [run("f", forced(kind, budget),
+                                                   asked={"fault": "H-a"})]))
+    text = finding.where_text(b.runs[0])
+    assert said in text and "None" not in text and "expected" not in text
+
+
+def test_notebook_first_violation_row_says_the_kind():
+    from workbook.report import views
+
+    row, = views.first_violation(forced("unbudgeted", None))
+    assert row["kind"] == "unbudgeted" and "expected_token" not in row
+    assert row["what"] == "369 forced at output index 3 into a request without a budget"
+    df = views.table(views.first_violation(forced("early", 5)), "unused")
+    assert not df.astype(str).apply(lambda c: c.str.contains(r"\bNone\b|\bnan\b")).any().any()
+    assert views.first_violation(HEALTHY) == []
+
+
+# ---------------------------------------------------------------- constraints section
+
+def cell(constraint, method, status, **kw):
+    base = {"constraint": constraint, "method": method, "batch": "single", "status": status,
+            "message": "", "first": None, "breaches": 0, "rows": 16, "draft_rows": 4,
+            "accepted_drafts": 2, "output": [1], "finish_reason": "length",
+            "differential": None, "kwargs": {}}
+    return {**base, **kw}
+
+
+GRID = {"vllm_version": "0.32.0", "methods": ["none", "mtp"], "batches": ["single"],
+        "constraints": ["min_tokens", "logit_bias", "structured_output", "stop"],
+        "fault": None, "cells": [
+            cell("min_tokens", "none", "holds"), cell("min_tokens", "mtp", "holds"),
+            cell("logit_bias", "none", "holds"),
+            cell("logit_bias", "mtp", "refused", message="VLLMValidationError: not supported"),
+            cell("structured_output", "none", "not judged", message="the output ended by "
+                 "length after 16 tokens, before the JSON was complete, so the JSON check "
+                 "never ran"),
+            cell("stop", "mtp", "violated", breaches=1, first={
+                "step": 2, "row": 5, "local_pos": 1, "contract": "stop",
+                "stage": "host-side post-processing", "what": "stop token 3 at index 2"},
+                differential={"identical": False, "out_index": 2, "step": 2, "row": 5,
+                              "margin": None})]}
+
+
+def test_constraints_summary_counts_not_judged_apart():
+    from workbook.report import constraints
+
+    said = constraints.summary(GRID)
+    assert "3 held, 1 violated, 1 not judged (structured_output" in said
+    assert "1 refused by vLLM" in said
+    text = constraints.text_grid(GRID)
+    assert "not judged the output ended by length" in " ".join(text.split())
+    assert "margin not recorded" in text and "None" not in text and "nan" not in text
+
+
+def test_constraints_section_only_with_a_grid(tmp_path):
+    from workbook.report import constraints
+    from workbook.report import html as rep
+
+    assert constraints.section_html([]) == ""
+    folder = write_batch(tmp_path, [run("reported-mtp", HEALTHY)])
+    out = tmp_path / "r.html"
+    assert "Constraints under speculative decoding" not in _page_text(
+        Path(rep.write([folder], str(out))).read_text())
+    gdir = tmp_path / "cpu" / "constraints-0.32.0"
+    gdir.mkdir()
+    (gdir / "grid.json").write_text(json.dumps(GRID))
+    assert [g["vllm_version"] for g in constraints.load([str(tmp_path / "cpu")])] == ["0.32.0"]
+    text = _page_text(Path(rep.write([folder], str(out), grid_paths=[str(gdir)])).read_text())
+    assert "Constraints under speculative decoding" in text
+    assert "not judged the output ended by length" in " ".join(text.split())
+    for word in ("None", "NaN", "nan", "null"):
+        assert not re.search(rf"\b{word}\b", text), word
+
+
+@pytest.mark.parametrize("schema,finish,text,why", [
+    ({"type": "object"}, "length", None, "the output ended by length after 3 tokens, before "
+                                         "the JSON was complete, so the JSON check never ran"),
+    ({"type": "object"}, "stop", "{}", None),
+    ({"type": "object"}, "stop", None, "the output's text was not returned, so the JSON check "
+                                       "never ran"),
+    (None, "length", None, None),
+])
+def test_output_contract_not_judged(schema, finish, text, why):
+    from workbook.core import contracts
+
+    p = contracts.Params(json_schema=schema)
+    got = contracts.unjudged(p, [1, 2, 3], finish, text)
+    assert got.get("structured_output") == why
+    if why is None:
+        assert not contracts.check_output(p, [], [1, 2, 3], finish, text=text)
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.29.0"])
+def test_committed_grids_never_count_an_unjudged_cell_as_held(version):
+    g = json.loads(Path(__file__).parent.parent.joinpath(
+        "outputs", "cpu", f"constraints-{version}", "grid.json").read_text())
+    for c in g["cells"]:
+        if c["constraint"] == "structured_output" and c["finish_reason"] != "stop":
+            assert c["status"] in ("not judged", "refused", "error"), c["status"]

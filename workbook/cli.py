@@ -227,7 +227,12 @@ def cmd_report(args) -> int:
               file=sys.stderr)
         return 2
     try:
-        path = report.write(run_dirs, args.output or report.default_path(args.out))
+        # constraints grids: in the folders given, else under <out>/<hardware>/constraints-*/
+        grid_paths = list(args.run_dirs) if args.run_dirs else [
+            os.path.join(args.out, d) for d in sorted(os.listdir(args.out))
+            if os.path.isdir(os.path.join(args.out, d))]
+        path = report.write(run_dirs, args.output or report.default_path(args.out),
+                            grid_paths=grid_paths)
     except report.NoRuns as e:
         print(f"workbook report: {e}: nothing to report", file=sys.stderr)
         return 2

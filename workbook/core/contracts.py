@@ -445,6 +445,27 @@ def check_output(p: Params, prompt: Sequence[int], output: Sequence[int],
     return out
 
 
+def unjudged(p: Params, output: Sequence[int], finish_reason: str | None,
+             text: str | None = None) -> dict[str, str]:
+    """The output contracts ``check_output`` could not judge on this output, each with why
+    (``{constraint: why}``); empty when every contract of the request was judged.
+
+    structured_output: the JSON check needs the whole output — an output that vLLM ended by
+    length (or by anything but its grammar's own end, ``finish_reason`` "stop") is a prefix,
+    and the rows hold no grammar evidence (``workbook.hooks.rowcheck`` keeps no mask columns
+    for it), so nothing was judged: such a cell is never "holds"."""
+    out: dict[str, str] = {}
+    if p.json_schema is not None:
+        if finish_reason != "stop":
+            out["structured_output"] = (
+                f"the output ended by {finish_reason or 'an unrecorded reason'} after "
+                f"{len(output)} tokens, before the JSON was complete, so the JSON check never ran")
+        elif text is None:
+            out["structured_output"] = "the output's text was not returned, so the JSON check " \
+                                       "never ran"
+    return out
+
+
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """First output index where two greedy outputs differ (None: one is a prefix of the
     other and they are equally long, i.e. identical)."""

@@ -4,7 +4,9 @@
 (imported on first use, so that ``workbook.report.nbclean`` — JupyterLab's save hook — loads
 without pandas); the runs and their finding are ``runs`` and ``finding``, absent values are
 worded by ``wording``; ``views`` holds the tables, plots and the step explorer the notebooks
-show (the steps × rows grid is ``grid``, token text ``tokens``).
+show (the steps × rows grid is ``grid``, token text ``tokens``); ``constraints`` renders the
+constraint × method grids (``grid.json``) as the report's "Constraints under speculative
+decoding" section.
 """
 
 _FROM_HTML = ("NoRuns", "default_path", "write")

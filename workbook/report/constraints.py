@@ -2,14 +2,17 @@
 
 ``section_html(grids)`` renders one or more ``grid.json`` dicts (``workbook.run.constraints``;
 one per vLLM version) as a self-contained HTML fragment: per version a table, constraints down,
-method × batch across; each cell says ``holds`` (rows checked, draft rows, accepted drafts),
+method × batch across; each cell says ``holds`` (rows checked, draft rows, accepted drafts), ``not judged`` (why:
+the cell's own contract could not be checked on the output — never counted as held),
 ``violated`` (step, row, local position, contract, stage, what), ``refused by vLLM`` (vLLM's
 message) or ``error`` (the message); the differential against method ``none`` under it (identical,
 or the first divergent output index with its step, row and top-1/top-2 margin). A sentence over
 the grid counts what held, what was violated and what vLLM refused, from the cells themselves.
 ``text_grid(grid)``: the same grid as plain text (the CLI's output).
 
-The lead wires ``section_html`` into ``workbook/report/html.py``; nothing here reads files.
+``load(paths)`` reads the ``grid.json`` files a report shows (``workbook report`` passes the
+folders it was given, else ``outputs/*/``'s ``constraints-*``); ``section_html([])`` is "" (no
+section without a grid).
 Not here: running anything, judging anything.
 """
 
@@ -18,13 +21,19 @@ from __future__ import annotations
 import html
 from collections import Counter
 
-SYMBOL = {"holds": "✓", "violated": "✗", "refused": "refused", "error": "error",
-          "not run": "–"}
+from workbook.report import wording
+
+GRID = "grid.json"
+TITLE = "Constraints under speculative decoding"
+
+SYMBOL = {"holds": "✓", "violated": "✗", "not judged": "not judged", "refused": "refused",
+          "error": "error", "not run": "–"}
 CSS = """
 .cgrid{border-collapse:collapse;font:12px/1.35 system-ui,sans-serif;margin:6px 0 16px}
 .cgrid th,.cgrid td{border:1px solid #ccc;padding:3px 6px;vertical-align:top}
 .cgrid td.holds{background:#e8f5e9}.cgrid td.violated{background:#ffebee}
 .cgrid td.refused{background:#fff8e1}.cgrid td.error{background:#eceff1}
+.cgrid td.not-judged{background:#f3e5f5}
 .cgrid small{color:#555;display:block;max-width:26em}
 """
 
@@ -34,12 +43,16 @@ def summary(grid: dict) -> str:
     cells = grid.get("cells", [])
     n = Counter(c["status"] for c in cells)
     methods = ", ".join(grid.get("methods", []))
-    parts = [f"{n.get('holds', 0)} held", f"{n.get('violated', 0)} violated",
-             f"{n.get('refused', 0)} refused by vLLM"]
+    parts = [f"{n.get('holds', 0)} held", f"{n.get('violated', 0)} violated"]
+    if n.get("not judged"):
+        why = sorted({c["constraint"] for c in cells if c["status"] == "not judged"})
+        parts.append(f"{n['not judged']} not judged ({', '.join(why)}: the output contract "
+                     "could not be checked on what the run produced)")
+    parts.append(f"{n.get('refused', 0)} refused by vLLM")
     if n.get("error"):
         parts.append(f"{n['error']} failed")
     fault = f" with fault {grid['fault']}" if grid.get("fault") else ""
-    return (f"vLLM {grid.get('vllm_version', '?')}{fault}: {len(cells)} cells "
+    return (f"vLLM {grid.get('vllm_version') or 'version not recorded'}{fault}: {len(cells)} cells "
             f"({len(grid.get('constraints', []))} constraints × methods {methods} × batches "
             f"{', '.join(grid.get('batches', []))}): " + ", ".join(parts) + ".")
 
@@ -49,16 +62,23 @@ def _cell_text(c: dict) -> tuple[str, str]:
     if st == "holds":
         detail = f"{c['rows']} rows ({c['draft_rows']} draft, {c['accepted_drafts']} accepted)"
     elif st == "violated":
-        f = c["first"] or {}
-        detail = (f"step {f.get('step')}, row {f.get('row')} (j={f.get('local_pos')}): "
-                  f"{f.get('contract')} at {f.get('stage')} — {f.get('what')}")
+        f = c.get("first") or {}
+        v = wording.value_text
+        detail = (f"step {v(f.get('step'))}, row {v(f.get('row'))} (j={v(f.get('local_pos'))}): "
+                  f"{v(f.get('contract'))} at {v(f.get('stage'), 'stage not named')} — "
+                  f"{v(f.get('what'))}")
+    elif st == "not judged":
+        detail = c.get("message") or "no reason recorded"
     else:
-        detail = c.get("message") or ""
+        detail = c.get("message") or ("no message recorded" if st != "not run" else "")
     d = c.get("differential")
     if d:
+        v = wording.value_text
+        margin = d.get("margin")
+        margin = "margin not recorded" if wording.absent(margin) else f"margin {margin:.3g}"
         detail += "; vs none: identical" if d.get("identical") else (
-            f"; vs none: differs at output {d.get('out_index')} (step {d.get('step')}, row "
-            f"{d.get('row')}, margin {d.get('margin', float('nan')):.3g})")
+            f"; vs none: differs at output {v(d.get('out_index'))} (step {v(d.get('step'))}, "
+            f"row {v(d.get('row'))}, {margin})")
     return SYMBOL.get(st, st), detail
 
 
@@ -77,7 +97,8 @@ def table_html(grid: dict) -> str:
                 tds.append("<td>–</td>")
                 continue
             sym, detail = _cell_text(c)
-            tds.append(f'<td class="{e(c["status"])}">{e(sym)}<small>{e(detail)}</small></td>')
+            klass = c["status"].replace(" ", "-")
+            tds.append(f'<td class="{e(klass)}">{e(sym)}<small>{e(detail)}</small></td>')
         rows.append(f"<tr><th>{e(k)}</th>{''.join(tds)}</tr>")
     return (f'<p>{e(summary(grid))}</p><table class="cgrid"><tr><th>constraint</th>{head}</tr>'
             + "".join(rows) + "</table>")
@@ -86,15 +107,63 @@ def table_html(grid: dict) -> str:
 def section_html(grids: list[dict]) -> str:
     """The report section over one grid per vLLM version."""
     if not grids:
-        return "<section><h2>Sampling constraints</h2><p>No constraints grid was run.</p></section>"
-    body = "".join(f"<h3>vLLM {html.escape(str(g.get('vllm_version')))}</h3>{table_html(g)}"
-                   for g in grids)
-    return f"<section><style>{CSS}</style><h2>Sampling constraints × speculative method</h2>" \
-           f"{body}</section>"
+        return ""
+    body = "".join(f"<h3>vLLM {html.escape(wording.value_text(g.get('vllm_version')))}</h3>"
+                   f"{_notes_html(g)}{table_html(g)}" for g in grids)
+    return (f'<section id="constraints"><style>{CSS}</style><h2>{TITLE}</h2>'
+            '<p class="note">Each cell: ✓ the contract held at every logits row (draft rows '
+            'included) and on the output; ✗ the first violating step and row; "not judged": '
+            "nothing broke but the cell's own contract could not be checked on what the run "
+            "produced (never counted as held); refused: vLLM's own message.</p>"
+            f"{body}</section>")
+
+
+def _notes_html(grid: dict) -> str:
+    """Corrections made to a committed grid after its run (``corrections`` in grid.json)."""
+    notes = grid.get("corrections") or []
+    return "".join(f'<p class="note">Correction ({html.escape(str(n.get("date", "")))}): '
+                   f"{html.escape(str(n.get('what', '')))}</p>" for n in notes)
+
+
+def load(paths: list[str]) -> list[dict]:
+    """The ``grid.json`` files under ``paths`` (a grid.json itself, a folder holding one, or a
+    folder whose ``constraints-*`` subfolders hold one), oldest vLLM version first."""
+    import glob
+    import json
+    import os
+
+    files: list[str] = []
+    for p in paths:
+        if os.path.isfile(p) and p.endswith(".json"):
+            files.append(p)
+        elif os.path.isfile(os.path.join(p, GRID)):
+            files.append(os.path.join(p, GRID))
+        else:
+            files += sorted(glob.glob(os.path.join(p, "constraints-*", GRID)))
+    seen, grids = set(), []
+    for f in files:
+        f = os.path.abspath(f)
+        if f in seen:
+            continue
+        seen.add(f)
+        with open(f, encoding="utf-8") as fh:
+            g = json.load(fh)
+        if isinstance(g, dict) and "cells" in g:
+            grids.append(g)
+    return sorted(grids, key=lambda g: _version_key(g.get("vllm_version")))
+
+
+def _version_key(v) -> tuple:
+    parts = []
+    for x in str(v or "").split("."):
+        parts.append(int(x) if x.isdigit() else -1)
+    return tuple(parts)
 
 
 def text_grid(grid: dict) -> str:
     lines = [summary(grid)]
+    for n in grid.get("corrections") or []:
+        lines.append(f"  correction ({n.get('date', '')}): {n.get('what', '')}")
     for c in grid.get("cells", []):
         sym, detail = _cell_text(c)
         lines.append(f"  {c['constraint']:<22} {c['method']:<12} {c['batch']:<14} {sym:<8} "

@@ -2,7 +2,10 @@
 
 ``finding(batches)`` is one headline over every batch plus, per batch, the runs by what they
 did (without a fault, with an injected fault and the guard off, with the guard on), the
-violated runs as stage → cause → first step / row, and the runs that did not finish.
+violated runs as stage → cause → first step / row (said per violation kind:
+``wording.violation_text``), per run with the guard on what the guard did
+(``wording.guard_text``: tokens fixed, fields of its own state repaired, or nothing), and the
+runs that did not finish.
 ``terminal_lines(f)`` is what ``workbook run`` prints at its end. Every count comes from the
 runs' own files (``workbook.report.runs``); an interrupted or unfinished batch says what
 finished. Not here: HTML (``workbook.report.html``).
@@ -67,7 +70,8 @@ def chain_text(v: dict) -> str | None:
 
 
 def where_text(run: Run) -> str:
-    """``step s, row r (local_pos p, path), request i of n (budget b): expected X, emitted Y``."""
+    """``step s, row r (local_pos p, path), request i of n (budget b): <what happened>`` —
+    what happened said per violation kind (``wording.violation_text``)."""
     v = run.verdict
     fv = v.get("first_violation") or {}
     if not fv:
@@ -76,14 +80,30 @@ def where_text(run: Run) -> str:
     idx = next((r["index"] for r in reqs if r["req_id"] == fv.get("req_id")), None)
     req = next((r for r in reqs if r["req_id"] == fv.get("req_id")), {})
     which = f"request {idx} of {len(reqs)}" if idx else "request"
-    budget = f" ({wording.budget_text(req.get('budget'))})" if req.get("budget") is None \
-        else f" (budget {wording.budget_text(req.get('budget'))})"
+    b = fv.get("budget") if "budget" in fv else req.get("budget")
+    budget = f" ({wording.budget_text(b)})" if wording.absent(b) or \
+        wording.budget_text(b) == wording.NO_BUDGET else f" (budget {wording.budget_text(b)})"
     path = wording.value_text(fv.get("path"), "path not recorded")
-    return (f"step {wording.value_text(fv.get('step'))}, row {wording.value_text(fv.get('row'))} "
-            f"(local_pos {wording.value_text(fv.get('local_pos'))}, {path}), {which}{budget}: "
-            f"expected {tokens.label(run.decode, fv.get('expected_token'))}, emitted "
-            f"{tokens.label(run.decode, fv.get('emitted_token'))} at output "
-            f"#{wording.value_text(fv.get('output_index'))}")
+    step = wording.value_text(fv.get("step"), "not located")
+    row = wording.value_text(fv.get("row"), "not located")
+    lp = wording.value_text(fv.get("local_pos"), "not located")
+    return (f"step {step}, row {row} (local_pos {lp}, {path}), {which}{budget}: "
+            + wording.violation_text(fv, lambda t: tokens.label(run.decode, t)))
+
+
+def guard_runs(runs: list[Run]) -> list[tuple[Run, str]]:
+    """Every run with the guard on and what the guard did there (``wording.guard_text``)."""
+    return [(r, wording.guard_text(r.verdict.get("guard"))) for r in runs
+            if r.guard and (r.verdict or r.finished_ok)]
+
+
+def repairs(run: Run) -> list[dict]:
+    """Every repair the guard logged in ``run``: the trace's ``guard`` table (all of them),
+    else the verdict's ``guard.repairs`` (the first records)."""
+    g = run.frames.get("guard") if run.frames else None
+    if g is not None and not g.empty:
+        return g.to_dict("records")
+    return list((run.verdict.get("guard") or {}).get("repairs") or [])
 
 
 def _category(r: Run) -> str:
@@ -151,7 +171,8 @@ def guard_result(run: Run, runs: list[Run]) -> dict[str, Any] | None:
 def _guard_text(run: Run, runs: list[Run]) -> tuple[str, bool]:
     """(what the evidence says about the guard for a violated run, fixed?)."""
     if run.guard:
-        return "the guard was on, and the budget was still violated", False
+        return ("the guard was on, and the budget was still violated: "
+                + wording.guard_text(run.verdict.get("guard"))), False
     g = guard_result(run, runs)
     if g is None:
         return "no run of this batch tried the guard on it", False
@@ -204,7 +225,7 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
                              "where": where_text(r), "guard": guard, "fixed": fixed})
         bad = [r for r in b.runs if r.row.get("status") not in (None, "ok")]
         per_batch.append({"batch": b, "cats": cats, "violated": violated, "not_ok": bad,
-                          "state": _batch_state(b)})
+                          "state": _batch_state(b), "guard": guard_runs(b.runs)})
     stopped = [pb["state"] for pb in per_batch if pb["state"]]
     healthy = [r for r in all_runs if r.category == "healthy"]
     judged = [r for r in healthy if r.finished_ok and verdict_of(r)]
@@ -218,7 +239,9 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
     fixed = [g for g in tried if g["fixed"]]
     guarded_healthy = [r for r in all_runs if r.category == "guard" and r.fault == "none"
                        and r.finished_ok and verdict_of(r)]
-    hw = " and ".join(sorted({b.hardware for b in batches}))
+    # the hardware the healthy verdicts come from (not every batch's: a batch of faults only
+    # says nothing about healthy vLLM on its hardware)
+    hw = " and ".join(sorted({r.hardware for r in judged} or {b.hardware for b in batches}))
     ok_req, n_req = _n_requests(judged)
     every = "every run" if not stopped else "every run that finished"
     parts = []
@@ -252,6 +275,20 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
         did = (("fixed" if fixed else "did not fix") + " the one violation" if len(tried) == 1
                else f"fixed {len(fixed)} of the {len(tried)} violations")
         parts.append(f"The guard {did} it was tried on ({'; '.join(said)}).")
+    reports = [(r.verdict.get("guard") or {}) for r in all_runs if r.guard and r.finished_ok]
+    here = [g for g in reports if g.get("available") is not False and g.get("installed")
+            and "fixed_tokens" in g]
+    away = [g for g in reports if g.get("available") is False]
+    if here or away:
+        tok = sum(int(g.get("fixed_tokens") or 0) for g in here)
+        fld = sum(int(g.get("repaired_fields") or 0) for g in here)
+        text = (f"The guard's own record over the {_runs(len(here))} that reported it: "
+                f"{_runs(tok, 'token')} replaced, {_runs(fld, 'field')} of its own state "
+                "repaired") if here else "No run recorded what its guard did"
+        if away:
+            text += (f" ({_runs(len(away))} ran {'its' if len(away) == 1 else 'their'} guard "
+                     "in a server worker: not in its files)")
+        parts.append(text + ".")
     if guarded_healthy:
         ok = sum(verdict_of(r) == "honored" for r in guarded_healthy)
         parts.append(f"With the guard on healthy vLLM: {ok} of {_runs(len(guarded_healthy))} "
@@ -274,7 +311,8 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
 
 def terminal_lines(f: dict) -> list[str]:
     """What ``workbook run`` prints before the report's path: the headline, then one line
-    per violated run (stage → cause → where; the guard's result)."""
+    per violated run (stage → cause → where; the guard's result), then one line per other run
+    with the guard on (what the guard fixed and repaired, or that it changed nothing)."""
     lines = [f["headline"]]
     for pb in f["batches"]:
         for v in pb["violated"]:
@@ -282,4 +320,7 @@ def terminal_lines(f: dict) -> list[str]:
             fault = f"fault {v['fault']}" if v["fault"] != "none" else "NO fault injected"
             lines.append(f"  violated: {r.short} ({fault}): {v['stage'] or 'stage not named'} "
                          f"→ {v['cause']} → {v['where']}; {v['guard']}")
+        for r, said in pb.get("guard") or []:
+            if verdict_of(r) != "violated":  # a violated run's line says it already
+                lines.append(f"  guard: {r.short}: {said}")
     return lines

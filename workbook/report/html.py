@@ -7,15 +7,20 @@ leads with the finding and then shows the evidence:
 1. **Finding** — one sentence over everything, then per hardware and batch: verdict counts
    (runs without a fault, runs with an injected fault, runs with the guard), each violated run
    as stage → cause → first step / row (and the diagnosis' ``chain`` / ``causes`` when it gives
-   them), and whether the guard fixed it; interrupted or unfinished batches say so here.
+   them), and whether the guard fixed it; per run with the guard on, what the guard did
+   (tokens fixed, fields of its own state repaired — or that it changed nothing);
+   interrupted or unfinished batches say so here.
 2. **Verdicts** — a run × batch matrix and one table over every run (no paging; every request
    of a run judged); links to each run's executed notebook rendered as HTML.
-3. **Violations** — per violated run: the steps × rows picture of the violating request
+3. **Violations** — (and **What the guard did**: every repair each guarded run logged) per
+   violated run: the steps × rows picture of the violating request
    (``workbook.report.grid``: decoded tokens, forced / accepted / emitted, the budget's cell),
    the end-token logit before and after the bias at that step, and the first divergence from
    the nearest honoured run (its guarded twin when there is one).
 4. **Where </think> came** (every request of every run), failures, time per run, run folders,
    the effective configuration (what differs between runs, what is common), collect-env.
+5. **Constraints under speculative decoding** — the constraint × method grid of each
+   ``grid.json`` found (``workbook.report.constraints``); no section when there is none.
 
 The runs and what each did are ``workbook.report.runs``'s, the finding's counts and sentences
 ``workbook.report.finding``'s, the page machinery (tables, itables offline, CSS)
@@ -36,10 +41,11 @@ import os
 
 import pandas as pd
 
+from workbook.report import constraints as constraints_section
 from workbook.report import grid, tokens, wording
 from workbook.report.finding import (_count_line, _n_requests, cause_text,  # noqa: F401
-                                     chain_text, finding, stage_of, terminal_lines,
-                                     where_text)
+                                     chain_text, finding, guard_runs, repairs, stage_of,
+                                     terminal_lines, where_text)
 from workbook.report.page import CSS, Page, _link, offline_init  # noqa: F401
 from workbook.report.runs import (SPEC_KEYS, Batch, NoRuns, Run, _n_diff,  # noqa: F401
                                   _same_batch, _verdict, judged_requests, load_batch,
@@ -92,6 +98,12 @@ def _finding_html(f: dict) -> str:
                     f'<span class="{"ok" if v["fixed"] else "note"}">{html.escape(v["guard"])}'
                     f"</span>{chain}</li>")
             out.append("</ol>")
+        if pb.get("guard"):
+            out.append('<ul class="guard">')
+            for r, said in pb["guard"]:
+                out.append(f"<li><b>{html.escape(r.name)}</b> (guard on): {html.escape(said)}"
+                           "</li>")
+            out.append("</ul>")
         for r in pb["not_ok"]:
             fl = r.row.get("failure") or {}
             out.append(f'<p class="bad">{html.escape(r.name)}: {html.escape(str(r.row.get("status")))}'
@@ -169,7 +181,9 @@ def verdict_table(runs: list[Run]) -> pd.DataFrame:
             "batch": f"{r.hardware} {r.run_id[:15]}", "run": r.name,
             "status": r.row.get("status"), "verdict": v.get("verdict"),
             "cause": cause_text(v) if v.get("hypothesis") else None,
-            "first violation": (f"step {fv.get('step')} · row {fv.get('row')}" if fv else None),
+            "first violation": (f"step {wording.value_text(fv.get('step'), 'not located')} · "
+                                f"row {wording.value_text(fv.get('row'), 'not located')} · "
+                                f"{fv.get('kind') or 'missing'}" if fv else None),
             "requests honoured": (f"{sum(q['honored'] is True for q in reqs)} of "
                                   f"{sum(q['honored'] is not None for q in reqs)} judged"
                                   if reqs else None),
@@ -441,9 +455,11 @@ def _violations(page: Page, runs: list[Run]) -> None:
         page.p(text)
         n_bad = sum(q["honored"] is False for q in reqs)
         if n_bad > 1:
+            said = ", ".join(f"{wording.budget_text(q['budget'])}"
+                             + (f": {q['kind']}" if q.get("kind") else "")
+                             for q in reqs if q["honored"] is False)
             page.p(f"{n_bad} of {len(reqs)} requests of this run violated the budget "
-                   f"(budgets {', '.join(str(q['budget']) for q in reqs if q['honored'] is False)});"
-                   " the first is drawn.", "note")
+                   f"(budgets {said}); the first is drawn.", "note")
         if r.notebook_link:
             page.raw(f'<p class="note">Executed notebook: {_link(r.notebook_link, "open")}</p>')
         g = grid.cells(r.frames, req.get("req_id")) if r.frames and req else pd.DataFrame()
@@ -475,6 +491,25 @@ def _violations(page: Page, runs: list[Run]) -> None:
                "table).", "note")
 
 
+def _guard(page: Page, runs: list[Run]) -> None:
+    """Per run with the guard on: what it did, and every repair of its own state it logged."""
+    found = guard_runs(runs)
+    if not found:
+        return
+    page.h(2, "What the guard did", "guard")
+    page.p("Per run with the guard on: tokens it replaced (a due </think> that vLLM did not "
+           "commit) and fields of its own device state it found differing from the host's "
+           "truth and repaired; every repair is listed (the trace's guard table).", "note")
+    for r, said in found:
+        page.h(3, r.short)
+        page.p(said[0].upper() + said[1:] + ".")
+        recs = repairs(r)
+        if recs:
+            page.plain(pd.DataFrame(recs).map(
+                lambda x: wording.value_text(x) if not isinstance(x, str) else x),
+                f"every repair the guard logged in {r.name}")
+
+
 def _divergences(page: Page, runs: list[Run]) -> None:
     """First divergence between runs when nothing was violated (MTP vs no speculation)."""
     if any(_verdict(r) == "violated" for r in runs):
@@ -492,8 +527,9 @@ def _divergences(page: Page, runs: list[Run]) -> None:
                    empty="Neither run emitted a token for this request.")
 
 
-def build(batches: list[Batch], base: str | None = None) -> str:
-    """The page over ``batches``; ``base``: the report's folder (for relative links)."""
+def build(batches: list[Batch], base: str | None = None, grids: list[dict] | None = None) -> str:
+    """The page over ``batches``; ``base``: the report's folder (for relative links);
+    ``grids``: constraints grids (``constraints_section.load``) — a section when any."""
     runs = [r for b in batches for r in b.runs]
     if not runs:
         raise NoRuns("no runs in " + ", ".join(b.folder for b in batches))
@@ -507,7 +543,8 @@ def build(batches: list[Batch], base: str | None = None) -> str:
     page.raw('<nav class="toc"><a href="#verdicts">Verdicts</a><a href="#violations">'
              'Violations</a><a href="#where">Where &lt;/think&gt; came</a><a href="#failures">'
              'Failures</a><a href="#time">Time</a><a href="#folders">Run folders</a>'
-             '<a href="#effective">Effective configuration</a></nav>')
+             '<a href="#effective">Effective configuration</a>'
+             + ('<a href="#constraints">Constraints</a>' if grids else "") + '</nav>')
     page.h(2, "Verdicts", "verdicts")
     vt = verdict_table(runs)
     page.plain(verdict_matrix(vt), "verdict per run name and batch (a run that did not "
@@ -516,6 +553,7 @@ def build(batches: list[Batch], base: str | None = None) -> str:
     page.table(vt, "every run: verdict, cause, requests honoured, configuration, outcome as "
                    "the server reports it")
     _violations(page, runs)
+    _guard(page, runs)
     _divergences(page, runs)
     page.h(2, "Where </think> came", "where")
     page.image(plot_end_index(runs), "where </think> came, every request")
@@ -541,6 +579,8 @@ def build(batches: list[Batch], base: str | None = None) -> str:
                    empty="Every run of this batch ran the same effective configuration.")
         page.plain(common, "the same in every run",
                    empty="No setting is the same in every run.")
+    if grids:
+        page.raw(constraints_section.section_html(grids))
     for b in batches:
         ce = (b.environment.get("collect_env") or {}).get("output")
         if ce:
@@ -574,13 +614,16 @@ def default_path(out: str = "outputs") -> str:
     return os.path.join(out, "reports", f"report-{stamp}.html")
 
 
-def write(run_dirs: list[str], path: str) -> str:
+def write(run_dirs: list[str], path: str, grid_paths: list[str] | None = None) -> str:
     """Build the report over ``run_dirs`` and write it to ``path``; return the path.
+    ``grid_paths``: where to look for constraints ``grid.json`` files (default: the run
+    folders themselves) — the "Constraints under speculative decoding" section shows them.
 
     Raises ``NoRuns`` when the folders hold no run (nothing is written then)."""
     batches = [load_batch(d) for d in run_dirs]
     base = os.path.dirname(os.path.abspath(path))
-    text = build(batches, base)
+    grids = constraints_section.load(list(run_dirs if grid_paths is None else grid_paths))
+    text = build(batches, base, grids)
     os.makedirs(base, exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(text)

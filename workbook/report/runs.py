@@ -183,7 +183,8 @@ def load_batch(run_dir: str) -> Batch:
 # ---------------------------------------------------------------- judging every request
 
 def judged_requests(run: Run) -> list[dict]:
-    """Every request of a run with its judgement: budget, expected and actual end index.
+    """Every request of a run with its judgement: budget, expected and actual end index (and,
+    from the diagnosis, a violated request's ``kind`` and first violating index ``at``).
 
     From the diagnosis (every traced request), else from what the client saw (the reported
     request and the checks' requests)."""
@@ -196,7 +197,11 @@ def judged_requests(run: Run) -> list[dict]:
         out.append({"index": i + 1, "req_id": r.get("req_id"), "budget": _int(r.get("budget")),
                     "expected": _int(r.get("expected_end_index")),
                     "actual": None if actual == -1 else actual,
-                    "honored": r.get("honored"), "output": output})
+                    "honored": r.get("honored"), "output": output,
+                    # why a violated request is violated (missing / early / unbudgeted /
+                    # twice) and its first violating output index; None otherwise
+                    "kind": r.get("kind") if r.get("honored") is False else None,
+                    "at": _int(r.get("at"))})
     if out:
         return out
     client = ([run.outcome] if run.outcome else []) + [

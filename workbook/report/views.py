@@ -13,6 +13,9 @@
   / ``null``), or the sentence ``empty`` when there are no rows; ``verdict_heading`` /
   ``config_table`` / ``values_table``: the verdict's heading and key → value tables with one
   wording per absent fact (``workbook.report.wording``).
+- ``first_violation(v)``: the first violation as a row whose ``what`` says its kind in a
+  sentence; ``guard_sentence(v)`` / ``guard_repairs(v, frames)``: what the guard did in a run
+  and every repair of its own state it logged.
 
 Not here: computing anything the diagnosis depends on.
 """
@@ -124,6 +127,40 @@ def verdict_markdown(verdict: dict | None, level: str = "###"):
     said = (verdict or {}).get("summary")
     body = "" if wording.absent(said) or said in head else f"\n\n{said}"
     return Markdown(f"{level} {head}{body}" if level else f"**{head}**{body}")
+
+
+FV_COLS = ("req_id", "budget", "kind", "step", "path", "row", "local_pos", "output_index",
+           "batch_size")
+
+
+def first_violation(verdict: dict | None, decode=None) -> list[dict]:
+    """The verdict's first violation as one table row: where (request, step, row, output
+    index), its ``kind`` and ``what`` — one sentence per kind (``wording.violation_text``),
+    so a forced kind shows no "expected token" it never had. ``[]`` when nothing was
+    violated."""
+    fv = (verdict or {}).get("first_violation") or {}
+    if not fv:
+        return []
+    label = (lambda t: tokens.label(decode, t)) if decode else None
+    row = {k: fv.get(k) for k in FV_COLS}
+    row["kind"] = fv.get("kind") or "missing"
+    row["what"] = wording.violation_text(fv, label)
+    return [row]
+
+
+def guard_sentence(verdict: dict | None) -> str:
+    """What the guard did in a run (``wording.guard_text`` over ``verdict["guard"]``)."""
+    said = wording.guard_text((verdict or {}).get("guard"))
+    return said[0].upper() + said[1:]
+
+
+def guard_repairs(verdict: dict | None, frames: dict | None = None) -> pd.DataFrame:
+    """Every repair the guard logged: the trace's ``guard`` table (``tracefiles.GUARD_COLUMNS``),
+    else the verdict's ``guard.repairs`` (the first records)."""
+    g = (frames or {}).get("guard")
+    if g is not None and not g.empty:
+        return g
+    return pd.DataFrame(((verdict or {}).get("guard") or {}).get("repairs") or [])
 
 
 def offsets(verdict: dict | None) -> list[dict]:

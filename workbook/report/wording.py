@@ -13,6 +13,12 @@ sentence where a table would be empty — never ``None``, ``NaN``, ``null`` or a
   integers without ".0", yes / no for booleans).
 - ``verdict_heading(v)``: the verdict's one-line heading: "honored — the budget held in every
   request" rather than "honored — None".
+- ``violation_text(fv, label)``: a first violation in one sentence per kind (missing / early /
+  unbudgeted / twice): "expected </think> at output index 4, emitted 'x'", "</think> forced at
+  output index 3 before the budget bound (budget 5)", "... forced into a request without a
+  budget", "... forced twice" — the forced kinds have no expected token, and say none.
+- ``guard_text(g)``: what the guard did in a run (``verdict["guard"]``): "the guard fixed N
+  tokens, repaired M fields of its own state (...)" or "the guard changed nothing (...)".
 
 Not here: judging anything (``workbook.run.diagnose``), HTML (``workbook.report.page``).
 """
@@ -86,3 +92,87 @@ def verdict_heading(v: dict | None) -> str:
     if verdict == "violated":
         return "violated — no cause named (unclassified: see the anomalies)"
     return f"{verdict} — {value_text(v.get('summary'), 'no summary recorded')}"
+
+
+KINDS = ("missing", "early", "unbudgeted", "twice")
+
+
+def _tok(label, tok, missing: str) -> str:
+    return missing if absent(tok) else label(tok)
+
+
+def violation_text(fv: dict | None, label=None) -> str:
+    """A first violation (``verdict["first_violation"]``) as one sentence, by its ``kind``;
+    ``label(token id) -> str`` names a token (default: the id)."""
+    fv = fv or {}
+    label = label or (lambda t: value_text(t))
+    kind = fv.get("kind") if fv.get("kind") in KINDS else "missing"
+    at = ("at an unrecorded output index" if absent(fv.get("output_index"))
+          else f"at output index {value_text(fv.get('output_index'))}")
+    emitted = _tok(label, fv.get("emitted_token"), "the end marker")
+    b = fv.get("budget")
+    if kind == "early":
+        return (f"{emitted} forced {at} before the budget bound "
+                f"(budget {budget_text(b)})")
+    if kind == "unbudgeted":
+        return f"{emitted} forced {at} into a request without a budget"
+    if kind == "twice":
+        return (f"{emitted} forced twice: again {at}, after reasoning had "
+                f"already ended ({'no budget' if absent(b) else 'budget ' + budget_text(b)})")
+    expected = _tok(label, fv.get("expected_token"), "the end marker")
+    return (f"expected {expected} {at}, emitted "
+            f"{_tok(label, fv.get('emitted_token'), 'no token (the output ended)')}")
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def guard_text(g: dict | None) -> str:
+    """What the guard did in one run, from ``verdict["guard"]`` (``workbook.run.pipeline``):
+    every repair counted, the fields and requests named."""
+    if not g:
+        return ("the guard was on, but this run's verdict holds no guard report (written "
+                "before the guard reported its repairs)")
+    if g.get("available") is False:
+        return ("the guard ran in the server's worker process; its repairs are not in this "
+                "run's files (" + value_text(g.get("why"), "no reason recorded") + ")")
+    if not g.get("installed") or g.get("enabled") is False:
+        return "the guard was asked for but did not run on this engine (not installed or " \
+               "not enabled): it changed nothing because it never ran"
+    steps = int(g.get("guarded_steps") or 0)
+    fixed = int(g.get("fixed_tokens") or 0)
+    fields = int(g.get("repaired_fields") or 0)
+    lagged = int(g.get("truth_lagged_rows") or 0)
+    lag = (f"; {_plural(lagged, 'row')} took count and tail from the replicas' majority "
+           "because the host's truth lagged (async scheduling)") if lagged else ""
+    if fixed == 0 and fields == 0:
+        return (f"the guard changed nothing: {_plural(steps, 'guarded step')}, no token "
+                f"replaced, no field of its own state repaired{lag}")
+    recs = list(g.get("repairs") or [])
+    dropped = int(g.get("repairs_dropped") or 0)
+    by_field: dict[str, int] = {}
+    for r in recs:
+        f = str(r.get("field") or "field not recorded")
+        f = "tail" if f.startswith("tail[") else f
+        by_field[f] = by_field.get(f, 0) + 1
+    reqs = list(g.get("repaired_requests") or [])
+    detail = []
+    if by_field:
+        detail.append(", ".join(f"{k} ×{n}" for k, n in sorted(by_field.items())))
+    if reqs:
+        detail.append(("in request " if len(reqs) == 1 else "in requests ")
+                      + ", ".join(str(x) for x in reqs))
+    if recs:
+        r = recs[0]
+        detail.append(f"first at guard step {value_text(r.get('guard_step'))}, slot "
+                      f"{value_text(r.get('slot'))}: {value_text(r.get('field'))} found "
+                      f"{value_text(r.get('found'))}, truth {value_text(r.get('truth'))} from "
+                      f"{value_text(r.get('truth_from'))}")
+    if dropped:
+        detail.append(f"{dropped} more repair record{'' if dropped == 1 else 's'} counted but "
+                      "not kept")
+    own = f" ({'; '.join(detail)})" if detail else ""
+    return (f"the guard fixed {_plural(fixed, 'token')}, repaired "
+            f"{_plural(fields, 'field')} of its own state{own} over "
+            f"{_plural(steps, 'guarded step')}{lag}")

@@ -18,7 +18,9 @@ cases are derived from) and sends, per method:
 A cell is ``holds`` (every row and the output satisfy the contract), ``violated`` (the first
 violating step and row, its local position and output index, the contract, and the stage the
 evidence shows — ``rowcheck.STAGES``; host-side post-processing when every row held but the
-final output breaks the contract), ``refused`` (vLLM rejected the parameter for this method:
+final output breaks the contract), ``not judged`` (nothing broke, but the cell's own contract
+could not be checked on this output: ``contracts.unjudged``'s reason, e.g. a structured output
+ended by length before its JSON was complete — never counted as held), ``refused`` (vLLM rejected the parameter for this method:
 its message is the result) or ``error`` (the request failed otherwise: the message). Each cell
 also carries the differential: the first output index where the greedy output differs from
 method ``none``'s for the same request, located to the spec run's step and row, with that row's
@@ -98,7 +100,7 @@ class Cell:
     constraint: str
     method: str
     batch: str
-    status: str  # holds | violated | refused | error | not run
+    status: str  # holds | violated | not judged | refused | error | not run
     message: str = ""
     first: dict | None = None  # step, row, local_pos, out_index, contract, stage, what
     breaches: int = 0
@@ -225,6 +227,10 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
     cell.breaches = len(breaches)
     if breaches:
         cell.status, cell.first = "violated", breaches[0]
+    else:
+        why = contracts.unjudged(p, output, comp.finish_reason, comp.text).get(name)
+        if why:  # the cell's own contract was never checked: not "holds"
+            cell.status, cell.message = "not judged", why
     if rc.errors:
         cell.message = "; ".join(rc.errors[:3])
     return cell
