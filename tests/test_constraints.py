@@ -2,6 +2,8 @@
 gives no false alarm on any constraint, draft rows are checked, and each constraint fault is
 caught at its contract and stage (``workbook.hooks.constraint_faults``)."""
 
+import contextlib
+
 import pytest
 
 from workbook.core import contracts
@@ -59,10 +61,19 @@ def test_every_fault_has_a_case():
 @pytest.mark.parametrize("fault", sorted(FAULT_CASES))
 def test_fault_caught_at_its_contract_and_stage(engine, cases, fault):
     c = FAULT_CASES[fault]
-    # logprobs: on the zeroed lm_head every row's log-softmax is the same; use the weights
+    from workbook.run import request as rq
+
+    # logprobs: every row's log-softmax must be its own, else a row shift is invisible by value
+    # (zeroed lm_head: all logits 0; the tiny model's own weights: all logits ~1e-5, every
+    # logprob -log(VOCAB) to 1e-6). The weights times 1e5 give each row its own distribution.
     zero = fault != "logprobs-row-shift"
+    head = contextlib.nullcontext() if zero else rq.scaled_lm_head(engine, 1e5)
     kw = FAULT_KWARGS.get(fault, cases[c])
-    cells, ev = C.run_batch(engine, {c: kw}, zero_head=zero, batch="single", fault=fault)
+    with head:
+        if not zero:  # the same request without the fault holds: no false alarm on this head
+            healthy, _ = C.run_batch(engine, {c: kw}, zero_head=False, batch="single")
+            assert healthy[c].status == "holds", (healthy[c].first, healthy[c].message)
+        cells, ev = C.run_batch(engine, {c: kw}, zero_head=zero, batch="single", fault=fault)
     cell = cells[c]
     contract, stage = constraint_faults.EXPECTED[fault]
     rows = [(r["row"], r["local_pos"], r.get("emitted_token"), r.get("logprob_ids"),
