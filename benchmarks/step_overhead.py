@@ -6,7 +6,9 @@ budget ``--budget`` — ``ignore_eos``, so every request runs ``--max-tokens`` t
 state is live every step) is generated once per arm and round, the arms interleaved
 (``--rounds``) so drift hits all of them. Arms: ``none`` (vLLM alone), ``trace``
 (``workbook.hooks.tracer``; its deferred host copies are timed separately), ``guard``
-(``workbook.hooks.guard``), ``watch`` (the start-up watch's per-step ring check after start-up:
+(``workbook.hooks.guard``), ``constraints`` (the row check of every per-request sampling
+constraint, ``workbook.hooks.rowcheck``; its deferred host copies are timed separately too),
+``watch`` (the start-up watch's per-step ring check after start-up:
 the engine is then started with the watch in place, ``--watch``, and every other arm runs with
 it suspended; also the watch's own time per step, from its counters), ``trace+guard``. Prints
 one line per arm — median ms per step and its ratio to ``none`` — and one JSON line.
@@ -16,9 +18,13 @@ Also per arm, from one extra generate each (outside the timed rounds):
   workbook's own code (``torch.cuda.set_sync_debug_mode``): a hook that synchronizes stalls the
   whole step, whatever its own cost;
 - ``--count-ops``: aten operators dispatched per step (a ``TorchDispatchMode``; eager engines):
-  what a hook adds in launches, the same number on any device.
+  what a hook adds in launches, the same number on any device; with it, per step, the operators
+  issued from workbook code, and those that build a tensor from host data or read a device value
+  (``lift_fresh`` / ``_local_scalar_dense``): a synchronization on a GPU, seen at the
+  dispatcher, so also on the CPU.
 
     python benchmarks/step_overhead.py --watch --count-ops              # CPU, tiny dense MTP
+    python benchmarks/step_overhead.py --arms none,trace,constraints --count-ops  # row check vs tracer
     python benchmarks/step_overhead.py --env h200 --run r27-mtp-cudagraphs --sync-check  # GPU
 
 Absolute times mean something only on the GPU; on the CPU (Triton interpreter) read the ratios
@@ -38,6 +44,7 @@ import warnings
 
 def arms(names, watch_on: bool):
     from workbook.hooks import guard
+    from workbook.hooks.rowcheck import RowCheck
     from workbook.hooks.tracer import Tracer
 
     def trace():
@@ -50,7 +57,7 @@ def arms(names, watch_on: bool):
         return stack
 
     table = {"none": contextlib.nullcontext, "trace": trace, "guard": guard.enabled,
-             "trace+guard": both}
+             "trace+guard": both, "constraints": RowCheck}
     if watch_on:
         table["watch"] = contextlib.nullcontext  # the watch is resumed around it (main)
     return {n: table[n] for n in names if n in table}
@@ -70,7 +77,7 @@ def main() -> None:
                     "(-1: none, the budget state idle)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--arms", default="none,trace,guard,watch,trace+guard")
+    ap.add_argument("--arms", default="none,trace,guard,watch,trace+guard,constraints")
     ap.add_argument("--watch", action="store_true", help="start the engine with the start-up "
                     "watch (localization off) so the watch arm runs")
     ap.add_argument("--sync-check", action="store_true", help="count synchronizations per step")
@@ -132,7 +139,7 @@ def main() -> None:
         once(name)
     times: dict[str, list[float]] = {n: [] for n in use}
     nsteps = None
-    deferred = []
+    deferred: dict[str, list[float]] = {}  # per arm with deferred host copies
     for _ in range(a.rounds):
         for name in use:
             dt, n, ctx = once(name)
@@ -141,15 +148,17 @@ def main() -> None:
             if hasattr(ctx, "materialize"):
                 t0 = time.perf_counter()
                 ctx.materialize()
-                deferred.append((time.perf_counter() - t0) / max(1, n))
+                deferred.setdefault(name, []).append((time.perf_counter() - t0) / max(1, n))
     base = statistics.median(times["none"])
     res = {"benchmark": "step_overhead", "device": _device(), "config": cfg.to_dict(),
            "batch": a.batch, "budget": budget, "max_tokens": a.max_tokens, "rounds": a.rounds,
            "steps_per_generate": nsteps, "vllm": eng.effective["vllm_version"],
            "ms_per_step": {n: 1e3 * statistics.median(t) for n, t in times.items()},
            "ratio": {n: statistics.median(t) / base for n, t in times.items()},
-           "trace_materialize_us_per_step": 1e6 * statistics.median(deferred) if deferred
-           else None}
+           "trace_materialize_us_per_step": 1e6 * statistics.median(deferred["trace"])
+           if deferred.get("trace") else None,
+           "materialize_us_per_step": {n: 1e6 * statistics.median(d)
+                                       for n, d in deferred.items()}}
     if own_s:
         res["watch_own_ms_per_step"] = 1e3 * statistics.median(own_s)
         res["watch_own_fraction"] = res["watch_own_ms_per_step"] / res["ms_per_step"]["watch"]
@@ -157,14 +166,24 @@ def main() -> None:
     if a.sync_check:
         res["syncs_per_step"] = {n: _syncs(lambda n=n: once(n)) for n in use}
     if a.count_ops:
-        res["ops_per_step"] = {n: _ops(lambda mode, n=n: once(n, lambda: mode)) for n in use}
+        counted = {n: _ops(lambda mode, n=n: once(n, lambda: mode)) for n in use}
+        res["ops_per_step"] = {n: c["ops"] for n, c in counted.items()}
+        res["workbook_ops_per_step"] = {n: c["workbook"] for n, c in counted.items()}
+        res["workbook_host_ops_per_step"] = {n: c["host"] for n, c in counted.items()}
+        res["workbook_host_op_sites"] = {n: c["host_sites"] for n, c in counted.items()
+                                         if c["host_sites"]}
+        if "constraints" in counted and "trace" in counted:
+            res["constraints_vs_trace_workbook_ops"] = (
+                counted["constraints"]["workbook"] / max(1e-9, counted["trace"]["workbook"]))
     for n in use:
         extra = ""
         s = (res.get("syncs_per_step") or {}).get(n)
         if s is not None:
             extra += f"   syncs/step {s['all']:6.2f} (workbook {s['workbook']:.2f})"
         if "ops_per_step" in res:
-            extra += f"   ops/step {res['ops_per_step'][n]:8.1f}"
+            extra += (f"   ops/step {res['ops_per_step'][n]:8.1f} (workbook "
+                      f"{res['workbook_ops_per_step'][n]:6.1f}, host "
+                      f"{res['workbook_host_ops_per_step'][n]:.2f})")
         if n == "watch" and own_s:
             extra += (f"   watch's own {res['watch_own_ms_per_step']:.3f} ms/step "
                       f"({100 * res['watch_own_fraction']:.2f} %)")
@@ -204,19 +223,39 @@ def _syncs(run) -> dict | None:
                                       for g in mine})}
 
 
-def _ops(run) -> float:
-    """aten operators dispatched per step during one generate."""
+HOST_OPS = ("aten.lift_fresh.default", "aten._local_scalar_dense.default")
+
+
+def _ops(run) -> dict:
+    """Per step of one generate: aten operators dispatched (all), those issued from workbook
+    code, and those of workbook code that build a tensor from host data or read a device value
+    (``HOST_OPS``: a synchronization on a GPU), with their sites."""
+    import sys
+
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    wb = f"{os.sep}workbook{os.sep}"
+
     class Count(TorchDispatchMode):
-        n = 0
+        n = mine = host = 0
+        sites: set = set()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             Count.n += 1
+            f = sys._getframe(1)
+            while f is not None and f"{os.sep}torch{os.sep}" in f.f_code.co_filename:
+                f = f.f_back
+            if f is not None and wb in f.f_code.co_filename:
+                Count.mine += 1
+                if str(func) in HOST_OPS:
+                    Count.host += 1
+                    Count.sites.add(f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}")
             return func(*args, **(kwargs or {}))
 
     _dt, n, _ctx = run(Count())
-    return Count.n / max(1, n)
+    n = max(1, n)
+    return {"ops": Count.n / n, "workbook": Count.mine / n, "host": Count.host / n,
+            "host_sites": sorted(Count.sites)}
 
 
 class _StepCounter:

@@ -2,16 +2,24 @@
 gives no false alarm on any constraint, draft rows are checked, and each constraint fault is
 caught at its contract and stage (``workbook.hooks.constraint_faults``)."""
 
+import contextlib
+
 import pytest
 
 from workbook.core import contracts
 from workbook.hooks import constraint_faults
 from workbook.run import constraints as C
 
-# faults whose request binds on the zeroed lm_head with MTP drafts accepted
+# faults whose request binds on the zeroed lm_head with MTP drafts accepted (every fault of the
+# catalogue: tests/test_constraints.py::test_every_fault_has_a_case)
 FAULT_CASES = {"bias-target-row-only": "allowed_token_ids", "gate-off": "penalties",
                "penalties-drafts-uncounted": "penalties", "stop-not-trimmed": "stop",
-               "logprobs-row-shift": "logprobs", "min-tokens-off-by-one": "min_tokens"}
+               "logprobs-row-shift": "logprobs", "min-tokens-off-by-one": "min_tokens",
+               "penalties-target-row-only": "penalties", "bad-words-target-row-only": "bad_words",
+               "budget-draft-rows": "thinking_token_budget"}
+# a case's keywords where the grid's own do not put the violating row on a draft row: budget 3
+# (one reasoning token in the prompt) makes </think> due at output index 2 = step 1, row 1
+FAULT_KWARGS = {"budget-draft-rows": {"thinking_token_budget": 3}}
 
 
 @pytest.fixture(scope="module")
@@ -48,18 +56,32 @@ def test_logit_bias_refused_with_spec_names_vllms_message(engine, cases):
     assert "logit_bias" in cells["logit_bias"].message
 
 
-@pytest.mark.parametrize("fault", [pytest.param(
-    f, marks=pytest.mark.xfail(reason="not caught yet: the row's logprob evidence does not see "
-                               "the shifted tensor (open)", strict=False))
-    if f == "logprobs-row-shift" else f for f in sorted(FAULT_CASES)])
+def test_every_fault_has_a_case():
+    assert set(FAULT_CASES) == set(constraint_faults.FAULTS)
+
+
+@pytest.mark.parametrize("fault", sorted(FAULT_CASES))
 def test_fault_caught_at_its_contract_and_stage(engine, cases, fault):
     c = FAULT_CASES[fault]
-    # logprobs: on the zeroed lm_head every row's log-softmax is the same; use the weights
+    from workbook.run import request as rq
+
+    # logprobs: every row's log-softmax must be its own, else a row shift is invisible by value
+    # (zeroed lm_head: all logits 0; the tiny model's own weights: all logits ~1e-5, every
+    # logprob -log(VOCAB) to 1e-6). The weights times 1e5 give each row its own distribution.
     zero = fault != "logprobs-row-shift"
-    cells, _ = C.run_batch(engine, {c: cases[c]}, zero_head=zero, batch="single", fault=fault)
+    head = contextlib.nullcontext() if zero else rq.scaled_lm_head(engine, 1e5)
+    kw = FAULT_KWARGS.get(fault, cases[c])
+    with head:
+        if not zero:  # the same request without the fault holds: no false alarm on this head
+            healthy, _ = C.run_batch(engine, {c: kw}, zero_head=False, batch="single")
+            assert healthy[c].status == "holds", (healthy[c].first, healthy[c].message)
+        cells, ev = C.run_batch(engine, {c: kw}, zero_head=zero, batch="single", fault=fault)
     cell = cells[c]
     contract, stage = constraint_faults.EXPECTED[fault]
-    assert cell.status == "violated", (cell.status, cell.message)
+    rows = [(r["row"], r["local_pos"], r.get("emitted_token"), r.get("logprob_ids"),
+             r.get("logprobs"), r.get("logprob_truth"))
+            for s in ev.get(c, {}).get("steps", [])[:3] for r in s["rows"]]
+    assert cell.status == "violated", (cell.status, cell.message, rows)
     stages = stage if isinstance(stage, tuple) else (stage,)
     assert cell.first["contract"] == contract and cell.first["stage"] in stages, cell.first
     assert cell.first["step"] is not None and cell.first["row"] is not None
@@ -69,3 +91,54 @@ def test_bad_case_rejected_before_engine():
     with pytest.raises(contracts.ContractError) as e:
         C.validate_case("penalties", {"presence_penalty": 3.0}, 4096)
     assert e.value.parameter == "presence_penalty"
+
+
+def test_rowcheck_never_synchronizes_inside_a_step(engine, cases):
+    """Inside a step the row check only queues device work: no tensor built from host data (on a
+    GPU an H2D copy that synchronizes the stream) and no read of a device value (``item()`` /
+    ``int(t)``) — except registration's one non_blocking upload of the static columns from a
+    fresh pinned buffer per ``add_requests`` with new requests — for requests that exercise every gather it makes (static columns, penalty
+    counts, finite columns, logprobs, draft rows). Seen at the dispatcher, so it holds on CPU."""
+    import os
+    import sys
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from workbook.hooks.rowcheck import RowCheck
+    from workbook.run import request as rq
+
+    mine = os.path.join("workbook", "hooks", "rowcheck.py")
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[tuple[str, str]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            f = sys._getframe(1)
+            while f is not None and f"{os.sep}torch{os.sep}" in f.f_code.co_filename:
+                f = f.f_back
+            if f is not None and f.f_code.co_filename.endswith(mine):
+                self.seen.append((str(func), f"{f.f_code.co_name}:{f.f_lineno}"))
+            return func(*args, **(kwargs or {}))
+
+    names = ("penalties", "allowed_token_ids", "logprobs", "bad_words", "min_tokens",
+             "thinking_token_budget")
+    prompts = [{"prompt_token_ids": C.prompt_for(engine.tokenizer, c)} for c in names]
+    sps = [C.sampling_params(cases[c]) for c in names]
+    with rq.zeroed_lm_head(engine), RowCheck() as rc:
+        with Ops() as ops:
+            engine.llm.generate(prompts, sps, use_tqdm=False)
+        n = rc._nsteps
+        verdicts = rc.judge()  # after the run: the one synchronization, outside the steps
+    assert rc.errors == []
+    assert n > 0 and ops.seen, "the row check issued no device work in its steps"
+    assert sum(v["draft_rows"] for v in verdicts.values()) > 0
+    host = [s for s in ops.seen if s[0] in ("aten.lift_fresh.default",
+                                            "aten._local_scalar_dense.default")]
+    # per step (begin, apply_sampling_params, sample): none
+    assert [s for s in host if not s[1].startswith("_on_add:")] == []
+    # registration: the static column table is uploaded once per add_requests that registers
+    # requests, from a fresh (on a GPU: pinned) host buffer, non_blocking: no synchronization
+    assert all(s[0] == "aten.lift_fresh.default" for s in host)
+    assert len(host) <= len(rc.registrations)

@@ -242,7 +242,8 @@ def _stage_of_first(verdict: dict) -> str:
 
 
 def _logprob_rows(p, emitted: list[dict]) -> list[dict]:
-    """Each emitted row's returned logprob (column 0: the sampled token) vs its own row."""
+    """Each emitted row's returned logprobs — the sampled token (column 0) and every top-k
+    column — vs its own row (``logprob_truth``: the row's value per ``logprobs_mode``)."""
     if p.logprobs is None:
         return []
     out = []
@@ -250,12 +251,15 @@ def _logprob_rows(p, emitted: list[dict]) -> list[dict]:
         ids, got, want = e.get("logprob_ids"), e.get("logprobs"), e.get("logprob_truth")
         if not ids:
             continue
-        if ids[0] != e["emitted_token"] or not contracts.close(got[0], want[0]):
+        bad = [i for i, (g, w) in enumerate(zip(got, want)) if not contracts.close(g, w)]
+        if ids[0] != e["emitted_token"] or bad:
+            i = bad[0] if bad else 0
             out.append({"step": e["step"], "row": e["row"], "local_pos": e["local_pos"],
                         "stage": "logprob row selection", "contract": "logprobs",
-                        "what": f"row {e['row']} returns {got[0]:.6g} for token {ids[0]}; the "
-                                f"row's log-softmax at {e['emitted_token']} is {want[0]:.6g}",
-                        "column": e["emitted_token"], "out_index": None})
+                        "what": f"row {e['row']} returns {got[i]:.6g} for token {ids[i]} "
+                                f"(sampled {e['emitted_token']}); its own row says "
+                                f"is {want[i]:.6g}",
+                        "column": ids[i], "out_index": None})
             break
     return out
 

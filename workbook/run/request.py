@@ -187,6 +187,31 @@ def zeroed_lm_head(engine):
                 _repack(h)
 
 
+@contextlib.contextmanager
+def scaled_lm_head(engine, factor: float):
+    """Multiply the target ``lm_head`` (and a drafter's own one) by ``factor``, restored on exit.
+
+    The tiny models' own logits are about 1e-5 (every row's log-softmax equals -log(VOCAB) to
+    1e-6, so rows cannot be told apart by value); ``factor`` 1e5 spreads them to order 1, so
+    each row's distribution is its own. Re-packed like ``zeroed_lm_head``.
+    """
+    import torch
+
+    heads = _lm_heads(engine.runner)
+    saved = [h.weight.detach().clone() for h in heads]
+    try:
+        with torch.no_grad():
+            for h in heads:
+                h.weight.mul_(factor)
+                _repack(h)
+        yield heads
+    finally:
+        with torch.no_grad():
+            for h, w in zip(heads, saved):
+                h.weight.copy_(w)
+                _repack(h)
+
+
 def _lm_heads(runner) -> list:
     heads, seen = [], set()
     for model in (getattr(runner, "model", None), getattr(getattr(runner, "speculator", None),
