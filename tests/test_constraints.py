@@ -100,42 +100,25 @@ def test_rowcheck_never_synchronizes_inside_a_step(engine, cases):
     fresh pinned buffer per ``add_requests`` with new requests — for requests that exercise every gather it makes (static columns, penalty
     counts, finite columns, logprobs, draft rows). Seen at the dispatcher, so it holds on CPU."""
     import os
-    import sys
 
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from _ops import HOST_OPS, OpsFrom
 
     from workbook.hooks.rowcheck import RowCheck
     from workbook.run import request as rq
-
-    mine = os.path.join("workbook", "hooks", "rowcheck.py")
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen: list[tuple[str, str]] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            f = sys._getframe(1)
-            while f is not None and f"{os.sep}torch{os.sep}" in f.f_code.co_filename:
-                f = f.f_back
-            if f is not None and f.f_code.co_filename.endswith(mine):
-                self.seen.append((str(func), f"{f.f_code.co_name}:{f.f_lineno}"))
-            return func(*args, **(kwargs or {}))
 
     names = ("penalties", "allowed_token_ids", "logprobs", "bad_words", "min_tokens",
              "thinking_token_budget")
     prompts = [{"prompt_token_ids": C.prompt_for(engine.tokenizer, c)} for c in names]
     sps = [C.sampling_params(cases[c]) for c in names]
     with rq.zeroed_lm_head(engine), RowCheck() as rc:
-        with Ops() as ops:
+        with OpsFrom(os.path.join("workbook", "hooks", "rowcheck.py")) as ops:
             engine.llm.generate(prompts, sps, use_tqdm=False)
         n = rc._nsteps
         verdicts = rc.judge()  # after the run: the one synchronization, outside the steps
     assert rc.errors == []
     assert n > 0 and ops.seen, "the row check issued no device work in its steps"
     assert sum(v["draft_rows"] for v in verdicts.values()) > 0
-    host = [s for s in ops.seen if s[0] in ("aten.lift_fresh.default",
-                                            "aten._local_scalar_dense.default")]
+    host = [s for s in ops.seen if s[0] in HOST_OPS]
     # per step (begin, apply_sampling_params, sample): none
     assert [s for s in host if not s[1].startswith("_on_add:")] == []
     # registration: the static column table is uploaded once per add_requests that registers

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from _ops import HOST_OPS, OpsFrom
+
 from workbook.core.tracefiles import load
 from workbook.hooks.tracer import Tracer
 from workbook.run import request
@@ -66,33 +68,16 @@ def test_tracer_never_synchronizes_inside_a_step(engines):
     """Inside a step the tracer only queues device work: no tensor built from host data (on a
     GPU an H2D copy that synchronizes the stream, e.g. indexing with a Python list) and no read
     of a device value (``item()`` / ``int(t)``). Seen at the dispatcher, so it holds on CPU."""
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     eng = engines(spec_method="mtp")
-    tracer_file = os.path.join("workbook", "hooks", "tracer.py")
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen: list[tuple[str, str]] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            f = sys._getframe(1)
-            while f is not None and f"{os.sep}torch{os.sep}" in f.f_code.co_filename:
-                f = f.f_back
-            if f is not None and f.f_code.co_filename.endswith(tracer_file):
-                self.seen.append((str(func), f"{f.f_code.co_name}:{f.f_lineno}"))
-            return func(*args, **(kwargs or {}))
-
     with Tracer() as t:
         request.run_budgets(eng, [1, 3], max_tokens=6)  # the tracer's one-time device indices
         n0 = len(t.steps)
-        with Ops() as ops:
+        with OpsFrom(os.path.join("workbook", "hooks", "tracer.py")) as ops:
             request.run_budgets(eng, [1, 3, None], max_tokens=10)
         n = len(t.steps) - n0
     assert n > 0 and ops.seen, "the tracer issued no device work in its steps"
-    host = [s for s in ops.seen if s[0] in ("aten.lift_fresh.default",
-                                            "aten._local_scalar_dense.default")]
+    host = [s for s in ops.seen if s[0] in HOST_OPS]
     assert host == []
     assert len(ops.seen) / n < 80  # operators per step (58 at mtp k=4, batch 3; 105 before)
 

@@ -101,7 +101,7 @@ class _Step:
     num_sampled: Any = None
 
 
-class RowCheck:
+class RowCheck(patching.Hooked):
     """Install with ``install()`` / ``with RowCheck() as rc:``; judge with ``judge()``."""
 
     def __init__(self, max_steps: int = 4096, max_drafts: int = 8, max_static: int = 64):
@@ -127,20 +127,6 @@ class RowCheck:
         self.errors: list[str] = []
 
     # ---- install ------------------------------------------------------------------------------
-    def install(self) -> "RowCheck":
-        self.patches.install()
-        return self
-
-    def remove(self) -> None:
-        self.patches.remove()
-
-    def __enter__(self):
-        return self.install()
-
-    def __exit__(self, *exc):
-        self.remove()
-        return False
-
     def _build_patches(self) -> patching.PatchSet:
         hp = self.hp
         ps = patching.PatchSet("rowcheck", "trace")

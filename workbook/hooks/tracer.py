@@ -182,7 +182,7 @@ class _Step:
     guard_fixed: Any = None
 
 
-class Tracer:
+class Tracer(patching.Hooked):
     """Install with ``install()`` / ``with Tracer() as t:``; read with ``frames()``."""
 
     def __init__(self, topk: int = 5, max_steps: int = 20000, flush_dir: str | None = None,
@@ -221,21 +221,10 @@ class Tracer:
         self.dropped_steps = 0
 
     # ---- install / remove ---------------------------------------------------------------
-    def install(self) -> "Tracer":
-        self.patches.install()
-        return self
-
     def remove(self) -> None:
-        self.patches.remove()
+        super().remove()
         if self.flush_dir:
             self.flush()
-
-    def __enter__(self):
-        return self.install()
-
-    def __exit__(self, *exc):
-        self.remove()
-        return False
 
     def _build_patches(self) -> patching.PatchSet:
         hp = self.hp

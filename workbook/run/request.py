@@ -164,12 +164,10 @@ def check_a(engine, budgets: Sequence[int] = (1, 0)) -> list[Outcome]:
 
 
 @contextlib.contextmanager
-def zeroed_lm_head(engine):
-    """Zero the target ``lm_head`` (and a drafter's own one) so every logit is 0 → token 0.
-
-    The original weights are restored on exit. On the CPU platform vLLM runs linears from a
-    pre-packed copy, which is re-packed after each change.
-    """
+def _edited_lm_heads(engine, edit):
+    """Apply ``edit(weight)`` in place to the target ``lm_head`` (and a drafter's own one),
+    re-packed after each change (on the CPU platform vLLM runs linears from a pre-packed copy);
+    the original weights are restored on exit."""
     import torch
 
     heads = _lm_heads(engine.runner)
@@ -177,7 +175,7 @@ def zeroed_lm_head(engine):
     try:
         with torch.no_grad():
             for h in heads:
-                h.weight.zero_()
+                edit(h.weight)
                 _repack(h)
         yield heads
     finally:
@@ -187,29 +185,21 @@ def zeroed_lm_head(engine):
                 _repack(h)
 
 
-@contextlib.contextmanager
+def zeroed_lm_head(engine):
+    """Zero the target ``lm_head`` (and a drafter's own one) so every logit is 0 → token 0;
+    restored on exit (a context manager)."""
+    return _edited_lm_heads(engine, lambda w: w.zero_())
+
+
 def scaled_lm_head(engine, factor: float):
-    """Multiply the target ``lm_head`` (and a drafter's own one) by ``factor``, restored on exit.
+    """Multiply the target ``lm_head`` (and a drafter's own one) by ``factor``, restored on exit
+    (a context manager).
 
     The tiny models' own logits are about 1e-5 (every row's log-softmax equals -log(VOCAB) to
     1e-6, so rows cannot be told apart by value); ``factor`` 1e5 spreads them to order 1, so
-    each row's distribution is its own. Re-packed like ``zeroed_lm_head``.
+    each row's distribution is its own.
     """
-    import torch
-
-    heads = _lm_heads(engine.runner)
-    saved = [h.weight.detach().clone() for h in heads]
-    try:
-        with torch.no_grad():
-            for h in heads:
-                h.weight.mul_(factor)
-                _repack(h)
-        yield heads
-    finally:
-        with torch.no_grad():
-            for h, w in zip(heads, saved):
-                h.weight.copy_(w)
-                _repack(h)
+    return _edited_lm_heads(engine, lambda w: w.mul_(factor))
 
 
 def _lm_heads(runner) -> list:

@@ -153,3 +153,24 @@ def active() -> dict[str, list[str]]:
     return {f"{cls.__qualname__}.{attr}": [w[2].name for w in sorted(c.wrappers,
                                                                        key=lambda w: (w[0], w[1]))]
             for (cls, attr), c in _chains.items()}
+
+
+class Hooked:
+    """A recorder built on one ``PatchSet`` (``self.patches``): ``install()`` returns the
+    recorder, ``remove()`` takes its layer out again, and ``with recorder:`` does both."""
+
+    patches: PatchSet
+
+    def install(self):
+        self.patches.install()
+        return self
+
+    def remove(self) -> None:
+        self.patches.remove()
+
+    def __enter__(self):
+        return self.install()
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
