@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args) -> int:
     from workbook import batch
+    from workbook import report as rep
     from workbook.core import rundir
 
     overrides = dict(args.overrides)
@@ -127,7 +128,7 @@ def cmd_run(args) -> int:
                                  only=args.only)
     run_dir = batch.execute(env, out=args.out, only=args.only, timeout=args.timeout,
                             progress=_terminal() if args.progress is None else args.progress,
-                            report=not args.no_report,
+                            report=None if args.no_report else rep.write,
                             executor="in-process" if args.in_process else "papermill",
                             hide_code=args.hide_code, notebook_html=not args.no_notebook_html)
     manifest = rundir.read_json(os.path.join(run_dir, rundir.MANIFEST))

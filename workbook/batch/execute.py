@@ -6,7 +6,7 @@ once (``status: running``) and after every run, runs each selected run with the 
 ``workbook.batch.executors.EXECUTORS`` (its executed notebook also rendered to HTML next to
 it, ``workbook.batch.nbhtml``), then writes ``environment.json``
 (``workbook.batch.envcapture``), closes the manifest, writes ``report.html``
-(``workbook.report``) and, last, ``SHA256SUMS`` over every file.
+with the report writer its caller passes (the CLI passes ``workbook.report.write``) and, last, ``SHA256SUMS`` over every file.
 
 Signals (``workbook.batch.signals``): SIGINT / SIGTERM / SIGHUP stop the current run with its
 processes, record its failure row (status ``interrupted``), close the manifest (status
@@ -35,14 +35,16 @@ from workbook.core.rundir import (MANIFEST, REPORT, file_sha256, new_run_dir, no
 
 
 def execute(env: Environment, *, out: str = "outputs", only: list[str] | None = None,
-            timeout: float | None = None, progress: bool = True, report: bool = True,
+            timeout: float | None = None, progress: bool = True,
+            report: Callable[[list[str], str], object] | None = None,
             on_run: Callable[[dict], None] | None = None, executor: str = "papermill",
             hide_code: bool = False, notebook_html: bool = True,
             on_start: Callable[[str], None] | None = None) -> str:
     """Run the (selected) runs of an already validated environment; return the run folder.
 
-    With ``report``, the folder also gets ``report.html`` (``workbook.report``) over this batch
-    before ``SHA256SUMS`` is written (a failing report never costs the checksums).
+    ``report(run_dirs, path)`` (the layer above passes ``workbook.report.write``; imports point
+    one way) writes ``report.html`` over this batch before ``SHA256SUMS`` is written (a failing
+    report never costs the checksums); ``None``: no report.
     ``executor`` names the run executor (``workbook.batch.executors.EXECUTORS``);
     ``notebook_html`` renders each executed notebook to HTML (``hide_code``: without code).
     ``on_start(run_dir)`` is called once the folder exists.
@@ -103,12 +105,10 @@ def execute(env: Environment, *, out: str = "outputs", only: list[str] | None = 
         environment["install"] = env.raw.get("install")
         write_json(os.path.join(run_dir, "environment.json"), environment)
         _close_manifest(manifest, run_dir)
-        if report and not (guard.received and interrupted is None):
+        if report is not None and not (guard.received and interrupted is None):
             with guard.optional():
                 try:
-                    from workbook import report as rep
-
-                    rep.write([run_dir], os.path.join(run_dir, REPORT))
+                    report([run_dir], os.path.join(run_dir, REPORT))
                 except Exception as e:  # the checksums come first
                     print(f"workbook: the report failed: {type(e).__name__}: {e}",
                           file=sys.stderr)

@@ -203,6 +203,7 @@ class Tracer(patching.Hooked):
         self._requests: list[dict] = []
         self._rows: list[dict] = []
         self._pending: list[_Step] = []  # device-side records not yet copied to the host
+        self._index_ring = _IndexRing()
         self.max_pending = max_pending
         self.markers: dict[str, list[int]] | None = None  # the runner's, as a dict (trace meta)
         self._rule_markers = budget.Markers()
@@ -441,18 +442,11 @@ class Tracer(patching.Hooked):
         rec["delta"] = (vals, ids, (d >= FORCED_THRESHOLD).sum(-1))
 
     # -- the kernels' own launches: what they really read and wrote --------------------------
-    @staticmethod
-    def _own_index(call: _Call, device):
-        """The call's requests' own slots as a device index (made once per call, no sync)."""
-        import torch
-
+    def _own_index(self, call: _Call, device):
+        """The call's requests' own slots as a device index (once per call, no sync, and no
+        tensor built from host data: the slots go through a reused index buffer)."""
         if call.apply.get("own_dev") is None:
-            t = torch.from_numpy(np.ascontiguousarray(_own(call), dtype=np.int64))
-            if device.type == "cuda":
-                t = t.pin_memory().to(device, non_blocking=True)
-            else:
-                t = t.to(device)
-            call.apply["own_dev"] = t
+            call.apply["own_dev"] = self._index_ring.put(_own(call), device)
         return call.apply["own_dev"]
 
     def _snapshot_markers(self, runner) -> None:
@@ -997,6 +991,47 @@ class Tracer(patching.Hooked):
     def flush(self) -> None:
         if self.flush_dir:
             self.save(self.flush_dir)
+
+
+class _IndexRing:
+    """Host slot numbers → int64 device index without building a tensor from host data in a
+    step: numpy writes into a buffer allocated once (pinned on a GPU), the device copy is queued
+    on the stream (``copy_(non_blocking=True)``). ``depth`` buffers in turn; on a GPU a buffer is
+    written again only after the event recorded behind its last copy (``depth`` steps later:
+    already passed unless the device is that far behind the host)."""
+
+    def __init__(self, depth: int = 4):
+        self.depth = depth
+        self._i = 0
+        self._bufs: dict = {}  # device -> [(host [n], dev [n], event | None)] * depth
+
+    def put(self, slots, device):
+        import torch
+
+        n = len(slots)
+        ring = self._bufs.get(str(device))
+        if ring is None or ring[0][0].numel() < n:
+            cap = max(n, 256)
+            cuda = device.type == "cuda"
+            ring = []
+            for _ in range(self.depth):
+                host = torch.empty(cap, dtype=torch.int64, pin_memory=cuda)
+                ring.append([host, torch.empty(cap, dtype=torch.int64, device=device)
+                             if cuda else host, None])
+            self._bufs[str(device)] = ring
+        self._i = (self._i + 1) % self.depth
+        entry = ring[self._i]
+        host, dev, ev = entry
+        if ev is not None:
+            ev.synchronize()  # its previous copy has been read (only waits when far behind)
+        host.numpy()[:n] = np.asarray(slots, dtype=np.int64)
+        if dev is host:  # CPU: the buffer is the index
+            return host[:n]
+        out = dev[:n]
+        out.copy_(host[:n], non_blocking=True)
+        entry[2] = torch.cuda.Event()
+        entry[2].record()
+        return out
 
 
 def _slots(rec: dict):

@@ -451,9 +451,19 @@ def main(argv=None) -> int:
     except (ConfigError, contracts.ContractError) as e:
         print(f"error: {e}")
         return 2
-    from workbook.report.constraints import text_grid
-
-    print(text_grid(grid))
+    cells = grid.get("cells", [])
+    counts = {}
+    for c in cells:
+        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    print(f"{len(cells)} cells: " + ", ".join(f"{n} {st}" for st, n in sorted(counts.items())))
+    for c in cells:
+        if c["status"] in ("violated", "error"):
+            first = c.get("first") or {}
+            where = (f" at step {first.get('step')} row {first.get('row')}: {first.get('what')}"
+                     if first else f": {c.get('message')}")
+            print(f"  {c['status']}: {c['constraint']} / {c['method']} / {c['batch']}{where}")
+    print(f"grid: {os.path.join(a.out, 'grid.json')} (the HTML report's constraints section "
+          f"shows it: `workbook report` over a batch folder with the grid in it)")
     return 0
 
 
