@@ -9,8 +9,9 @@ overlapping a watched tensor through another tensor object (an alias) and a Trit
 a pointer into one are recorded by name. A time limit stops the fine levels and keeps what was
 narrowed down so far.
 
-Split out of ``workbook.hooks.watch`` (the watch's boundaries and evidence stay there); this
-module only reads the watch's state and calls ``Watch.check``.
+Split out of ``workbook.hooks.watch`` (the watch's boundaries and evidence are in
+``workbook.hooks.watch_core``); this module only reads the watch's state and calls
+``Watch.check``.
 """
 
 from __future__ import annotations

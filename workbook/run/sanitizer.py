@@ -127,8 +127,9 @@ def parse(text: str) -> dict:
 
 # frames that are machinery, not the writer (innermost-first search skips them)
 _MACHINERY = ("/torch/", "/triton/", "/ctypes/", "/contextlib.py", "/functools.py",
-              "/workbook/hooks/watch.py", "/workbook/hooks/protect.py",
-              "/workbook/hooks/localize.py", "/workbook/vllm/patching.py", "<frozen ")
+              "/workbook/hooks/watch.py", "/workbook/hooks/watch_core.py",
+              "/workbook/hooks/protect.py", "/workbook/hooks/localize.py",
+              "/workbook/vllm/patching.py", "<frozen ")
 _FAULT_HDR = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ .*most recent call first")
 _FAULT_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
