@@ -54,10 +54,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pandas as pd
-
 from workbook.core import budget, tracefiles
-from workbook.core.hypotheses import HYPOTHESES, STAGES, title
+from workbook.core.hypotheses import STAGES, title
 from workbook.run.verdicts import (  # noqa: F401 (re-exported: the diagnosis' public names)
     INT_FIELDS, as_int as _int, cause as _cause, chain_rows, dedupe as _dedupe,
     pointed_by, py as _py, records as _records, single as _single)

@@ -485,7 +485,7 @@ def _batch_dependence(c: Ctx, what: str) -> str | None:
     if same:
         return None
     return (f"no kernel launched in any step with {size} requests"
-            + (f", while launches happened in other batches" if any(
+            + (", while launches happened in other batches" if any(
                 s.get("kernels_launched") for s in c.steps) else "")
             + ": batch composition is not excluded")
 
