@@ -11,8 +11,9 @@ environment variables of ``workbook.vllm.env``.
 
 Layering (``workbook.vllm.patching``): vLLM's original < fault < guard < trace, so the tracer
 always observes what the guard finally emits and the guard what a (simulated) broken vLLM
-produced. Modules: ``tracer`` (per-step evidence), ``faults`` (one per catalogue entry),
-``guard`` (the fix), ``plugin`` (the ``vllm.general_plugins`` entry point).
+produced. Modules: ``tracer`` (per-step evidence; its thinking-budget part: ``budget_trace``),
+``faults`` (one per catalogue entry), ``guard`` (the fix), ``plugin`` (the
+``vllm.general_plugins`` entry point).
 """
 
 from __future__ import annotations
