@@ -53,6 +53,7 @@ def main() -> int:
     rows = a.batch * (a.k + 1)
     t = Tracer.__new__(Tracer)  # the tracer's helpers, without resolving vLLM's hook points
     t.topk, t._weights, t._marker_ptrs, t._end_cols = 5, None, None, [248069 % a.vocab]
+    t._end_idx = {}  # device -> the end columns' index (Tracer.__init__ sets it)
     req_ids = [f"r{i}" for i in range(a.batch)]
     t._len_ub = {r: a.history + 5 for r in req_ids}
     t._step = _Step(index=0, req_ids=req_ids, idx_mapping=np.arange(a.batch),
