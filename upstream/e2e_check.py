@@ -8,6 +8,7 @@ NOT installed). Then a second engine starts with fault ``H-i-profile`` (vLLM #54
 the marker tensors zeroed on the device during the profiling run, storage and ``_version``
 unchanged): the patched ``ThinkingBudgetState`` still forces (its kernels use compile-time marker
 ids; the guard has nothing to fix) and ``check_markers()`` reports and repairs the device copies.
+In every check the guard's own state must agree with its host truth (``guard_repaired`` 0).
 Prints one JSON line; exits non-zero when a check fails.
 """
 
@@ -37,15 +38,19 @@ def main() -> int:
     ok = result["runner_is_v2"] and result["guard_enabled"]
     for fault in (None, "H-b", "H-e"):
         before = int(g.num_fixed[0]) if g is not None else 0
+        rep_before = int(g.num_repaired[0]) if g is not None else 0
         with experiments.any_fault(fault, eng):
             a = request.check_a(eng)
             b = request.check_b(eng, max_tokens=12)
         fixed = (int(g.num_fixed[0]) if g is not None else 0) - before
+        repaired = (int(g.num_repaired[0]) if g is not None else 0) - rep_before
         rec = {"A": request.check_ok("A", a), "B": request.check_ok("B", b),
-               "guard_fixed": fixed,
+               "guard_fixed": fixed, "guard_repaired": repaired,
                "B_end_index": [o.actual_end_index for o in b]}
         result["checks"][fault or "healthy"] = rec
-        ok = ok and rec["A"] and rec["B"] and (fault is None) == (fixed == 0)
+        # None of these faults touches the guard's own state: nothing to repair.
+        ok = ok and rec["A"] and rec["B"] and (fault is None) == (fixed == 0) and \
+            repaired == 0
     # vLLM #54906's finding: the budget state's marker tensors zeroed on the device during the
     # profiling run (fault H-i-profile: a raw alias write hidden in the target's first MLP).
     # The patched ThinkingBudgetState forces from compile-time marker ids (the guard has
@@ -65,10 +70,12 @@ def main() -> int:
     b = request.check_b(eng2, max_tokens=12)
     rec = {"markers_zeroed_at_start": zeroed, "A": request.check_ok("A", a),
            "B": request.check_ok("B", b), "guard_fixed": int(g2.num_fixed[0]) - before,
+           "guard_repaired": int(g2.num_repaired[0]),
            "marker_corruptions_reported": state.num_marker_corruptions,
            "markers_repaired": state.reasoning_start_token_ids.tolist() != [0]}
     result["checks"]["H-i-profile"] = rec
     ok = ok and zeroed and rec["A"] and rec["B"] and rec["guard_fixed"] == 0 and \
+        rec["guard_repaired"] == 0 and \
         rec["marker_corruptions_reported"] >= 1 and rec["markers_repaired"]
     result["ok"] = bool(ok)
     result["seconds"] = round(time.perf_counter() - t0, 1)

@@ -60,7 +60,6 @@ EDITS = [  # (anchor, text inserted after it, or before it when the anchor start
      "                sampler_output.sampled_token_ids,\n"
      "                sampler_output.num_sampled,\n"
      "                sampler_output.num_rejected,\n"
-     "                global_input_batch.idx_mapping,\n"
      "                global_input_batch.idx_mapping_np,\n"
      "            )\n"),
 ]
