@@ -63,7 +63,8 @@ print(f"grid and row evidence: {out}")
 # Constraints down, method × batch across. ✓: every row (draft rows included) and the output
 # satisfy the contract — the cell says how many rows were checked and how many drafts were
 # accepted; ✗: the first violating step and row, its contract and stage; *refused*: vLLM rejected
-# the parameter for that method, with its message.
+# the parameter for that method, with its message; *method refused*: vLLM rejected the
+# speculative method itself when the engine was configured, with its message.
 
 # %%
 display(HTML(section.section_html([grid])))

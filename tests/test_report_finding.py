@@ -512,3 +512,34 @@ def test_committed_grids_never_count_an_unjudged_cell_as_held(version):
     for c in g["cells"]:
         if c["constraint"] == "structured_output" and c["finish_reason"] != "stop":
             assert c["status"] in ("not judged", "refused", "error"), c["status"]
+
+
+def test_a_method_vllm_refuses_at_start_is_said_apart_with_its_message():
+    """vLLM 0.28–0.31 refuse ngram under MRV2 when the engine is configured (pydantic puts the
+    reason on the message's second line): the grid keeps vLLM's reason and counts those cells
+    apart from held / refused parameters."""
+    import pydantic
+
+    from workbook.report import constraints
+    from workbook.run.constraints import _is_refusal, _msg
+
+    class Speculative(pydantic.BaseModel):
+        method: str
+
+        @pydantic.field_validator("method")
+        @classmethod
+        def _mrv2(cls, v):
+            raise ValueError(f"Model Runner V2 does not yet support {v}")
+
+    with pytest.raises(pydantic.ValidationError) as e:
+        Speculative(method="ngram")
+    assert _is_refusal(e.value)
+    msg = _msg(e.value)
+    assert msg.startswith("ValidationError: 1 validation error for Speculative")
+    assert "Model Runner V2 does not yet support ngram" in msg and "errors.pydantic" not in msg
+    grid = {**GRID, "methods": ["none", "mtp", "ngram"], "cells": GRID["cells"] + [
+        cell(c, "ngram", "method refused", message=msg) for c in GRID["constraints"]]}
+    said = constraints.summary(grid)
+    assert "1 refused by vLLM, 4 not run because vLLM refused the method itself at engine " \
+           "start (ngram)" in said
+    assert "Model Runner V2 does not yet support ngram" in constraints.table_html(grid)

@@ -5,6 +5,7 @@ one per vLLM version) as a self-contained HTML fragment: per version a table, co
 method × batch across; each cell says ``holds`` (rows checked, draft rows, accepted drafts), ``not judged`` (why:
 the cell's own contract could not be checked on the output — never counted as held),
 ``violated`` (step, row, local position, contract, stage, what), ``refused by vLLM`` (vLLM's
+message), ``method refused`` (vLLM rejected the speculative method itself at engine start: its
 message) or ``error`` (the message); the differential against method ``none`` under it (identical,
 or the first divergent output index with its step, row and top-1/top-2 margin). A sentence over
 the grid counts what held, what was violated and what vLLM refused, from the cells themselves.
@@ -27,12 +28,13 @@ GRID = "grid.json"
 TITLE = "Constraints under speculative decoding"
 
 SYMBOL = {"holds": "✓", "violated": "✗", "not judged": "not judged", "refused": "refused",
-          "error": "error", "not run": "–"}
+          "method refused": "method refused", "error": "error", "not run": "–"}
 CSS = """
 .cgrid{border-collapse:collapse;font:12px/1.35 system-ui,sans-serif;margin:6px 0 16px}
 .cgrid th,.cgrid td{border:1px solid #ccc;padding:3px 6px;vertical-align:top}
 .cgrid td.holds{background:#e8f5e9}.cgrid td.violated{background:#ffebee}
-.cgrid td.refused{background:#fff8e1}.cgrid td.error{background:#eceff1}
+.cgrid td.refused,.cgrid td.method-refused{background:#fff8e1}
+.cgrid td.error{background:#eceff1}
 .cgrid td.not-judged{background:#f3e5f5}
 .cgrid small{color:#555;display:block;max-width:26em}
 """
@@ -49,6 +51,10 @@ def summary(grid: dict) -> str:
         parts.append(f"{n['not judged']} not judged ({', '.join(why)}: the output contract "
                      "could not be checked on what the run produced)")
     parts.append(f"{n.get('refused', 0)} refused by vLLM")
+    if n.get("method refused"):
+        why = sorted({c["method"] for c in cells if c["status"] == "method refused"})
+        parts.append(f"{n['method refused']} not run because vLLM refused the method itself "
+                     f"at engine start ({', '.join(why)})")
     if n.get("error"):
         parts.append(f"{n['error']} failed")
     fault = f" with fault {grid['fault']}" if grid.get("fault") else ""
@@ -114,7 +120,8 @@ def section_html(grids: list[dict]) -> str:
             '<p class="note">Each cell: ✓ the contract held at every logits row (draft rows '
             'included) and on the output; ✗ the first violating step and row; "not judged": '
             "nothing broke but the cell's own contract could not be checked on what the run "
-            "produced (never counted as held); refused: vLLM's own message.</p>"
+            "produced (never counted as held); refused: vLLM's own message; method refused: "
+            "vLLM rejected the speculative method at engine start (its message).</p>"
             f"{body}</section>")
 
 

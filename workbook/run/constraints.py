@@ -21,7 +21,8 @@ evidence shows — ``rowcheck.STAGES``; host-side post-processing when every row
 final output breaks the contract), ``not judged`` (nothing broke, but the cell's own contract
 could not be checked on this output: ``contracts.unjudged``'s reason, e.g. a structured output
 ended by length before its JSON was complete — never counted as held), ``refused`` (vLLM rejected the parameter for this method:
-its message is the result) or ``error`` (the request failed otherwise: the message). Each cell
+its message is the result), ``method refused`` (vLLM rejected the speculative method itself when
+the engine was configured — e.g. MRV2 without ngram on 0.28–0.31: its message) or ``error`` (the request failed otherwise: the message). Each cell
 also carries the differential: the first output index where the greedy output differs from
 method ``none``'s for the same request, located to the spec run's step and row, with that row's
 top-1/top-2 margin (a near tie is numerics, not a constraint).
@@ -100,7 +101,7 @@ class Cell:
     constraint: str
     method: str
     batch: str
-    status: str  # holds | violated | not judged | refused | error | not run
+    status: str  # holds | violated | not judged | refused | method refused | error | not run
     message: str = ""
     first: dict | None = None  # step, row, local_pos, out_index, contract, stage, what
     breaches: int = 0
@@ -276,12 +277,23 @@ def _returned_logprobs(comp, output, emitted):
     return returned, truth
 
 
+class MethodRefused(Exception):
+    """vLLM refused the speculative method itself when the engine was configured (e.g. "Model
+    Runner V2 does not yet support ..."): every cell of the method is ``method refused``."""
+
+
 def _is_refusal(e: Exception) -> bool:
-    return type(e).__name__ in ("VLLMValidationError", "ValueError", "NotImplementedError")
+    # vLLM's own validation: VLLMValidationError, ValueError, NotImplementedError and pydantic's
+    # ValidationError (a ValueError) of its config classes
+    return isinstance(e, (ValueError, NotImplementedError))
 
 
 def _msg(e: Exception) -> str:
-    return f"{type(e).__name__}: {e}".splitlines()[0][:400]
+    """The exception as one line: every line of its message (pydantic puts the reason on the
+    second one), without pydantic's "For further information" links."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()
+             and not ln.strip().startswith("For further information")]
+    return f"{type(e).__name__}: {' — '.join(lines)}"[:400]
 
 
 def _jsonable(x):
@@ -298,7 +310,12 @@ def run_method(method: str, constraints: list[str], baseline: list[int] | None, 
     from workbook.vllm import engine as vengine
 
     cfg = config_for(method, k)
-    eng = vengine.start(cfg, log)
+    try:
+        eng = vengine.start(cfg, log)
+    except Exception as e:
+        if _is_refusal(e):
+            raise MethodRefused(_msg(e)) from e
+        raise
     try:
         tok = eng.tokenizer
         if baseline is None:
@@ -400,8 +417,9 @@ def run(methods=METHODS, constraints=CONSTRAINTS, *, out: str | None = None,
             got, ev, baseline = run_method(m, constraints, baseline, batches=batches,
                                            fault=fault, k=k, log=log)
         except Exception as e:  # the method cannot start here: its message is the result
-            got, ev = [Cell(c, m, b, "refused" if _is_refusal(e) else "error", _msg(e))
-                       for c in constraints for b in batches], {}
+            st, msg = ("method refused", str(e)) if isinstance(e, MethodRefused) \
+                else ("error", _msg(e))
+            got, ev = [Cell(c, m, b, st, msg) for c in constraints for b in batches], {}
         cells += got
         evidence[m] = ev
     differential(cells, evidence)
