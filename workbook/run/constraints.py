@@ -283,16 +283,17 @@ class MethodRefused(Exception):
 
 
 def _is_refusal(e: Exception) -> bool:
-    # vLLM's own validation: VLLMValidationError, ValueError, NotImplementedError and pydantic's
-    # ValidationError (a ValueError) of its config classes
-    return isinstance(e, (ValueError, NotImplementedError))
+    """vLLM's own validation: ``VLLMValidationError`` (not a ValueError), ValueError,
+    NotImplementedError and pydantic's ValidationError (a ValueError) of its config classes."""
+    return type(e).__name__ == "VLLMValidationError" or isinstance(e, (ValueError,
+                                                                        NotImplementedError))
 
 
 def _msg(e: Exception) -> str:
     """The exception as one line: every line of its message (pydantic puts the reason on the
-    second one), without pydantic's "For further information" links."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()
-             and not ln.strip().startswith("For further information")]
+    second one), without pydantic's ``[type=..., input_value=...]`` echo and its links."""
+    lines = [ln.split(" [type=")[0].strip() for ln in str(e).splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("For further information")]
     return f"{type(e).__name__}: {' — '.join(lines)}"[:400]
 
 
