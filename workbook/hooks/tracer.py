@@ -673,8 +673,9 @@ class _IndexRing:
     """Host slot numbers → int64 device index without building a tensor from host data in a
     step: numpy writes into a buffer allocated once (pinned on a GPU), the device copy is queued
     on the stream (``copy_(non_blocking=True)``). ``depth`` buffers in turn; on a GPU a buffer is
-    written again only after the event recorded behind its last copy (``depth`` steps later:
-    already passed unless the device is that far behind the host)."""
+    written again only after the event recorded behind its last copy (``depth`` calls later,
+    one call per step unless the step is chunked: already passed unless the device is that far
+    behind the host)."""
 
     def __init__(self, depth: int = 4):
         self.depth = depth

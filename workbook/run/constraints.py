@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -471,9 +472,7 @@ def main(argv=None) -> int:
         print(f"error: {e}")
         return 2
     cells = grid.get("cells", [])
-    counts = {}
-    for c in cells:
-        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    counts = Counter(c["status"] for c in cells)
     print(f"{len(cells)} cells: " + ", ".join(f"{n} {st}" for st, n in sorted(counts.items())))
     for c in cells:
         if c["status"] in ("violated", "error"):
