@@ -134,3 +134,26 @@ def test_missing_hook_point_fails_before_the_engine_starts(case, tmp_path):
     assert expected in out["error"], out["error"]
     assert out["config_error"] is True  # the CLI reports it as a configuration error (exit 2)
     assert out["llm_constructed"] is False
+
+
+def test_cutedsl_warmup_is_skipped_only_without_cutlass_and_for_other_models(monkeypatch):
+    """vLLM 0.34 on a GPU imports its MiniMax-M3 warm-up (and NVIDIA's CuTe DSL) for every
+    model; without nvidia-cutlass-dsl the workbook replaces that one warm-up with a no-op
+    (measured: outputs/h200/versions-0.34-20261204). A version without the module, a MiniMax
+    model, or an importable ``cutlass`` leaves vLLM alone."""
+    import importlib.util
+
+    from workbook.core.config import RunConfig
+    from workbook.vllm import engine
+
+    name = engine._MSA_WARMUP
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    has_module = importlib.util.find_spec(name) is not None
+    has_cutlass = importlib.util.find_spec("cutlass") is not None
+    assert engine._without_cutedsl_warmup(RunConfig(model="minimax-m3-tiny")) is False
+    assert name not in sys.modules
+    skipped = engine._without_cutedsl_warmup(RunConfig(model="tiny-mimo-mtp"))
+    assert skipped is (has_module and not has_cutlass)
+    if skipped:
+        assert sys.modules[name].minimax_m3_msa_warmup(object()) is None
+        assert engine._without_cutedsl_warmup(RunConfig(model="tiny-mimo-mtp")) is False

@@ -186,6 +186,42 @@ def test_nvtx_not_writable_record_names_kernel_tensor_frame_and_phase():
     assert "raw_alias_zero" in integrity.writer_text(w)
 
 
+H200_RECORD = """\
+========= Invalid __global__ write of size 4 bytes
+=========     at void at::native::vectorized_elementwise_kernel<(int)4, at::native::FillFunctor<int>, std::array<char *, (unsigned long)1>>(int, T2, T3)+0x210
+=========     by thread (0,0,0) in block (0,0,0)
+=========     Access to 0x7f94ea800200 is not writable
+=========     and is inside the nearest allocation at 0x7f94ea800200 of size 4 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: cudaLaunchKernel [0x745b7] in libcudart.so.13
+=========         Host Frame: _PyEval_EvalFrameDefault [0x1d710e] in python3
+=========         Host Frame: raw_alias_zero in faults.py:221
+=========         Host Frame: alias_fill in writers.py:34
+=========         Host Frame: forward in writers.py:120
+=========         Host Frame: __call__ in decorators.py:509
+=========         Host Frame: _run_model in speculator.py:424
+=========         Host Frame: _prefill in speculator.py:452
+=========         Host Frame: propose in speculator.py:312
+=========         Host Frame: _run_in_phase in watch.py:113
+=========         Host Frame: wrapper in watch.py:93
+=========         Host Frame: _dummy_run in model_runner.py:803
+=========         Host Frame: profile_run in model_runner.py:868
+=========         Host Frame: determine_available_memory in gpu_worker.py:530
+=========         Host Frame: __init__ in llm.py:343
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
+
+def test_memcheck_frames_by_base_name_still_name_the_phase():
+    """compute-sanitizer's Python backtrace gives base names only (H200, 2026-12-04,
+    outputs/h200/writer-20261204): the phase comes from those as from full paths."""
+    rep = sanitizer.tie(sanitizer.parse(H200_RECORD), {"layout": LAYOUT})
+    w = rep["first_writer"]
+    assert (w["tensor"], w["frame"]) == ("reasoning_start_token_ids", "raw_alias_zero in faults.py:221")
+    assert w["phase"] == "profiling run › drafter propose"
+
+
 def test_nvtx_sub_allocator_neighbour_record_is_placed_before_the_marker():
     """Caching on, a heap registered with an unregistered neighbour (brief §9.2)."""
     log = "\n".join([

@@ -190,7 +190,9 @@ def test_refused_nvtx_calls_are_read_from_the_log():
     (CLEAN_LOG, watch(PAST_PROFILE, CHANGE, protected=False), False,
      ("not applied", "protected no tensor"), ("invisible to memcheck",)),
     (CLEAN_LOG, watch(PAST_PROFILE, CHANGE), True, ("invisible to memcheck",
-                                                    "no NVTX call refused"), ("not applied",)),
+                                                    "no NVTX call refused",
+                                                    "no kernel it checks wrote there"),
+     ("not applied", "inside a live allocation")),
     (REFUSED_LOG, watch(PAST_PROFILE + ["step 1 (first real step)"], real_steps=2), False,
      ("saw no unexpected change", "not applied"), ()),
     # plain memcheck (scripts/integrity_sanitizer.sh): no protection asked, none claimed

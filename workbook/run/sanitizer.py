@@ -10,10 +10,13 @@ device addresses of the budget state's tensors and canaries in that very run): *
 watched tensor, *just past* one (the nearest allocation memcheck names is a watched tensor), or
 the nearest watched tensor and the distance.
 
-memcheck only reports accesses outside every live allocation: a writer that lands inside one
-(the marker tensor itself, as on the reporter's Thor) is invisible to it — that case is the
+Plain memcheck only reports accesses outside every live allocation: a writer that lands inside
+one (the marker tensor itself, as on the reporter's Thor) is invisible to it — that case is the
 watch's (value comparison at every boundary), and ``tie`` says so when the watch saw a change
-that no memcheck record explains.
+that no memcheck record explains. With the markers read-only through NVTX, memcheck reports a
+kernel's write inside them ("is not writable"); a write through the CUDA API (``cudaMemsetAsync``
+on the marker: not reported on the H200, 2026-12-04, ``outputs/h200/writer-20261204``) stays
+invisible, and ``tie`` says that no checked kernel wrote there, not where it was written.
 
     python -m workbook.run.sanitizer LOG --watch WATCH_JSON [-o OUT_JSON]
     python -m workbook.run.sanitizer --synthetic WATCH_JSON   # a sample log (CPU dry run)
@@ -254,8 +257,11 @@ def tie(parsed: dict, watch: dict | None, stopped: str | None = None, rc=None) -
     elif change and prot["applied"]:
         verdict = ("the watch saw " + change["tensor"] + " change during " + change["phase"] +
                    " but no memcheck error touches watched memory, with the protection applied "
-                   "(no NVTX call refused): the writer stays inside a live allocation "
-                   "(invisible to memcheck); the watch's localization names it")
+                   "(no NVTX call refused): memcheck holds kernels' accesses to the permissions, "
+                   "so no kernel it checks wrote there while the protection held; the write "
+                   "came another way (invisible to memcheck: e.g. a memset or copy through the "
+                   "CUDA API, which memcheck does not hold to NVTX permissions); the watch's "
+                   "localization names the phase")
     elif change and watch is not None and not prot["attempted"]:
         verdict = ("the watch saw " + change["tensor"] + " change during " + change["phase"] +
                    " but no memcheck error touches watched memory: plain memcheck (no read-only "

@@ -172,6 +172,39 @@ def _summary(path: str) -> tuple[int, int]:
                            for ln in lines if ln.strip())
 
 
+_MSA_WARMUP = "vllm.model_executor.warmup.minimax_m3_msa_warmup"
+
+
+def _without_cutedsl_warmup(cfg: RunConfig) -> bool:
+    """vLLM 0.34's ``kernel_warmup`` imports its MiniMax-M3 warm-up on every CUDA engine start,
+    and that module imports NVIDIA's CuTe DSL (``cutlass``, package nvidia-cutlass-dsl) at
+    module level: without that package no model starts (``ModuleNotFoundError: No module named
+    'cutlass'``, measured on the H200 with the offline 0.34.0 bundle). The warm-up only plans
+    kernels for MiniMax-M3's sparse attention layers, which the workbook's models (Qwen3.5
+    shapes, tiny MiMo/Qwen3) do not have; so when ``cutlass`` cannot be imported and the model
+    is not a MiniMax one, that one warm-up is replaced by a no-op before the engine starts.
+    Returns whether it was; nothing else of vLLM changes, and a version without that module
+    is left alone."""
+    import importlib.util
+
+    if _MSA_WARMUP in sys.modules or "minimax" in str(cfg.model).lower():
+        return False
+    try:
+        if importlib.util.find_spec(_MSA_WARMUP) is None or \
+                importlib.util.find_spec("cutlass") is not None:
+            return False
+    except (ImportError, ValueError):
+        return False
+    import types
+
+    mod = types.ModuleType(_MSA_WARMUP)
+    mod.minimax_m3_msa_warmup = lambda worker: None
+    mod.__doc__ = "workbook: MiniMax-M3 warm-up skipped (no nvidia-cutlass-dsl; not a MiniMax model)"
+    sys.modules[_MSA_WARMUP] = mod
+    print(f"workbook: {mod.__doc__}", flush=True)
+    return True
+
+
 def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
     """Validate ``cfg`` and start an in-process vLLM engine; its start-up output goes to
     ``log`` (default: a temporary file), and one line saying so is printed.
@@ -188,6 +221,7 @@ def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
             import vllm
 
             hookpoints.resolve()  # a moved hook point: HookPointError before the engine starts
+            _without_cutedsl_warmup(cfg)
             if before_start is not None:
                 before_start()
             t1 = time.perf_counter()

@@ -203,21 +203,28 @@ _FILE_CLASS = (  # (path fragment, class) -> qualnames the phase tables know
     ("/worker/gpu/sample/thinking_budget.py", "ThinkingBudgetState"),
     ("/worker/gpu/sample/sampler.py", "Sampler"),
 )
+_BASE_CLASS = {  # a frame named by its file's base name alone (memcheck's Python backtrace:
+    # compute-sanitizer prints ``propose in speculator.py:312``), so on a GPU: the GPU classes
+    "model_runner.py": "GPUModelRunner", "gpu_worker.py": "Worker",
+    "speculator.py": SPECULATOR, "thinking_budget.py": "ThinkingBudgetState",
+    "sampler.py": "Sampler",
+}
 _PHASE_FUNCS = {m for _, _, ms in RUNNER_PHASES + WORKER_PHASES for m in ms} | \
     set(SPECULATOR_METHODS) | {f for _, fs in WORKER_FUNCS for f in fs}
 
 
 def phase_from_frames(frames) -> str:
     """The phase a call stack lies in, from ``(file, function)`` pairs outermost first (the
-    frames of a fault handler's dump or of a memcheck record's host backtrace): vLLM's phase
-    methods are recognised by file and name and named by ``classify``. Steps are not counted
-    here (a stack does not say which step it is)."""
+    frames of a fault handler's dump, with paths, or of a memcheck record's host backtrace,
+    with base names only): vLLM's phase methods are recognised by file and name and named by
+    ``classify``. Steps are not counted here (a stack does not say which step it is)."""
     stack = []
     for path, func in frames:
         p = path.replace("\\", "/")
         if func not in _PHASE_FUNCS:
             continue
-        cls = next((c for frag, c in _FILE_CLASS if frag in p), None)
+        cls = next((c for frag, c in _FILE_CLASS if frag in p), None) if "/" in p else \
+            _BASE_CLASS.get(p)
         if cls is not None:
             stack.append(f"{cls}.{func}")
         elif "/worker/gpu_worker.py" in p or "/v1/worker/" in p:
