@@ -152,8 +152,9 @@ class Checker:
 
 
 def for_request(llm, tokenizer, params: contracts.Params) -> tuple["Checker | None", str | None]:
-    """The checker of a request with a JSON schema on engine ``llm`` (``vllm.LLM``) and whether
-    the engine has a reasoning parser; (None, why) when no grammar evidence can be built."""
+    """(the checker, None) of a request with a JSON schema on engine ``llm`` (``vllm.LLM``),
+    compiled with the engine's settings; (None, why) when no grammar evidence can be built
+    (no schema, xgrammar missing, another backend)."""
     if params.json_schema is None:
         return None, "the request has no JSON schema"
     why = available()
