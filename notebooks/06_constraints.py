@@ -33,7 +33,7 @@
 
 # %% tags=["parameters"]
 method: str = "mtp"  # speculative method judged against none: none | mtp | eagle | ngram | draft_model
-constraint: str = "all"  # one of workbook.core.contracts.CONSTRAINTS, or all
+constraint: str = "all"  # one of workbook.run.constraints.CONSTRAINTS, or all
 batches: list = ["single", "mixed", "mixed-natural"]  # single | mixed | mixed-natural
 constraint_fault: str = "none"  # inject one fault of workbook.hooks.constraint_faults (none: healthy vLLM)
 num_spec_tokens: int = 3  # draft tokens per step (k)
@@ -46,11 +46,10 @@ import tempfile
 
 from IPython.display import HTML, Markdown, display
 
-from workbook.core import contracts
 from workbook.report import constraints as section
 from workbook.run import constraints as grid_run
 
-chosen = list(contracts.CONSTRAINTS) if constraint == "all" else [constraint]
+chosen = list(grid_run.CONSTRAINTS) if constraint == "all" else [constraint]
 methods = ["none"] if method == "none" else ["none", method]
 out = outdir or tempfile.mkdtemp(prefix="workbook-constraints-")
 grid = grid_run.run(methods, chosen, out=out, batches=batches, k=num_spec_tokens,

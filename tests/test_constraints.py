@@ -1,6 +1,7 @@
-"""The constraints machinery on the real engine (one MTP engine for the module): healthy vLLM
-gives no false alarm on any constraint, draft rows are checked, and each constraint fault is
-caught at its contract and stage (``workbook.hooks.constraint_faults``)."""
+"""The constraints machinery on the real engine (one MTP engine for the module, plus a `none`
+and an `ngram` engine for the structured outputs): healthy vLLM gives no false alarm on any
+constraint, draft rows are checked, structured outputs are judged by their grammar, and each
+constraint fault is caught at its contract and stage (``workbook.hooks.constraint_faults``)."""
 
 import contextlib
 
@@ -16,10 +17,15 @@ FAULT_CASES = {"bias-target-row-only": "allowed_token_ids", "gate-off": "penalti
                "penalties-drafts-uncounted": "penalties", "stop-not-trimmed": "stop",
                "logprobs-row-shift": "logprobs", "min-tokens-off-by-one": "min_tokens",
                "penalties-target-row-only": "penalties", "bad-words-target-row-only": "bad_words",
-               "budget-draft-rows": "thinking_token_budget"}
+               "budget-draft-rows": "thinking_token_budget",
+               "grammar-skipped-once": "structured_output"}
 # a case's keywords where the grid's own do not put the violating row on a draft row: budget 3
 # (one reasoning token in the prompt) makes </think> due at output index 2 = step 1, row 1
 FAULT_KWARGS = {"budget-draft-rows": {"thinking_token_budget": 3}}
+# faults whose first violating (step, row, output index) is known from the case alone: the
+# grammar bitmask skipped in the first constraining step = the first step (the prompt ends the
+# reasoning), whose row 0 greedily emits token 0 ('!'), which no JSON starts with
+FAULT_AT = {"grammar-skipped-once": (0, 0, 0)}
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +40,15 @@ def engine():
 @pytest.fixture(scope="module")
 def cases(engine):
     tok = engine.tokenizer
-    return {c: C.case_kwargs(c, [0] * 16, tok.decode) for c in contracts.CONSTRAINTS}
+    return {c: C.case_kwargs(c, [0] * 16, tok.decode) for c in C.CONSTRAINTS}
 
 
 def test_healthy_mixed_batch_no_false_alarm(engine, cases):
     ok = {c: kw for c, kw in cases.items() if c != "logit_bias"}  # refused with spec (0.32)
     cells, ev = C.run_batch(engine, ok, zero_head=True, batch="mixed")
-    # a structured output cut by max_tokens is "not judged" (contracts.unjudged), never held
+    # every cell judged, structured outputs included (by their grammar, as valid prefixes)
     bad = {c: (cl.status, cl.first, cl.message) for c, cl in cells.items()
-           if cl.status != "holds" and not (cl.status == "not judged" and cl.finish_reason
-                                             != "stop" and c == "structured_output")}
+           if cl.status != "holds"}
     assert not bad
     assert sum(cl.draft_rows for cl in cells.values()) > 0
     assert sum(cl.accepted_drafts for cl in cells.values()) > 0
@@ -85,6 +90,9 @@ def test_fault_caught_at_its_contract_and_stage(engine, cases, fault):
     stages = stage if isinstance(stage, tuple) else (stage,)
     assert cell.first["contract"] == contract and cell.first["stage"] in stages, cell.first
     assert cell.first["step"] is not None and cell.first["row"] is not None
+    if fault in FAULT_AT:
+        at = (cell.first["step"], cell.first["row"], cell.first["out_index"])
+        assert at == FAULT_AT[fault], cell.first
 
 
 def test_bad_case_rejected_before_engine():
@@ -107,7 +115,7 @@ def test_rowcheck_never_synchronizes_inside_a_step(engine, cases):
     from workbook.run import request as rq
 
     names = ("penalties", "allowed_token_ids", "logprobs", "bad_words", "min_tokens",
-             "thinking_token_budget")
+             "thinking_token_budget", "structured_output")
     prompts = [{"prompt_token_ids": C.prompt_for(engine.tokenizer, c)} for c in names]
     sps = [C.sampling_params(cases[c]) for c in names]
     with rq.zeroed_lm_head(engine), RowCheck() as rc:
@@ -125,3 +133,56 @@ def test_rowcheck_never_synchronizes_inside_a_step(engine, cases):
     # requests, from a fresh (on a GPU: pinned) host buffer, non_blocking: no synchronization
     assert all(s[0] == "aten.lift_fresh.default" for s in host)
     assert len(host) <= len(rc.registrations)
+
+
+def _structured_cells(eng):
+    names = ("structured_output", "structured_output+budget")
+    out = {}
+    for n in names:
+        cells, ev = C.run_batch(eng, {n: C.case_kwargs(n, [0] * 16, eng.tokenizer.decode)},
+                                zero_head=True, batch="single")
+        out[n] = (cells[n], ev[n])
+    return out
+
+
+def _assert_judged_valid_prefix(cell):
+    assert cell.status == "holds", (cell.status, cell.first, cell.message)
+    g = cell.grammar
+    assert g is not None and g["first_rejected"] is None and g["fed"] > 0
+    # the grammar starts at the first output token (the prompt ends the reasoning), or right
+    # after the budget's forced </think>
+    assert g["start"] == (0 if cell.constraint == "structured_output" else 2)
+
+
+def test_structured_output_judged_on_mtp(engine):
+    """MTP: every structured cell is judged by its grammar and holds (the drafter's drafts are
+    '!', which the grammar rejects: vLLM trims them, so no draft row runs under the grammar)."""
+    for n, (cell, _) in _structured_cells(engine).items():
+        _assert_judged_valid_prefix(cell)
+
+
+@pytest.mark.parametrize("method", ["none", "ngram"])
+def test_structured_output_judged_on(method):
+    """`none`: judged and held. `ngram` (prompt lookup: the prompt holds the continuation):
+    drafts are accepted under the grammar, and for the budget case the forced </think> and the
+    first JSON tokens are accepted within one step — the grammar must start exactly after
+    </think> there (vLLM #44297 / #44993's boundary)."""
+    from workbook.vllm import engine as vengine
+
+    eng = vengine.start(C.config_for(method))
+    try:
+        got = _structured_cells(eng)
+        end_id = eng.tokenizer.convert_tokens_to_ids("</think>")
+    finally:
+        eng.shutdown()
+    for n, (cell, _) in got.items():
+        _assert_judged_valid_prefix(cell)
+    if method == "ngram":
+        cell, ev = got["structured_output+budget"]
+        boundary = [s for s in ev["steps"] if end_id in s["emitted"][:-1]]
+        assert boundary, "</think> never landed before another token of the same step"
+        s = boundary[0]
+        i = s["emitted"].index(end_id)
+        # the row after </think> is masked by the grammar: only '{' is finite there
+        assert s["rows"][i + 1]["finite"] == 1 and s["emitted"][i + 1] == 90
+        assert cell.accepted_drafts > 0

@@ -5,9 +5,9 @@ import math
 import pytest
 
 from workbook.core import budget
-from workbook.core.contracts import (NEG_INF, ContractError, Params, RowContext, check_output,
-                                     check_row, expected, first_divergence, must_hold_token,
-                                     validate)
+from workbook.core.contracts import (NEG_INF, ContractError, GrammarTruth, Params, RowContext,
+                                     check_output, check_row, expected, first_divergence,
+                                     must_hold_token, unjudged, validate)
 
 M = budget.Markers(start=(10,), end=(11,), natural_end=(11,))
 P, O = (1, 2, 3), (5, 6)  # prompt, committed output
@@ -179,3 +179,70 @@ def test_params_of_dict_and_constraints():
                                      ([1], [1, 2], 1)])
 def test_first_divergence(a, b, idx):
     assert first_divergence(a, b) == idx
+
+
+# ---- structured outputs: grammar evidence (contracts.GrammarTruth) ------------------------------
+S = Params(json_schema={"type": "object"})
+G = GrammarTruth
+
+
+# (grammar evidence, finish_reason, text) -> (breached contracts, breach out_index)
+GRAMMAR_OUTPUTS = [
+    # every token accepted, ended by length: a valid prefix, holds
+    (G(start=0, fed=4), "length", None, [], None),
+    # reasoning first: the grammar starts after </think> at index 2
+    (G(start=2, fed=2), "length", None, [], None),
+    # the first token the grammar rejects is the breach, at its output index
+    (G(start=0, fed=2, first_rejected=2, rejected_token=9), "length", None,
+     ["structured_output"], 2),
+    (G(start=2, fed=0, first_rejected=2, rejected_token=0), "length", None,
+     ["structured_output"], 2),
+    # finished by stop: the grammar must have reached its end (the stop token closed it)
+    (G(start=0, fed=4, terminated=True, end=3), "stop", '{"a":1}', [], None),
+    (G(start=0, fed=4), "stop", None, ["structured_output"], 4),
+    # finished by stop, grammar terminated, yet the text does not parse: still a breach
+    (G(start=0, fed=4, terminated=True, end=3), "stop", "{", ["structured_output"], 4),
+    # no token went through the grammar: nothing to breach (unjudged says why)
+    (G(start=None), "length", None, [], None),
+]
+
+
+@pytest.mark.parametrize("g,finish,text,broken,at", GRAMMAR_OUTPUTS)
+def test_check_output_grammar(g, finish, text, broken, at):
+    got = check_output(S, (1,), [5, 6, 7, 8], finish, M, text=text, grammar=g)
+    assert [b.contract for b in got] == broken
+    if broken:
+        assert got[0].out_index == at
+        assert "None" not in got[0].what
+    # the same evidence as a dict (as grid.json / the evidence files hold it)
+    assert [b.contract for b in check_output(S, (1,), [5, 6, 7, 8], finish, M, text=text,
+                                             grammar=g.to_dict())] == broken
+
+
+# (grammar evidence, no_grammar reason, finish_reason, text) -> judged?
+UNJUDGED = [
+    (G(start=0, fed=16), None, "length", None, True),  # a valid prefix is judged
+    (G(start=2, fed=1), None, "length", None, True),
+    (G(start=0, fed=0, first_rejected=0, rejected_token=0), None, "length", None, True),
+    (G(start=None), None, "length", None, False),  # reasoning never ended: nothing constrained
+    (G(start=16, fed=0), None, "length", None, False),  # </think> was the last token
+    (None, "xgrammar does not import here", "length", None, False),
+    (None, None, "stop", '{"a": 1}', True),  # no grammar evidence: the JSON check still ran
+    (None, None, "stop", None, False),
+]
+
+
+@pytest.mark.parametrize("g,no_grammar,finish,text,judged", UNJUDGED)
+def test_unjudged_structured_output(g, no_grammar, finish, text, judged):
+    got = unjudged(S, [0] * 16, finish, text, grammar=g, no_grammar=no_grammar)
+    assert ("structured_output" not in got) == judged
+    for why in got.values():
+        assert "None" not in why and why.endswith(("none", "ran"))
+    if no_grammar and not judged:
+        assert no_grammar in got["structured_output"]
+
+
+def test_grammar_truth_judged():
+    assert not G(start=None).judged and not G(start=3).judged
+    assert G(start=0, fed=1).judged and G(start=0, first_rejected=0, rejected_token=0).judged
+    assert G.of(G(start=1, fed=2).to_dict()) == G(start=1, fed=2)

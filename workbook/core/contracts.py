@@ -23,7 +23,11 @@ and what the emitted tokens must satisfy (``check_output``): no stop/EOS before 
 nothing past a stop token or past ``max_tokens`` (with accepted drafts); allowed ids only; no
 banned sequence inside the output; the budget's ``</think>`` where ``budget.judge`` wants it;
 each returned logprob equal to the log-softmax (or the logit, per ``logprobs_mode``) of the row
-it came from; a JSON-schema constrained output that parses.
+it came from; a JSON-schema constrained output that is a grammar-valid prefix — every token from
+where vLLM starts the grammar (after the reasoning) accepted by it, judged on ``GrammarTruth``,
+the evidence a caller builds with xgrammar (``workbook.vllm.grammar``) — and, finished by stop,
+complete (the grammar at its end, the text JSON). ``unjudged`` names what could not be judged
+(no token under the grammar, or no grammar evidence and no finished output).
 
 ``validate(params, vocab_size)`` rejects, before an engine starts, what vLLM's ``SamplingParams``
 would reject (naming the parameter). A refusal that depends on the speculative method (vLLM
@@ -31,15 +35,18 @@ would reject (naming the parameter). A refusal that depends on the speculative m
 NOT predicted here: vLLM's own message is the result.
 
 Deliberately not here: min_p, top-k/top-p (a row's surviving set is a rank property, not a
-column property; ``Params`` refuses them), anything that reads vLLM or torch objects
-(``Params.of`` only reads attributes), the evidence itself (``workbook.hooks.rowcheck``).
+column property; ``Params`` refuses them), anything that reads vLLM, torch or xgrammar objects
+(``Params.of`` only reads attributes), the evidence itself (``workbook.hooks.rowcheck``; the
+grammar's: ``workbook.vllm.grammar``, its per-row check in ``workbook.run.constraints``), and
+structured outputs other than a JSON schema (regex, choice, grammar: ``Params`` keeps only
+``json``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
 from workbook.core import budget
@@ -381,14 +388,52 @@ def expected_logprob(mode: str, value: float, lse: float) -> float:
     return value if mode.endswith("_logits") else value - lse
 
 
+@dataclass(frozen=True)
+class GrammarTruth:
+    """The emitted tokens fed through the request's grammar (built where xgrammar and the
+    engine's tokenizer are: ``workbook.vllm.grammar``): from output index ``start`` (None: the
+    reasoning never ended within the output, so vLLM constrained no token), ``fed`` tokens
+    accepted, the first one rejected (``first_rejected``: its output index; None: none), and
+    whether the grammar reached its end (``terminated``, at output index ``end``: the stop/EOS
+    token that closed it; tokens after it are unconstrained in vLLM and not judged)."""
+
+    start: int | None
+    fed: int = 0
+    first_rejected: int | None = None
+    rejected_token: int | None = None
+    terminated: bool = False
+    end: int | None = None
+
+    @property
+    def judged(self) -> bool:
+        """At least one emitted token went through the grammar."""
+        return self.start is not None and (self.fed > 0 or self.first_rejected is not None)
+
+    @classmethod
+    def of(cls, d: "GrammarTruth | dict | None") -> "GrammarTruth | None":
+        if d is None or isinstance(d, GrammarTruth):
+            return d
+        return cls(**{k: d.get(k) for k in ("start", "fed", "first_rejected",
+                                              "rejected_token", "terminated", "end")
+                      if k in d})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 def check_output(p: Params, prompt: Sequence[int], output: Sequence[int],
                  finish_reason: str | None = None, markers: budget.Markers | None = None,
                  text: str | None = None, logprobs: Sequence[float | None] | None = None,
-                 logprob_truth: Sequence[float | None] | None = None) -> list[Breach]:
+                 logprob_truth: Sequence[float | None] | None = None,
+                 grammar: "GrammarTruth | dict | None" = None) -> list[Breach]:
     """What the emitted tokens (the request's final output) must satisfy.
 
     ``logprobs[i]``: the logprob vLLM returned for output token ``i``; ``logprob_truth[i]``:
-    the value the row that emitted it says (``expected_logprob`` over the row evidence)."""
+    the value the row that emitted it says (``expected_logprob`` over the row evidence).
+    ``grammar``: the output through the request's grammar (``GrammarTruth``) — every token from
+    the grammar's start up to its end must be accepted (a prefix of a valid JSON: an output
+    ended by length holds when every token was accepted), and an output finished by stop must
+    have reached the grammar's end."""
     out: list[Breach] = []
     output = [int(t) for t in output]
     if p.max_tokens is not None and len(output) > p.max_tokens:
@@ -436,7 +481,19 @@ def check_output(p: Params, prompt: Sequence[int], output: Sequence[int],
                                   f"{float(got):.6g}, its row says {float(want):.6g}",
                                   output[i], i))
                 break
-    if p.json_schema is not None and finish_reason == "stop" and text is not None:
+    g = GrammarTruth.of(grammar)
+    if p.json_schema is not None and g is not None and g.first_rejected is not None:
+        out.append(Breach("structured_output", f"token {g.rejected_token} at output index "
+                          f"{g.first_rejected} is rejected by the grammar (which started at "
+                          f"output index {g.start} and accepted the {g.fed} token(s) before it)",
+                          g.rejected_token, g.first_rejected))
+    elif p.json_schema is not None and g is not None and g.start is not None and \
+            finish_reason == "stop" and not g.terminated:
+        out.append(Breach("structured_output", f"finished by stop after {len(output)} tokens "
+                          f"with the grammar not at its end ({g.fed} token(s) accepted from "
+                          f"output index {g.start})", None, len(output)))
+    if p.json_schema is not None and finish_reason == "stop" and text is not None and \
+            (g is None or g.start == 0):
         try:
             json.loads(text)
         except ValueError as e:
@@ -446,23 +503,41 @@ def check_output(p: Params, prompt: Sequence[int], output: Sequence[int],
 
 
 def unjudged(p: Params, output: Sequence[int], finish_reason: str | None,
-             text: str | None = None) -> dict[str, str]:
+             text: str | None = None, grammar: "GrammarTruth | dict | None" = None,
+             no_grammar: str | None = None) -> dict[str, str]:
     """The output contracts ``check_output`` could not judge on this output, each with why
     (``{constraint: why}``); empty when every contract of the request was judged.
 
-    structured_output: the JSON check needs the whole output — an output that vLLM ended by
-    length (or by anything but its grammar's own end, ``finish_reason`` "stop") is a prefix,
-    and the rows hold no grammar evidence (``workbook.hooks.rowcheck`` keeps no mask columns
-    for it), so nothing was judged: such a cell is never "holds"."""
+    structured_output, with grammar evidence (``grammar``): judged when at least one emitted
+    token went through the grammar — an output ended by length whose every token the grammar
+    accepted holds as a valid prefix. Not judged when no token did: the reasoning never ended
+    within the output (vLLM constrains nothing before it), or the output is empty after it.
+    Without grammar evidence (``no_grammar``: why there is none, e.g. xgrammar missing) only a
+    finished output's JSON check remains: an output ended by length (or without its text) is
+    not judged."""
     out: dict[str, str] = {}
-    if p.json_schema is not None:
-        if finish_reason != "stop":
+    if p.json_schema is None:
+        return out
+    g = GrammarTruth.of(grammar)
+    if g is not None:
+        if g.start is None:
             out["structured_output"] = (
-                f"the output ended by {finish_reason or 'an unrecorded reason'} after "
-                f"{len(output)} tokens, before the JSON was complete, so the JSON check never ran")
-        elif text is None:
-            out["structured_output"] = "the output's text was not returned, so the JSON check " \
-                                       "never ran"
+                f"the reasoning never ended within the {len(output)} output tokens, so vLLM "
+                f"constrained none of them and the grammar judged none")
+        elif not g.judged:
+            out["structured_output"] = (
+                f"no output token after the grammar's start at output index {g.start} (the "
+                f"output has {len(output)} tokens), so the grammar judged none")
+        return out
+    lacking = f"no grammar evidence ({no_grammar})" if no_grammar else "no grammar evidence"
+    if finish_reason != "stop":
+        out["structured_output"] = (
+            f"{lacking}, and the output ended by {finish_reason or 'an unrecorded reason'} "
+            f"after {len(output)} tokens, before the JSON was complete, so the JSON check "
+            f"never ran")
+    elif text is None:
+        out["structured_output"] = f"{lacking}, and the output's text was not returned, so " \
+                                   f"the JSON check never ran"
     return out
 
 

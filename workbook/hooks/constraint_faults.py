@@ -6,8 +6,8 @@ would see a broken vLLM), removed with ``.remove()``. The shapes follow the publ
 (``../shared/brief`` §9.4): a logits processor applied to the target row only (#42744's
 shape), draft tokens not counted by the penalties (#29699's review), an off-by-one position
 in min_tokens, a gate that skips processing, stop tokens in accepted drafts not trimmed on the
-host, logprobs taken from the wrong row (#33391's shape), and the budget's draft rows
-(``H-d-draft`` of ``workbook.hooks.faults``, unchanged).
+host, logprobs taken from the wrong row (#33391's shape), the budget's draft rows
+(``H-d-draft`` of ``workbook.hooks.faults``, unchanged), and a grammar bitmask skipped for one step.
 
 - ``bias-target-row-only``     ``LogitBiasState.apply`` (allowed_token_ids, logit_bias,
                                min_tokens) leaves draft rows (local position >= 1) raw
@@ -23,6 +23,10 @@ host, logprobs taken from the wrong row (#33391's shape), and the budget's draft
                                step (accepted drafts)
 - ``logprobs-row-shift``       the rejection sampler's logprobs come from the next row
 - ``budget-draft-rows``        ``H-d-draft``: the budget kernel never forces draft rows
+- ``grammar-skipped-once``     ``StructuredOutputsWorker.apply_grammar_bitmask`` (MRV2 masks
+                               the logits there, in ``GPUModelRunner.sample``, before the
+                               sampler) returns without masking in the first step whose
+                               bitmask constrains a row: that step's rows are unconstrained
 
 Version notes: written against MRV2's ``sample/`` state objects (0.31+: ``LogitsContext``; 0.28
 generation: the same classes with positional arguments); a fault whose hook point is missing
@@ -49,6 +53,8 @@ FAULTS = {
     "stop-not-trimmed": "the scheduler keeps tokens after a stop token within a step",
     "logprobs-row-shift": "returned logprobs come from the next logits row",
     "budget-draft-rows": "the budget kernel never forces draft rows (H-d-draft)",
+    "grammar-skipped-once": "the grammar bitmask is not applied in the first step that "
+                            "constrains a row",
 }
 # the contract each fault breaks and the stage the evidence must name
 EXPECTED = {
@@ -61,6 +67,7 @@ EXPECTED = {
     "stop-not-trimmed": ("stop", "host-side post-processing"),
     "logprobs-row-shift": ("logprobs", "logprob row selection"),
     "budget-draft-rows": ("thinking_token_budget", "apply on draft rows"),
+    "grammar-skipped-once": ("structured_output", "grammar bitmask"),
 }
 
 
@@ -149,6 +156,25 @@ def _logprobs_row_shift(ps, hp):
     ps.wrap(hp.rejection, "_get_logprobs_tensors", make)
 
 
+def _grammar_skipped_once(ps):
+    from vllm.v1.worker.gpu.structured_outputs import StructuredOutputsWorker
+
+    done = []
+
+    def make(orig):
+        def apply_grammar_bitmask(self, logits, input_batch, grammar_req_ids, grammar_bitmask,
+                                  *a, **k):
+            # a row of the host bitmask other than all ones (-1) constrains its logits row
+            if not done and grammar_req_ids and (grammar_bitmask != -1).any():
+                done.append(True)
+                return None
+            return orig(self, logits, input_batch, grammar_req_ids, grammar_bitmask, *a, **k)
+
+        return apply_grammar_bitmask
+
+    ps.wrap(StructuredOutputsWorker, "apply_grammar_bitmask", make)
+
+
 def inject(name: str) -> patching.PatchSet:
     """Install fault ``name`` (``FAULTS``); returns its ``PatchSet`` (``.remove()`` undoes)."""
     if name not in FAULTS:
@@ -176,4 +202,6 @@ def inject(name: str) -> patching.PatchSet:
         _stop_not_trimmed(ps, hp)
     elif name == "logprobs-row-shift":
         _logprobs_row_shift(ps, hp)
+    elif name == "grammar-skipped-once":
+        _grammar_skipped_once(ps)
     return ps.install()

@@ -16,7 +16,7 @@ of ``workbook.vllm.hookpoints``:
   (``all_token_ids[slot, :W]``: penalties' columns, and the commit evidence), this step's drafts
   of the row's request (``input_ids`` of its later rows) — gathered from the raw and the
   processed logits; the processed row's top-2; the number of finite columns (when a request
-  of the batch has ``allowed_token_ids``); the penalty counts vLLM keeps at those columns (when
+  of the batch has ``allowed_token_ids`` or a JSON schema); the penalty counts vLLM keeps at those columns (when
   one is penalised); whether the fast path returned the input;
 - ``GPUModelRunner.sample``: the tokens sampled per request and row, the processed and raw
   values at the emitted token of every row, and the logprobs vLLM returns per row with the raw
@@ -44,6 +44,11 @@ argmax), each tagged with the stage the evidence shows, from positive evidence o
                      right (``apply on draft rows`` when row 0 of the same step held)
     rejection        the processed row holds but the emitted token breaks it (masked, or not
                      the greedy argmax)
+    grammar bitmask  a structured-output row whose processed argmax, or number of finite
+                     columns, the request's grammar does not allow (judged in
+                     ``workbook.run.constraints`` over this evidence: the grammar needs the
+                     engine's tokenizer; vLLM masks the logits before ``apply_sampling_params``,
+                     so the raw row here is already masked)
 
 (host-side post-processing is the output check's: ``workbook.run.constraints``.)
 Not here: the contracts themselves (``workbook.core.contracts``), running requests.
@@ -60,7 +65,7 @@ from workbook.core import budget, contracts
 from workbook.vllm import hookpoints, patching
 
 STAGES = ("registration", "gate/fast path", "commit", "apply", "apply on draft rows",
-          "rejection", "host-side post-processing")
+          "rejection", "grammar bitmask", "host-side post-processing")
 REG_ATTRS = ("num_allowed_token_ids", "num_logit_bias", "min_lens", "num_stop_token_ids",
              "repetition_penalty", "frequency_penalty", "presence_penalty", "num_bad_words")
 
@@ -318,7 +323,8 @@ class RowCheck(patching.Hooked):
         g = getattr(sampler, "needs_logits_processing", None)
         call.gate = None if g is None else np.array(g[slots_np], copy=True)
         ps = [self.params.get(r) for r in step.req_ids]
-        if any(p is not None and p.allowed_token_ids is not None for p in ps):
+        if any(p is not None and (p.allowed_token_ids is not None or p.json_schema is not None)
+               for p in ps):
             call.finite = torch.isfinite(out).sum(-1)
         counts = _penalty_counts(sampler)
         if counts is not None and any(p is not None and p.penalised for p in ps):

@@ -2,7 +2,8 @@
 
 ``section_html(grids)`` renders one or more ``grid.json`` dicts (``workbook.run.constraints``;
 one per vLLM version) as a self-contained HTML fragment: per version a table, constraints down,
-method × batch across; each cell says ``holds`` (rows checked, draft rows, accepted drafts), ``not judged`` (why:
+method × batch across; each cell says ``holds`` (rows checked, draft rows, accepted drafts;
+for a structured output how many tokens its grammar accepted from where), ``not judged`` (why:
 the cell's own contract could not be checked on the output — never counted as held),
 ``violated`` (step, row, local position, contract, stage, what), ``refused by vLLM`` (vLLM's
 message), ``method refused`` (vLLM rejected the speculative method itself at engine start: its
@@ -67,6 +68,11 @@ def _cell_text(c: dict) -> tuple[str, str]:
     st = c["status"]
     if st == "holds":
         detail = f"{c['rows']} rows ({c['draft_rows']} draft, {c['accepted_drafts']} accepted)"
+        g = c.get("grammar")
+        if g and g.get("start") is not None:
+            detail += (f"; the grammar accepted {g.get('fed', 0)} token(s) from output index "
+                       f"{g['start']}" + (", to its end" if g.get("terminated")
+                                          else ", a valid prefix"))
     elif st == "violated":
         f = c.get("first") or {}
         v = wording.value_text

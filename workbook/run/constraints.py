@@ -19,13 +19,27 @@ A cell is ``holds`` (every row and the output satisfy the contract), ``violated`
 violating step and row, its local position and output index, the contract, and the stage the
 evidence shows — ``rowcheck.STAGES``; host-side post-processing when every row held but the
 final output breaks the contract), ``not judged`` (nothing broke, but the cell's own contract
-could not be checked on this output: ``contracts.unjudged``'s reason, e.g. a structured output
-ended by length before its JSON was complete — never counted as held), ``refused`` (vLLM rejected the parameter for this method:
+could not be checked on this output: ``contracts.unjudged``'s reason — for a structured output,
+no output token went through its grammar (the reasoning never ended within the output), or no
+grammar evidence could be built (xgrammar missing, another backend) and the output ended by
+length before its JSON was complete — never counted as held), ``refused`` (vLLM rejected the parameter for this method:
 its message is the result), ``method refused`` (vLLM rejected the speculative method itself when
 the engine was configured — e.g. MRV2 without ngram on 0.28–0.31: its message) or ``error`` (the request failed otherwise: the message). Each cell
 also carries the differential: the first output index where the greedy output differs from
 method ``none``'s for the same request, located to the spec run's step and row, with that row's
 top-1/top-2 margin (a near tie is numerics, not a constraint).
+
+Structured outputs (``grammar_evidence``): the request's JSON schema compiled as vLLM's
+xgrammar backend compiles it (``workbook.vllm.grammar``); the output through it from where vLLM
+starts it (after the reasoning) — a valid prefix holds, the first rejected token is the breach —
+and per row (draft rows included) the processed argmax and the number of finite columns
+against what the grammar allows after the committed output + the row's drafts (stage
+``grammar bitmask``). Cases: one per contract, plus ``structured_output+budget``
+(``CASE_CONTRACTS``: thinking_token_budget 2 and the JSON schema: the grammar must start right
+after the forced ``</think>``; with a prompt-lookup drafter the ``</think>`` and the first JSON
+tokens are accepted within one step). The structured cases' prompts hold the grammar's greedy
+continuation (``PROMPT_TEXT``) so ngram drafts it; the plain ``structured_output`` prompt ends
+the reasoning (``NO_THINKING``), so the grammar binds from the first token.
 
 Files under ``out``: ``grid.json`` (cells, the version, the methods run), ``evidence/<method>/
 <batch>.json`` (per request: registration, every row's kept columns raw/processed, breaches).
@@ -51,8 +65,21 @@ from workbook.core.config import ConfigError, RunConfig
 
 METHODS = ("none", "mtp", "eagle", "ngram", "draft_model")
 BATCHES = ("single", "mixed", "mixed-natural")
-CONSTRAINTS = contracts.CONSTRAINTS
+# the grid's cases: one per contract, plus cases that combine contracts (their contracts:
+# ``CASE_CONTRACTS``)
+CONSTRAINTS = contracts.CONSTRAINTS + ("structured_output+budget",)
+CASE_CONTRACTS = {"structured_output+budget": ("thinking_token_budget", "structured_output")}
 JSON_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+# What the JSON schema's grammar makes of the zeroed lm_head (every allowed column ties at 0;
+# greedy takes the lowest id): the structured cases' prompts hold it, so a prompt-lookup
+# drafter (ngram) drafts what the target emits, across the reasoning boundary for the budget
+# case ("!" is the zeroed head's reasoning token, "</think>" the budget's forced end).
+GRAMMAR_GREEDY = '{"a":-1000000000'
+PROMPT_TEXT = {"structured_output": f"Say {GRAMMAR_GREEDY}.",
+               "structured_output+budget": f"Say <think>\n!</think>{GRAMMAR_GREEDY}."}
+# the prompt ends the reasoning (the chat template's enable_thinking=False): vLLM applies the
+# grammar from the first output token
+NO_THINKING = ("structured_output",)
 
 
 def case_kwargs(name: str, baseline: list[int], decode) -> dict[str, Any]:
@@ -74,6 +101,10 @@ def case_kwargs(name: str, baseline: list[int], decode) -> dict[str, Any]:
         "stop": {"stop_token_ids": [b0], "ignore_eos": False, "min_tokens": 2},
         "logprobs": {"logprobs": 3},
         "structured_output": {"structured_outputs": {"json": JSON_SCHEMA}},
+        # budget 2 forces </think> at output index 1 (one reasoning token in the prompt); the
+        # grammar must start at output index 2 (vLLM #44297 / #44993's boundary)
+        "structured_output+budget": {"thinking_token_budget": 2,
+                                     "structured_outputs": {"json": JSON_SCHEMA}},
     }[name]
 
 
@@ -113,15 +144,19 @@ class Cell:
     finish_reason: str | None = None
     differential: dict | None = None
     kwargs: dict = field(default_factory=dict)  # the request's SamplingParams keywords
+    grammar: dict | None = None  # structured outputs: contracts.GrammarTruth of the output
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def prompt_for(tokenizer, name: str) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": f"Say {name}."}],
+    """The case's chat prompt (``PROMPT_TEXT`` or "Say <name>."), thinking on except for
+    ``NO_THINKING``."""
+    text = PROMPT_TEXT.get(name, f"Say {name}.")
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                         add_generation_prompt=True, tokenize=True,
-                                        enable_thinking=True)
+                                        enable_thinking=name not in NO_THINKING)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return [int(t) for t in ids]
@@ -186,7 +221,7 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     by_prompt = {tuple(p): r for r, p in rc.prompts.items()}
     for name, o in zip(names, outs):
         req = by_prompt.get(tuple(o.prompt_token_ids or ()))
-        cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req))
+        cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req), engine)
         cells[name].kwargs = _jsonable(cases[name])
         evidence[name] = {"req_id": req, "registration": next(
             (r for r in rc.registrations if r["req_id"] == req), None),
@@ -196,9 +231,11 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     return cells, evidence
 
 
-def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict | None) -> Cell:
-    """The cell of one request: the row breaches, then the output contract on what the user
-    got (host-side post-processing when the rows held)."""
+def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict | None,
+                  engine=None) -> Cell:
+    """The cell of one request: the row breaches (the grammar's over the rows too, for a
+    structured output on ``engine``), then the output contract on what the user got
+    (host-side post-processing when the rows held)."""
     comp = o.outputs[0]
     output = [int(t) for t in comp.token_ids]
     cell = Cell(name, "", batch, "holds", output=output, finish_reason=comp.finish_reason)
@@ -209,28 +246,34 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
     emitted = rc.emitted_rows(req)
     cell.accepted_drafts = sum(1 for e in emitted if e["local_pos"] and e["local_pos"] > 0)
     p = rc.params[req]
-    breaches = list(verdict["breaches"])
+    grammar, no_grammar, grammar_rows = grammar_evidence(engine, rc, req, output)
+    cell.grammar = grammar.to_dict() if grammar is not None else None
+    row_breaches = sorted(list(verdict["breaches"]) + grammar_rows, key=_where)
+    breaches = list(row_breaches)
     breaches += _logprob_rows(p, emitted)
     returned, truth = _returned_logprobs(comp, output, emitted)
     out_b = contracts.check_output(p, rc.prompts[req], output, comp.finish_reason, rc.markers,
-                                   text=comp.text, logprobs=returned, logprob_truth=truth)
+                                   text=comp.text, logprobs=returned, logprob_truth=truth,
+                                   grammar=grammar)
     stream = [e["emitted_token"] for e in emitted]
     for b in out_b:
         at = emitted[b.out_index] if b.out_index is not None and b.out_index < len(emitted) \
             else (emitted[-1] if emitted else {})
         breaches.append({"step": at.get("step"), "row": at.get("row"),
                          "local_pos": at.get("local_pos"),
-                         "stage": "host-side post-processing" if not verdict["breaches"]
-                         and output != stream[:len(output)] or (not verdict["breaches"] and
+                         "stage": "host-side post-processing" if not row_breaches
+                         and output != stream[:len(output)] or (not row_breaches and
                                                                b.contract == "stop")
-                         else _stage_of_first(verdict), **b.to_dict()})
-    breaches.sort(key=lambda b: (b["step"] if b["step"] is not None else 1 << 30,
-                                 b["row"] if b["row"] is not None else 1 << 30))
+                         else (row_breaches[0]["stage"] if row_breaches
+                               else "host-side post-processing"), **b.to_dict()})
+    breaches.sort(key=_where)
     cell.breaches = len(breaches)
     if breaches:
         cell.status, cell.first = "violated", breaches[0]
     else:
-        why = contracts.unjudged(p, output, comp.finish_reason, comp.text).get(name)
+        unj = contracts.unjudged(p, output, comp.finish_reason, comp.text, grammar=grammar,
+                                 no_grammar=no_grammar)
+        why = next((unj[c] for c in CASE_CONTRACTS.get(name, (name,)) if c in unj), None)
         if why:  # the cell's own contract was never checked: not "holds"
             cell.status, cell.message = "not judged", why
     if rc.errors:
@@ -238,9 +281,61 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
     return cell
 
 
-def _stage_of_first(verdict: dict) -> str:
-    return verdict["breaches"][0]["stage"] if verdict["breaches"] else \
-        "host-side post-processing"
+def _where(b: dict) -> tuple:
+    return (b["step"] if b.get("step") is not None else 1 << 30,
+            b["row"] if b.get("row") is not None else 1 << 30)
+
+
+def grammar_evidence(engine, rc, req: str, output: list[int]):
+    """For a request with a JSON schema: the output through its grammar
+    (``contracts.GrammarTruth``), why there is none (a sentence, else None), and the row
+    breaches — per structured-output row (draft rows included), the grammar advanced through
+    the committed output + the row's drafts ``[:j]`` from where vLLM starts it
+    (``grammar.grammar_start``: after the reasoning) must allow the processed row's argmax,
+    and the row may hold no more finite columns than the grammar allows (+1: the budget's
+    forced column). Rows before the grammar starts, after it ended, or after a draft it
+    rejects are not judged by it (vLLM does not constrain them or never emits them)."""
+    p = rc.params[req]
+    if p.json_schema is None:
+        return None, None, []
+    if engine is None:
+        return None, "no engine to build the grammar on", []
+    from workbook.vllm import grammar as vgrammar
+
+    chk, why = vgrammar.for_request(engine.llm, engine.tokenizer, p)
+    if chk is None:
+        return None, why, []
+    reasoning = vgrammar.reasoning_on(engine.llm)
+    prompt = rc.prompts[req]
+    truth = chk.truth(prompt, output, rc.markers, reasoning)
+    rows: list[dict] = []
+    committed: list[int] = []
+    for rec in (r for r in rc.steps if r["req_id"] == req):
+        for row in rec["rows"]:
+            j = row["local_pos"]
+            seen = committed + [int(t) for t in row["drafts"][:j]]
+            start = vgrammar.grammar_start(prompt, seen, rc.markers, reasoning)
+            if start is None or start > len(seen):
+                continue
+            mask = chk.allowed_mask(seen[start:])
+            if mask is None:
+                continue
+            top1, n_allowed = int(row["top1"]), int(mask.sum())
+            limit = n_allowed + (1 if p.thinking_token_budget is not None else 0)
+            what = None
+            if not (0 <= top1 < len(mask) and mask[top1]):
+                what = (f"the processed row's argmax {top1} is not allowed by the grammar "
+                        f"after {len(seen) - start} grammar token(s) ({n_allowed} allowed)")
+            elif row.get("finite") is not None and row["finite"] > limit:
+                what = (f"{row['finite']} finite columns, the grammar allows {n_allowed} after "
+                        f"{len(seen) - start} grammar token(s)")
+            if what:
+                rows.append({"step": rec["step"], "row": row["row"], "local_pos": j,
+                             "stage": "grammar bitmask", "contract": "structured_output",
+                             "what": what, "column": top1, "out_index": len(seen)})
+                break
+        committed += [int(t) for t in rec["emitted"]]
+    return truth, None, rows
 
 
 def _logprob_rows(p, emitted: list[dict]) -> list[dict]:

@@ -1,0 +1,184 @@
+"""Grammar evidence for structured outputs: the request's JSON schema compiled with xgrammar
+against the engine's tokenizer the way vLLM's xgrammar backend compiles it, and the emitted
+tokens fed through a ``GrammarMatcher`` (``contracts.GrammarTruth``, judged by
+``contracts.check_output``).
+
+How vLLM (0.32, ``vllm/v1/structured_output``) builds the grammar, restated here:
+
+- ``xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=model_config.get_vocab_size())``
+  (the model's vocabulary size, not the tokenizer's);
+- ``compile_json_schema(schema, any_whitespace=not disable_any_whitespace, separators=(",",
+  ":") if disable_any_whitespace else None)``;
+- ``GrammarMatcher(ctx, override_stop_tokens=all_stop_token_ids or None)``: the request's stop
+  ids and EOS (the engine adds EOS; EOS even with ``ignore_eos``) end the grammar — the matcher
+  accepts one only where the JSON can end, and is then terminated;
+- tokens after the grammar terminated are not fed (``XgrammarGrammar.accept_tokens`` ignores
+  them; the bitmask is full from there on), so they are not judged here either.
+
+Where the grammar starts (``grammar_start``): with a reasoning parser (and
+``enable_in_reasoning`` off) vLLM applies the grammar only after the reasoning ended — from
+output index 0 when the prompt already ends the reasoning (an end marker after the last start
+marker, e.g. a chat template's ``enable_thinking=False``), else from the token *after* the
+first end marker (``</think>``) in the output; a reasoning that never ends leaves every token
+unconstrained (``start`` None). This is read from the reasoning markers (``budget.Markers``),
+not from vLLM's reasoning parser, so a reasoning-boundary error in vLLM (the grammar starting a
+token late or early when ``</think>`` lands inside a step's accepted drafts, vLLM #44297 /
+#44993's bug class) shows as a rejected token here. Reasoning parsers whose end is implicit (a
+content token ends the reasoning without an end marker) are not modelled.
+
+``allowed(prefix, token)``: whether the grammar, advanced through ``prefix`` (the grammar's part
+of the output as a row sees it: committed output + the row's earlier drafts), allows ``token``
+next — the row evidence's check (``workbook.run.constraints``).
+
+Deliberately not here: the contract (``workbook.core.contracts``), other structured output
+kinds (regex, choice, grammar, structural tags: ``for_request`` returns None for them), the
+guidance / outlines backends (None as well: their tokenizer handling differs).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from workbook.core import budget, contracts
+
+
+def available() -> str | None:
+    """None when xgrammar imports, else why not (a sentence)."""
+    try:
+        import xgrammar  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the install
+        return f"xgrammar does not import here ({type(e).__name__}: {e})"
+    return None
+
+
+def grammar_start(prompt: Sequence[int], output: Sequence[int], markers: Any,
+                  reasoning: bool) -> int | None:
+    """The output index of the first token vLLM constrains: 0 without a reasoning parser (or
+    when the prompt ends the reasoning), else the index after the first end marker in the
+    output; None when the reasoning never ends within the output."""
+    if not reasoning:
+        return 0
+    m = budget.Markers.of(markers)
+    if not m.end:
+        return 0
+    ends = set(m.end)
+    starts = set(m.start)
+    last_start = max((i for i, t in enumerate(prompt) if t in starts), default=-1)
+    if any(t in ends for t in list(prompt)[last_start + 1:]):
+        return 0
+    for i, t in enumerate(output):
+        if t in ends:
+            return i + 1
+    return None
+
+
+class Checker:
+    """One request's compiled JSON-schema grammar (vLLM's xgrammar settings)."""
+
+    def __init__(self, tokenizer, vocab_size: int, schema: dict, stop_ids: Sequence[int] = (),
+                 disable_any_whitespace: bool = False):
+        import xgrammar as xgr
+
+        self.xgr = xgr
+        self.vocab_size = int(vocab_size)
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size)
+        compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self.ctx = compiler.compile_json_schema(
+            json.dumps(schema) if not isinstance(schema, str) else schema,
+            any_whitespace=not disable_any_whitespace,
+            separators=(",", ":") if disable_any_whitespace else None)
+        self.stop_ids = [int(t) for t in stop_ids] or None
+        self._masks: dict[tuple, Any] = {}
+
+    def matcher(self):
+        return self.xgr.GrammarMatcher(self.ctx, override_stop_tokens=self.stop_ids)
+
+    def _advanced(self, tokens: Sequence[int]):
+        """A fresh matcher advanced through ``tokens``; None if one is rejected or the grammar
+        terminated before the last."""
+        m = self.matcher()
+        for t in tokens:
+            if m.is_terminated() or not m.accept_token(int(t)):
+                return None
+        return m
+
+    def allowed_mask(self, prefix: Sequence[int]):
+        """The tokens the grammar allows after ``prefix`` (a numpy bool array over the
+        vocabulary); None when ``prefix`` itself is rejected or the grammar already ended
+        within it (no grammar state to judge a row by: vLLM leaves such rows unconstrained or
+        never schedules them)."""
+        import numpy as np
+
+        key = tuple(int(t) for t in prefix)
+        if key in self._masks:
+            return self._masks[key]
+        m = self._advanced(key)
+        mask = None
+        if m is not None and not m.is_terminated():
+            words = self.xgr.allocate_token_bitmask(1, self.vocab_size)
+            m.fill_next_token_bitmask(words, 0)
+            bits = np.unpackbits(words.numpy().view(np.uint8), bitorder="little")
+            mask = bits[:self.vocab_size].astype(bool)
+        self._masks[key] = mask
+        return mask
+
+    def allowed(self, prefix: Sequence[int], token: int) -> bool | None:
+        """Whether ``token`` may follow ``prefix`` (None: see ``allowed_mask``)."""
+        mask = self.allowed_mask(prefix)
+        if mask is None:
+            return None
+        t = int(token)
+        return bool(0 <= t < self.vocab_size and mask[t])
+
+    def truth(self, prompt: Sequence[int], output: Sequence[int], markers: Any,
+              reasoning: bool) -> contracts.GrammarTruth:
+        """The emitted tokens through the grammar from ``grammar_start``: the first token it
+        rejects, whether it terminated and where."""
+        output = [int(t) for t in output]
+        start = grammar_start(prompt, output, markers, reasoning)
+        if start is None:
+            return contracts.GrammarTruth(start=None, fed=0)
+        m = self.matcher()
+        for i in range(start, len(output)):
+            if not m.accept_token(output[i]):
+                return contracts.GrammarTruth(start=start, fed=i - start, first_rejected=i,
+                                              rejected_token=output[i])
+            if m.is_terminated():
+                return contracts.GrammarTruth(start=start, fed=i - start + 1, terminated=True,
+                                              end=i)
+        return contracts.GrammarTruth(start=start, fed=len(output) - start,
+                                      terminated=m.is_terminated())
+
+
+def for_request(llm, tokenizer, params: contracts.Params) -> tuple["Checker | None", str | None]:
+    """(the checker, None) of a request with a JSON schema on engine ``llm`` (``vllm.LLM``),
+    compiled with the engine's settings; (None, why) when no grammar evidence can be built
+    (no schema, xgrammar missing, another backend)."""
+    if params.json_schema is None:
+        return None, "the request has no JSON schema"
+    why = available()
+    if why:
+        return None, why
+    vc = llm.llm_engine.vllm_config
+    so = vc.structured_outputs_config
+    backend = getattr(so, "backend", "auto")
+    if backend not in ("auto", "xgrammar"):
+        return None, f"the engine's structured output backend is {backend}, not xgrammar"
+    if backend == "auto":  # vLLM's "auto" falls back to guidance for what xgrammar lacks
+        from vllm.v1.structured_output import backend_xgrammar as bx
+
+        if bx.has_xgrammar_unsupported_json_features(params.json_schema):
+            return None, "vLLM's auto backend uses guidance for this schema, not xgrammar"
+    chk = Checker(tokenizer, vc.model_config.get_vocab_size(), params.json_schema,
+                  sorted(params.masked_by_min_tokens),
+                  bool(getattr(so, "disable_any_whitespace", False)))
+    return chk, None
+
+
+def reasoning_on(llm) -> bool:
+    """Whether vLLM holds the grammar back until the reasoning ends on this engine: a
+    reasoning parser is set and ``enable_in_reasoning`` is off."""
+    so = llm.llm_engine.vllm_config.structured_outputs_config
+    return bool(getattr(so, "reasoning_parser", None)) and \
+        not bool(getattr(so, "enable_in_reasoning", False))
