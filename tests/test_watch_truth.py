@@ -225,3 +225,23 @@ def test_the_stage_records_refused_calls_and_a_cut_pass(tmp_path):
     assert "saw no unexpected change" not in st["verdict"]
     rep = json.load(open(tmp_path / "sanitizer.json"))
     assert rep["protection"]["refused_calls"][0]["call"] == "nvtxMemPermissionsAssign"
+
+
+@pytest.mark.parametrize("text,want", [
+    ("INFO x\n[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 320.00 MiB.\n"
+     "[rank0]:[W1204 ProcessGroupNCCL.cpp:1575] Warning: destroy_process_group() was not called\n",
+     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 320.00 MiB."),
+    ("Traceback (most recent call last):\nModuleNotFoundError: No module named 'cutlass'\n",
+     "ModuleNotFoundError: No module named 'cutlass'"),
+    ("INFO all went well\n", None),
+])
+def test_a_failed_pass_says_its_last_exception(tmp_path, text, want):
+    """A pass that exited non-zero: the summary gives the exception line (H200, 2026-12-04:
+    the 27B start-up under memcheck ended in torch.OutOfMemoryError, the summary said only
+    'exit 1')."""
+    from workbook.run import watchcmd
+
+    log = tmp_path / "pass.log"
+    log.write_text(text)
+    assert watchcmd.last_error(str(log)) == want
+    assert watchcmd.last_error(str(tmp_path / "missing.log")) is None

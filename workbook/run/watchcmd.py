@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -184,6 +185,27 @@ def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
     return {**summary, "watches": [p["watch"] for p in passes]}
 
 
+_EXC = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt))"
+                  r"(?::\s*(.*))?$")
+
+
+def last_error(path: str, width: int = 160) -> str | None:
+    """The last Python exception line of a pass's log (``torch.OutOfMemoryError: CUDA out of
+    memory. Tried to allocate …``), shortened to ``width`` characters; None when there is none
+    or no log."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()[-400:]
+    except OSError:
+        return None
+    for ln in reversed(lines):
+        m = _EXC.match(ln.strip())
+        if m:
+            text = m.group(1) + (f": {m.group(2)}" if m.group(2) else "")
+            return text if len(text) <= width else text[:width - 1] + "…"
+    return None
+
+
 def print_summary(result: dict, out: str) -> None:
     from workbook.run import integrity
 
@@ -197,7 +219,8 @@ def print_summary(result: dict, out: str) -> None:
         elif p.get("writer"):
             failed = f", ended at the refused write (exit {code})"
         else:
-            failed = f", FAILED (exit {code}): see pass.log"
+            err = last_error(os.path.join(p["outdir"], "pass.log"))
+            failed = f", FAILED (exit {code}{': ' + err if err else ''}): see pass.log"
         stopped = ", " + p["stopped"] if p.get("stopped") else ""
         print(f"== pass {i}: {p['outdir']} ({p['seconds']} s{stopped}{failed})")
         for line in integrity.summary(w, p.get("stopped"), code):
