@@ -16,7 +16,9 @@ FAULT_CASES = {"bias-target-row-only": "allowed_token_ids", "gate-off": "penalti
                "penalties-drafts-uncounted": "penalties", "stop-not-trimmed": "stop",
                "logprobs-row-shift": "logprobs", "min-tokens-off-by-one": "min_tokens",
                "penalties-target-row-only": "penalties", "bad-words-target-row-only": "bad_words",
-               "budget-draft-rows": "thinking_token_budget"}
+               "budget-draft-rows": "thinking_token_budget",
+               "prompt-logprobs-row-shift": "prompt_logprobs",
+               "stop-string-not-trimmed": "stop_strings"}
 # a case's keywords where the grid's own do not put the violating row on a draft row: budget 3
 # (one reasoning token in the prompt) makes </think> due at output index 2 = step 1, row 1
 FAULT_KWARGS = {"budget-draft-rows": {"thinking_token_budget": 3}}
@@ -68,7 +70,7 @@ def test_fault_caught_at_its_contract_and_stage(engine, cases, fault):
     # logprobs: every row's log-softmax must be its own, else a row shift is invisible by value
     # (zeroed lm_head: all logits 0; the tiny model's own weights: all logits ~1e-5, every
     # logprob -log(VOCAB) to 1e-6). The weights times 1e5 give each row its own distribution.
-    zero = fault != "logprobs-row-shift"
+    zero = fault not in ("logprobs-row-shift", "prompt-logprobs-row-shift")
     head = contextlib.nullcontext() if zero else rq.scaled_lm_head(engine, 1e5)
     kw = FAULT_KWARGS.get(fault, cases[c])
     with head:

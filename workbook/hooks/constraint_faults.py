@@ -23,6 +23,12 @@ host, logprobs taken from the wrong row (#33391's shape), and the budget's draft
                                step (accepted drafts)
 - ``logprobs-row-shift``       the rejection sampler's logprobs come from the next row
 - ``budget-draft-rows``        ``H-d-draft``: the budget kernel never forces draft rows
+- ``prompt-logprobs-row-shift`` ``PromptLogprobsWorker.compute_prompt_logprobs`` reads each
+                               prompt position's logprobs from the next row's hidden state
+- ``stop-string-not-trimmed``  vLLM 0.28–0.31's host behaviour on 0.32+: the detokenizer and
+                               ``OutputProcessor`` keep the tokens (and their logprobs) after
+                               the one completing a stop string within a step
+                               (``_trim_surplus_tokens`` a no-op, ``update``'s cut undone)
 
 Version notes: written against MRV2's ``sample/`` state objects (0.31+: ``LogitsContext``; 0.28
 generation: the same classes with positional arguments); a fault whose hook point is missing
@@ -49,6 +55,9 @@ FAULTS = {
     "stop-not-trimmed": "the scheduler keeps tokens after a stop token within a step",
     "logprobs-row-shift": "returned logprobs come from the next logits row",
     "budget-draft-rows": "the budget kernel never forces draft rows (H-d-draft)",
+    "prompt-logprobs-row-shift": "prompt logprobs come from the next row's hidden state",
+    "stop-string-not-trimmed": "tokens after a stop string's within a step are kept (as in "
+                               "vLLM 0.28-0.31)",
 }
 # the contract each fault breaks and the stage the evidence must name
 EXPECTED = {
@@ -61,6 +70,8 @@ EXPECTED = {
     "stop-not-trimmed": ("stop", "host-side post-processing"),
     "logprobs-row-shift": ("logprobs", "logprob row selection"),
     "budget-draft-rows": ("thinking_token_budget", "apply on draft rows"),
+    "prompt-logprobs-row-shift": ("prompt_logprobs", "prompt row selection"),
+    "stop-string-not-trimmed": ("stop_strings", "host-side post-processing"),
 }
 
 
@@ -149,6 +160,40 @@ def _logprobs_row_shift(ps, hp):
     ps.wrap(hp.rejection, "_get_logprobs_tensors", make)
 
 
+def _prompt_logprobs_row_shift(ps, hp):
+    def make(orig):
+        def compute_prompt_logprobs(self, logits_fn, hidden_states, *a, **k):
+            return orig(self, logits_fn, hidden_states.roll(-1, 0), *a, **k)
+
+        return compute_prompt_logprobs
+
+    ps.wrap(hp.prompt_logprobs, "compute_prompt_logprobs", make)
+
+
+def _stop_string_not_trimmed(ps):
+    from vllm.v1.engine import detokenizer, output_processor
+
+    op = output_processor.OutputProcessor
+    if "_trim_surplus_tokens" not in vars(op):
+        raise AttributeError("vllm.v1.engine.output_processor.OutputProcessor."
+                             "_trim_surplus_tokens does not exist (vLLM < 0.32 keeps the "
+                             "tokens anyway)")
+    ps.wrap(op, "_trim_surplus_tokens", lambda orig: staticmethod(lambda *a, **k: None))
+
+    def make(orig):
+        def update(self, new_token_ids, stop_terminated):
+            n0, ids = len(self.token_ids), list(new_token_ids)
+            out = orig(self, new_token_ids, stop_terminated)
+            if out is not None:
+                del self.token_ids[n0:]
+                self.token_ids.extend(ids)
+            return out
+
+        return update
+
+    ps.wrap(detokenizer.BaseIncrementalDetokenizer, "update", make)
+
+
 def inject(name: str) -> patching.PatchSet:
     """Install fault ``name`` (``FAULTS``); returns its ``PatchSet`` (``.remove()`` undoes)."""
     if name not in FAULTS:
@@ -176,4 +221,8 @@ def inject(name: str) -> patching.PatchSet:
         _stop_not_trimmed(ps, hp)
     elif name == "logprobs-row-shift":
         _logprobs_row_shift(ps, hp)
+    elif name == "prompt-logprobs-row-shift":
+        _prompt_logprobs_row_shift(ps, hp)
+    elif name == "stop-string-not-trimmed":
+        _stop_string_not_trimmed(ps)
     return ps.install()

@@ -50,7 +50,8 @@ from workbook.core import contracts
 from workbook.core.config import ConfigError, RunConfig
 
 METHODS = ("none", "mtp", "eagle", "ngram", "draft_model")
-BATCHES = ("single", "mixed", "mixed-natural")
+BATCHES = ("single", "mixed", "mixed-natural", "mixed-scaled")
+SCALE = 1e5  # mixed-scaled: the lm_heads times this (request.scaled_lm_head)
 CONSTRAINTS = contracts.CONSTRAINTS
 JSON_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -68,12 +69,21 @@ def case_kwargs(name: str, baseline: list[int], decode) -> dict[str, Any]:
         "logit_bias": {"logit_bias": {b0: -50.0, other[0]: 5.0}},
         "allowed_token_ids": {"allowed_token_ids": other},
         "bad_words": {"bad_words": [decode([b0])] + ([decode([b1, b0])] if b1 != b0 else [])},
-        "penalties": {"repetition_penalty": 1.5, "presence_penalty": 0.5,
-                      "frequency_penalty": 0.3},
+        # negative presence / frequency raise the columns already emitted: on the zeroed
+        # lm_head the target's argmax stays the drafter's token, so drafts are accepted and
+        # draft rows with earlier accepted drafts are checked (a positive one moves the
+        # target's argmax off the drafter's token: no draft is ever accepted)
+        "penalties": {"repetition_penalty": 1.5, "presence_penalty": -0.5,
+                      "frequency_penalty": -0.3},
         # min_tokens 2 moves the stop token inside a step's accepted drafts (lm_head zeroed)
         "stop": {"stop_token_ids": [b0], "ignore_eos": False, "min_tokens": 2},
         "logprobs": {"logprobs": 3},
         "structured_output": {"structured_outputs": {"json": JSON_SCHEMA}},
+        "prompt_logprobs": {"prompt_logprobs": 3, "logprobs": 3},
+        # the text of the baseline's first three tokens: it completes at output index 2,
+        # inside step 1's accepted drafts (step 0, the prefill, emits index 0)
+        "stop_strings": {"stop": [decode([int(t) for t in baseline[:3]]) or "!"],
+                         "include_stop_str_in_output": False},
     }[name]
 
 
@@ -87,6 +97,7 @@ def validate_case(name: str, kw: dict, vocab_size: int) -> None:
         raise contracts.ContractError("bad_words", "entries must be non-empty strings")
     d.pop("structured_outputs", None)
     d["bad_words"] = [(0,)] * len(words)
+    d.pop("include_stop_str_in_output", None)
     contracts.validate(contracts.Params.of(d), vocab_size)
 
 
@@ -113,6 +124,7 @@ class Cell:
     finish_reason: str | None = None
     differential: dict | None = None
     kwargs: dict = field(default_factory=dict)  # the request's SamplingParams keywords
+    prompt_logprobs: list | None = None  # returned, per prompt position: [[id, logprob], ...]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -142,9 +154,11 @@ def sampling_params(kw: dict, max_tokens: int = 16):
 
 
 def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
-              fault: str | None = None) -> tuple[dict[str, Cell], dict]:
-    """Send ``cases`` (name -> SamplingParams keywords) as one batch under the row check;
-    returns the cells (method / batch filled by the caller) and the evidence."""
+              fault: str | None = None, scale: float | None = None
+              ) -> tuple[dict[str, Cell], dict]:
+    """Send ``cases`` (name -> SamplingParams keywords) as one batch under the row check
+    (``zero_head``: the lm_heads zeroed; ``scale``: multiplied by it); returns the cells
+    (method / batch filled by the caller) and the evidence."""
     from workbook.hooks import constraint_faults, rowcheck
     from workbook.run import request as rq
 
@@ -162,7 +176,8 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     evidence: dict = {}
     if not names:
         return cells, evidence
-    head = rq.zeroed_lm_head(engine) if zero_head else contextlib.nullcontext()
+    head = rq.zeroed_lm_head(engine) if zero_head else rq.scaled_lm_head(engine, scale) \
+        if scale else contextlib.nullcontext()
     fps = None
     with head:
         rc = rowcheck.RowCheck()
@@ -186,19 +201,24 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     by_prompt = {tuple(p): r for r, p in rc.prompts.items()}
     for name, o in zip(names, outs):
         req = by_prompt.get(tuple(o.prompt_token_ids or ()))
-        cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req))
+        cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req),
+                                    tok=tok, sp=sps[names.index(name)])
         cells[name].kwargs = _jsonable(cases[name])
         evidence[name] = {"req_id": req, "registration": next(
             (r for r in rc.registrations if r["req_id"] == req), None),
             "params": _jsonable(asdict(rc.params[req])) if req in rc.params else None,
             "steps": [s for s in rc.steps if s["req_id"] == req],
-            "verdict": verdicts.get(req), "errors": rc.errors}
+            "verdict": verdicts.get(req), "errors": rc.errors,
+            "prompt_rows": rc.prompt_rows(req) if req is not None else {}}
     return cells, evidence
 
 
-def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict | None) -> Cell:
+def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict | None,
+                  tok=None, sp=None) -> Cell:
     """The cell of one request: the row breaches, then the output contract on what the user
-    got (host-side post-processing when the rows held)."""
+    got (host-side post-processing when the rows held); the stop strings on the returned
+    tokens' decoded prefixes (``tok``, the request's ``skip_special_tokens``); the prompt
+    logprobs against the rows they came from, then the host's values against those rows."""
     comp = o.outputs[0]
     output = [int(t) for t in comp.token_ids]
     cell = Cell(name, "", batch, "holds", output=output, finish_reason=comp.finish_reason)
@@ -224,18 +244,75 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
                          and output != stream[:len(output)] or (not verdict["breaches"] and
                                                                b.contract == "stop")
                          else _stage_of_first(verdict), **b.to_dict()})
+    texts = None
+    if p.stop_strings and tok is not None:
+        skip = bool(getattr(sp, "skip_special_tokens", True))
+        texts = [tok.decode(output[:i + 1], skip_special_tokens=skip)
+                 for i in range(len(output))]
+        for b in contracts.check_stop_strings(p, output, comp.text, texts, comp.finish_reason):
+            at = emitted[b.out_index] if b.out_index is not None and b.out_index < len(emitted) \
+                else (emitted[-1] if emitted else {})
+            breaches.append({"step": at.get("step"), "row": at.get("row"),
+                             "local_pos": at.get("local_pos"),
+                             "stage": "host-side post-processing", **b.to_dict()})
+    host_plp = _host_prompt_logprobs(o)
+    if p.prompt_logprobs is not None:
+        cell.prompt_logprobs = None if host_plp is None else \
+            [None if d is None else [[t, v] for t, v in d.items()] for d in host_plp]
+        breaches += _prompt_logprob_breaches(rc.prompts[req], host_plp, rc.prompt_rows(req))
     breaches.sort(key=lambda b: (b["step"] if b["step"] is not None else 1 << 30,
                                  b["row"] if b["row"] is not None else 1 << 30))
     cell.breaches = len(breaches)
     if breaches:
         cell.status, cell.first = "violated", breaches[0]
     else:
-        why = contracts.unjudged(p, output, comp.finish_reason, comp.text).get(name)
+        why = {**contracts.unjudged(p, output, comp.finish_reason, comp.text),
+               **contracts.unjudged_host(p, texts, host_plp)}.get(name)
         if why:  # the cell's own contract was never checked: not "holds"
             cell.status, cell.message = "not judged", why
     if rc.errors:
         cell.message = "; ".join(rc.errors[:3])
     return cell
+
+
+def _host_prompt_logprobs(o) -> list[dict | None] | None:
+    """``RequestOutput.prompt_logprobs`` as ``[{id: logprob} | None]``."""
+    pl = getattr(o, "prompt_logprobs", None)
+    if pl is None:
+        return None
+    return [None if d is None else {int(t): float(getattr(v, "logprob", v)) for t, v in d.items()}
+            for d in pl]
+
+
+def _prompt_logprob_breaches(prompt: list[int], host: list | None, rows: dict) -> list[dict]:
+    """The prompt-logprobs contract: vLLM's device values per position against the row they
+    came from (``prompt row selection``), then what the user got against those device values
+    (``host-side post-processing``)."""
+    if host is None:
+        return []
+    n = len(prompt)
+    dev = [None] * n
+    truth = [None] * n
+    inputs = [None] * n
+    for q, r in rows.items():
+        if q < n:
+            dev[q] = dict(zip(r["ids"], r["vals"]))
+            truth[q] = dict(zip(r["ids"], r["truth"]))
+            inputs[q] = r["input"]
+    out = []
+    checks = [(dev, truth, inputs, "prompt row selection"), (host, dev, None,
+                                                           "host-side post-processing")]
+    for got, want, ins, stage in checks if rows else checks[1:2]:
+        for q, b in contracts.check_prompt_logprobs(prompt, got, want, ins):
+            if stage == "prompt row selection" and q is not None and got[q] is None:
+                b = contracts.Breach("prompt_logprobs", f"position {q}: the row check recorded "
+                                     "no row for it (vLLM returned no prompt logprobs there)")
+            r = rows.get(q, {}) if q is not None else {}
+            out.append({"step": r.get("step"), "row": r.get("row"), "local_pos": None,
+                        "stage": stage, "position": q, **b.to_dict()})
+        if out:
+            break
+    return out
 
 
 def _stage_of_first(verdict: dict) -> str:
@@ -302,12 +379,13 @@ def _jsonable(x):
     return json.loads(json.dumps(x, default=str))
 
 
-def run_method(method: str, constraints: list[str], baseline: list[int] | None, *,
+def run_method(method: str, constraints: list[str], baseline: dict | None, *,
                batches=BATCHES, fault: str | None = None, k: int = 3,
-               log: str | None = None) -> tuple[list[Cell], dict, list[int]]:
+               log: str | None = None) -> tuple[list[Cell], dict, dict]:
     """One engine for ``method``; every batch; returns the cells, the evidence and the
-    baseline (the unconstrained greedy output with the lm_head zeroed, derived here when
-    ``None``)."""
+    baselines the cases are derived from (the unconstrained greedy output per lm_head:
+    ``natural``, ``zero``, ``scaled``), derived here when ``None`` (method ``none``: the
+    grid passes them on to every other method)."""
     from workbook.run import request as rq
     from workbook.vllm import engine as vengine
 
@@ -321,20 +399,20 @@ def run_method(method: str, constraints: list[str], baseline: list[int] | None, 
     try:
         tok = eng.tokenizer
         if baseline is None:
-            sp = sampling_params({})
-            outs = eng.llm.generate([{"prompt_token_ids": prompt_for(tok, "nothing")}], sp,
-                                    use_tqdm=False)
-            baseline = [int(t) for t in outs[0].outputs[0].token_ids]
-        with rq.zeroed_lm_head(eng):
-            sp = sampling_params({})
-            zb = [int(t) for t in eng.llm.generate(
-                [{"prompt_token_ids": prompt_for(tok, "nothing")}], sp,
-                use_tqdm=False)[0].outputs[0].token_ids]
+            baseline = {}
+            for name, head in (("natural", contextlib.nullcontext()),
+                               ("zero", rq.zeroed_lm_head(eng)),
+                               ("scaled", rq.scaled_lm_head(eng, SCALE))):
+                with head:
+                    baseline[name] = [int(t) for t in eng.llm.generate(
+                        [{"prompt_token_ids": prompt_for(tok, "nothing")}],
+                        sampling_params({}), use_tqdm=False)[0].outputs[0].token_ids]
         decode = lambda ids: tok.decode(ids)
         cells, evidence = [], {}
         for batch in batches:
-            zero = batch != "mixed-natural"
-            base = zb if zero else baseline
+            zero = batch in ("single", "mixed")
+            scale = SCALE if batch == "mixed-scaled" else None
+            base = baseline["zero" if zero else "scaled" if scale else "natural"]
             cases = {c: case_kwargs(c, base, decode) for c in constraints}
             if batch == "single":
                 for c in constraints:
@@ -345,7 +423,8 @@ def run_method(method: str, constraints: list[str], baseline: list[int] | None, 
             else:
                 refused = {cl.constraint for cl in cells if cl.status == "refused"}
                 ok = {c: kw for c, kw in cases.items() if c not in refused}
-                got, ev = run_batch(eng, ok, zero_head=zero, batch=batch, fault=fault)
+                got, ev = run_batch(eng, ok, zero_head=zero, batch=batch, fault=fault,
+                                    scale=scale)
                 cells += _fill(got, method)
                 cells += [Cell(c, method, batch, "refused", next(
                     cl.message for cl in cells if cl.constraint == c and cl.status == "refused"))
@@ -373,15 +452,38 @@ def differential(cells: list[Cell], evidence: dict) -> None:
         r = ref.get((c.constraint, c.batch))
         if c.method == "none" or r is None or not c.output or not r.output:
             continue
+        if c.prompt_logprobs is not None or r.prompt_logprobs is not None:
+            _prompt_differential(c, r)
         i = contracts.first_divergence(c.output, r.output)
         if i is None:
-            c.differential = {"vs": "none", "identical": True, "tokens": len(c.output)}
+            c.differential = {"vs": "none", "identical": True, "tokens": len(c.output),
+                              **({"prompt_logprobs": c.differential["prompt_logprobs"]}
+                                 if c.differential else {})}
             continue
         ev = evidence.get(c.method, {}).get(c.batch, {}).get(c.constraint, {})
         at = _emitted_at(ev, i)
         c.differential = {"vs": "none", "identical": False, "out_index": i,
                           "token": c.output[i] if i < len(c.output) else None,
-                          "reference_token": r.output[i] if i < len(r.output) else None, **at}
+                          "reference_token": r.output[i] if i < len(r.output) else None, **at,
+                          **({"prompt_logprobs": c.differential["prompt_logprobs"]}
+                             if c.differential else {})}
+
+
+def _prompt_differential(c: Cell, r: Cell) -> None:
+    """Prompt logprobs are the prompt's, whatever the method: a spec cell's must equal
+    ``none``'s for the same request (``contracts.prompt_logprobs_divergence``); a difference
+    is a violation of the cell's ``prompt_logprobs`` contract at stage ``differential vs
+    none`` (the rows it came from are self-consistent: the hidden states differ)."""
+    unpack = lambda pl: None if pl is None else [None if d is None else {int(t): float(v)
+                                                 for t, v in d} for d in pl]
+    d = contracts.prompt_logprobs_divergence(unpack(c.prompt_logprobs), unpack(r.prompt_logprobs))
+    c.differential = {"prompt_logprobs": d or "identical"}
+    if d is not None and c.constraint == "prompt_logprobs" and c.status in ("holds",
+                                                                           "not judged"):
+        c.status, c.breaches = "violated", c.breaches + 1
+        c.first = {"step": None, "row": None, "local_pos": None, "stage": "differential vs none",
+                   "contract": "prompt_logprobs", "what": d["what"], "column": d.get("token"),
+                   "out_index": None, "position": d.get("position")}
 
 
 def _emitted_at(ev: dict, i: int) -> dict:

@@ -12,6 +12,7 @@ wrappers take the rest as ``*args, **kwargs``). Hook points, all in ``vllm.v1.wo
     sample.sampler.Sampler              .add_request .__call__ .apply_sampling_params
     sample.thinking_budget.ThinkingBudgetState   .add_request .apply .apply_staged_writes
     spec_decode.rejection_sampler.RejectionSampler   .__call__ ._verify
+    sample.prompt_logprob.PromptLogprobsWorker     .compute_prompt_logprobs
 
 API generations met so far (``GENERATIONS``; ``generation`` below), told apart by
 ``ThinkingBudgetState.apply``'s parameters:
@@ -75,6 +76,8 @@ TABLE: tuple[HookPoint, ...] = (
                "apply_staged_writes": ()}),
     HookPoint("rejection", (f"{PKG}.spec_decode.rejection_sampler",), "RejectionSampler",
               {"__call__": ("logits", "input_batch"), "_verify": None}),
+    HookPoint("prompt_logprobs", (f"{PKG}.sample.prompt_logprob",), "PromptLogprobsWorker",
+              {"compute_prompt_logprobs": ("logits_fn", "hidden_states", "input_batch")}),
 )
 REQUIRED = {h.key: (h.modules[0], h.cls, tuple(h.methods)) for h in TABLE}  # older callers
 GENERATIONS = {  # generation -> {"key.method": leading parameters}
@@ -103,6 +106,7 @@ class HookPoints:
     sampler: type
     budget: type
     rejection: type
+    prompt_logprobs: type
     generation: str  # "0.28" or "0.31"
     vllm_version: str
     missing_optional: tuple[str, ...] = ()
@@ -170,7 +174,7 @@ def _generation(params_of, version: str) -> str:
 
 
 _CLS = {h.key: h.cls for h in TABLE}
-LEAF_ORDER = {"budget": 0, "sampler": 1, "rejection": 2, "runner": 3}
+LEAF_ORDER = {"budget": 0, "sampler": 1, "rejection": 2, "prompt_logprobs": 3, "runner": 4}
 
 
 def generation_of(budget_cls: type, version: str) -> str:
