@@ -25,6 +25,18 @@ banned sequence inside the output; the budget's ``</think>`` where ``budget.judg
 each returned logprob equal to the log-softmax (or the logit, per ``logprobs_mode``) of the row
 it came from; a JSON-schema constrained output that parses.
 
+Two contracts are host-side only (no logits column; the row check gathers nothing for them):
+``stop_strings`` (``check_stop_strings``: once a stop string completes — one token at a time,
+as without speculation, ``stop_string_end`` over the decoded prefixes the caller gives — the
+returned tokens end at the token that completed it, nothing past it even when later tokens
+were accepted drafts of the same step, and the text ends right before it, or after it with
+``include_stop_str_in_output``) and ``prompt_logprobs`` (``check_prompt_logprobs``: every
+prompt position holds the prompt's own token, each value is what the logits row that predicts
+the position says, and that row's input token is the prompt's previous token;
+``prompt_logprobs_divergence``: equal to the same request's without speculation, to
+``RTOL``/``ATOL``, rank by rank, so a near tie's order is not a difference). ``unjudged_host``
+says when neither could be checked (no stop string in the output; no prompt logprobs returned).
+
 ``validate(params, vocab_size)`` rejects, before an engine starts, what vLLM's ``SamplingParams``
 would reject (naming the parameter). A refusal that depends on the speculative method (vLLM
 0.32's ``_validate_spec_decode``: ``logit_bias`` / ``min_p`` with spec decoding) is deliberately
@@ -32,7 +44,8 @@ NOT predicted here: vLLM's own message is the result.
 
 Deliberately not here: min_p, top-k/top-p (a row's surviving set is a rank property, not a
 column property; ``Params`` refuses them), anything that reads vLLM or torch objects
-(``Params.of`` only reads attributes), the evidence itself (``workbook.hooks.rowcheck``).
+(``Params.of`` only reads attributes), the evidence itself (``workbook.hooks.rowcheck``),
+decoding text (the caller's tokenizer gives ``stop_string_end`` its prefixes).
 """
 
 from __future__ import annotations

@@ -161,6 +161,9 @@ def _logprobs_row_shift(ps, hp):
 
 
 def _prompt_logprobs_row_shift(ps, hp):
+    if hp.prompt_logprobs is None:
+        raise AttributeError(f"{PKG}.prompt_logprob.PromptLogprobsWorker does not exist")
+
     def make(orig):
         def compute_prompt_logprobs(self, logits_fn, hidden_states, *a, **k):
             return orig(self, logits_fn, hidden_states.roll(-1, 0), *a, **k)

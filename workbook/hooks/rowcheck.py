@@ -20,7 +20,14 @@ of ``workbook.vllm.hookpoints``:
   one is penalised); whether the fast path returned the input;
 - ``GPUModelRunner.sample``: the tokens sampled per request and row, the processed and raw
   values at the emitted token of every row, and the logprobs vLLM returns per row with the raw
-  (or processed, per ``logprobs_mode``) row's logsumexp and values at those ids.
+  (or processed, per ``logprobs_mode``) row's logsumexp and values at those ids;
+- ``PromptLogprobsWorker.compute_prompt_logprobs`` (only for requests with ``prompt_logprobs``
+  whose prompt the step computes): per prompt position the ids and values vLLM returned for it
+  (the last rows of the chunk's tensor), the input token of the row that predicts it, and, from
+  the same hidden states through the same ``logits_fn``, that row's logsumexp and values at the
+  returned ids (``prompt_rows``). The rows are located from the host prompt length and the
+  batch layout (``query_start_loc``, computed prefill), not from vLLM's selection; it costs one
+  extra ``logits_fn`` over the request's prompt rows.
 
 Every index is a device tensor (the static table is written at registration from a fresh
 host buffer; row offsets come from ``torch.arange`` and ``searchsorted`` on the device), so the
@@ -45,7 +52,9 @@ argmax), each tagged with the stage the evidence shows, from positive evidence o
     rejection        the processed row holds but the emitted token breaks it (masked, or not
                      the greedy argmax)
 
-(host-side post-processing is the output check's: ``workbook.run.constraints``.)
+(``prompt row selection`` — prompt logprobs against the rows they came from —,
+``host-side post-processing`` and ``differential vs none`` are judged by
+``workbook.run.constraints`` from this evidence and the request's output.)
 Not here: the contracts themselves (``workbook.core.contracts``), running requests.
 """
 
@@ -137,7 +146,8 @@ class RowCheck(patching.Hooked):
         ps.wrap(hp.runner, "sample_tokens", self._w_sample_tokens)
         ps.wrap(hp.runner, "sample", self._w_sample)
         ps.wrap(hp.sampler, "apply_sampling_params", self._w_apply)
-        ps.wrap(hp.prompt_logprobs, "compute_prompt_logprobs", self._w_prompt_logprobs)
+        if hp.prompt_logprobs is not None:  # optional: else no prompt-logprob rows
+            ps.wrap(hp.prompt_logprobs, "compute_prompt_logprobs", self._w_prompt_logprobs)
         return ps
 
     def _error(self, where: str, e: Exception) -> None:

@@ -13,7 +13,18 @@ cases are derived from) and sends, per method:
 - ``mixed``         every constraint vLLM accepts, one request each, in one batch (lm_head
                     zeroed);
 - ``mixed-natural`` the same batch on the model's own (random) weights: distinct logits, drafts
-                    mostly rejected.
+                    mostly rejected;
+- ``mixed-scaled``  the same batch with the lm_heads times ``SCALE`` (1e5): the model's own
+                    logits are about 1e-5, every row's log-softmax -log(VOCAB) to 1e-6, so
+                    only here do (prompt) logprobs differ by value from row to row.
+
+The cases (``case_kwargs``) are derived from method ``none``'s unconstrained greedy output on
+the same lm_head (``zero``, ``natural``, ``scaled``), passed on to every method: e.g. the stop
+string is the text of that output's first three tokens, which completes at output index 2 —
+with drafts accepted, inside step 1's accepted drafts; the penalties are negative
+(presence -0.5, frequency -0.3, repetition 1.5), so on the zeroed lm_head the target keeps the
+drafter's token and drafts with earlier accepted drafts are checked (positive ones move the
+target's argmax: no draft is ever accepted).
 
 A cell is ``holds`` (every row and the output satisfy the contract), ``violated`` (the first
 violating step and row, its local position and output index, the contract, and the stage the
@@ -25,10 +36,19 @@ its message is the result), ``method refused`` (vLLM rejected the speculative me
 the engine was configured — e.g. MRV2 without ngram on 0.28–0.31: its message) or ``error`` (the request failed otherwise: the message). Each cell
 also carries the differential: the first output index where the greedy output differs from
 method ``none``'s for the same request, located to the spec run's step and row, with that row's
-top-1/top-2 margin (a near tie is numerics, not a constraint).
+top-1/top-2 margin (a near tie is numerics, not a constraint). Prompt logprobs are the prompt's
+whatever the method: a spec cell's must equal ``none``'s for the same request (rank by rank, to
+the contracts' tolerance); a difference makes the ``prompt_logprobs`` cell ``violated`` at stage
+``differential vs none`` (its rows are self-consistent: the hidden states themselves differ).
+The stop-string and prompt-logprobs contracts are judged on the host
+(``contracts.check_stop_strings`` on the returned tokens' decoded prefixes;
+``contracts.check_prompt_logprobs``: vLLM's device values against the rows they came from —
+``prompt row selection`` — then the user's values against the device's — ``host-side
+post-processing``).
 
 Files under ``out``: ``grid.json`` (cells, the version, the methods run), ``evidence/<method>/
-<batch>.json`` (per request: registration, every row's kept columns raw/processed, breaches).
+<batch>.json`` (per request: registration, every row's kept columns raw/processed, breaches,
+the prompt-logprob rows).
 Bad constraint parameters fail before any engine starts (``contracts.validate``).
 
 Not here: the contracts (``workbook.core.contracts``), the evidence hooks
@@ -272,6 +292,10 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
             cell.status, cell.message = "not judged", why
     if rc.errors:
         cell.message = "; ".join(rc.errors[:3])
+    if p.prompt_logprobs is not None and host_plp is not None and not rc.prompt_rows(req):
+        cell.message = "; ".join(x for x in (cell.message, "no prompt-logprob rows recorded: "
+                                             "judged on the returned values and by the "
+                                             "differential only") if x)
     return cell
 
 
@@ -547,14 +571,21 @@ def run(methods=METHODS, constraints=CONSTRAINTS, *, out: str | None = None,
 def reproducer(cell: dict, grid: dict) -> str:
     """A few lines that send the violating request again (in-process, the tiny model)."""
     kw = cell.get("kwargs") or {}
-    return (f"# vLLM {grid.get('vllm_version')}: {cell['constraint']} with {cell['method']}\n"
-            f"from workbook.run import constraints as C\n"
+    head = {"single": "rq.zeroed_lm_head(eng)", "mixed": "rq.zeroed_lm_head(eng)",
+            "mixed-scaled": f"rq.scaled_lm_head(eng, {SCALE:g})"}.get(cell.get("batch"),
+                                                                      "contextlib.nullcontext()")
+    return (f"# vLLM {grid.get('vllm_version')}: {cell['constraint']} with {cell['method']}, "
+            f"batch {cell.get('batch')} (sent alone here)\n"
+            f"import contextlib\n"
+            f"from workbook.run import constraints as C, request as rq\n"
             f"from workbook.vllm import engine as E\n"
             f"eng = E.start(C.config_for({cell['method']!r}))\n"
             f"sp = C.sampling_params({kw!r})\n"
-            f"out = eng.llm.generate([{{'prompt_token_ids': C.prompt_for(eng.tokenizer, "
+            f"with {head}:\n"
+            f"    out = eng.llm.generate([{{'prompt_token_ids': C.prompt_for(eng.tokenizer, "
             f"{cell['constraint']!r})}}], sp)\n"
-            f"print(out[0].outputs[0].token_ids)  # expected: {cell['first'] and cell['first']['what']}")
+            f"print(out[0].outputs[0].token_ids, repr(out[0].outputs[0].text))  "
+            f"# found: {cell['first'] and cell['first']['what']}")
 
 
 def main(argv=None) -> int:
