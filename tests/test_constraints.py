@@ -127,3 +127,20 @@ def test_rowcheck_never_synchronizes_inside_a_step(engine, cases):
     # requests, from a fresh (on a GPU: pinned) host buffer, non_blocking: no synchronization
     assert all(s[0] == "aten.lift_fresh.default" for s in host)
     assert len(host) <= len(rc.registrations)
+
+
+def test_prompt_logprobs_differential_is_a_violation():
+    """A spec cell whose prompt logprobs differ from none's beyond the tolerance is violated at
+    stage 'differential vs none' (no engine: the grid's own cells)."""
+    ref = [None, [[8, -1.0], [4, -0.5]], [[9, -2.0]]]
+    cells = [C.Cell("prompt_logprobs", "none", "mixed-scaled", "holds", output=[1, 2],
+                    prompt_logprobs=ref),
+             C.Cell("prompt_logprobs", "mtp", "mixed-scaled", "holds", output=[1, 2],
+                    prompt_logprobs=[None, [[8, -1.0], [4, -0.5]], [[9, -2.5]]]),
+             C.Cell("prompt_logprobs", "eagle", "mixed-scaled", "holds", output=[1, 2],
+                    prompt_logprobs=[None, [[8, -1.0 + 5e-5], [4, -0.5]], [[9, -2.0]]])]
+    C.differential(cells, {})
+    _, mtp, eagle = cells
+    assert mtp.status == "violated" and mtp.first["stage"] == "differential vs none"
+    assert mtp.first["position"] == 2 and mtp.differential["identical"] is True
+    assert eagle.status == "holds" and eagle.differential["prompt_logprobs"] == "identical"
