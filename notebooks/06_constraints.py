@@ -21,20 +21,22 @@
 # `min_tokens`, `logit_bias`, `allowed_token_ids`, `bad_words`, the penalties, stop / EOS /
 # `max_tokens`, logprobs, structured outputs and the budget, the contract says what the
 # processed logits of each row must hold at the columns it names (as a function of the raw
-# value, the committed history and the row's drafts) and what the emitted tokens must satisfy.
+# value, the committed history and the row's drafts) and what the emitted tokens must satisfy;
+# stop strings and prompt logprobs are judged on the host (nothing returned past the token that
+# completed a stop string; each prompt logprob its own row's and equal to speculation off's).
 # The row check (`workbook.hooks.rowcheck`) keeps only those columns of every logits row — draft
 # rows included — before and after `Sampler.apply_sampling_params`, with device indices only
 # (no synchronization inside a step), and judges them after the run. The output check judges
 # what the user got; the differential compares the same greedy request with speculation off.
 # A violation is located to its step and row, with the stage the evidence shows (registration,
 # gate / fast path, commit, apply, apply on draft rows, rejection, logprob row selection,
-# host-side post-processing). A constraint vLLM refuses with a method is reported with vLLM's
+# prompt row selection, host-side post-processing, differential vs none). A constraint vLLM refuses with a method is reported with vLLM's
 # own message.
 
 # %% tags=["parameters"]
 method: str = "mtp"  # speculative method judged against none: none | mtp | eagle | ngram | draft_model
 constraint: str = "all"  # one of workbook.run.constraints.CONSTRAINTS, or all
-batches: list = ["single", "mixed", "mixed-natural"]  # single | mixed | mixed-natural
+batches: list = ["single", "mixed", "mixed-natural", "mixed-scaled"]  # single | mixed | mixed-natural | mixed-scaled
 constraint_fault: str = "none"  # inject one fault of workbook.hooks.constraint_faults (none: healthy vLLM)
 num_spec_tokens: int = 3  # draft tokens per step (k)
 outdir: str = ""  # folder for grid.json and the row evidence (empty: a temporary folder)

@@ -18,7 +18,9 @@ FAULT_CASES = {"bias-target-row-only": "allowed_token_ids", "gate-off": "penalti
                "logprobs-row-shift": "logprobs", "min-tokens-off-by-one": "min_tokens",
                "penalties-target-row-only": "penalties", "bad-words-target-row-only": "bad_words",
                "budget-draft-rows": "thinking_token_budget",
-               "grammar-skipped-once": "structured_output"}
+               "grammar-skipped-once": "structured_output",
+               "prompt-logprobs-row-shift": "prompt_logprobs",
+               "stop-string-not-trimmed": "stop_strings"}
 # a case's keywords where the grid's own do not put the violating row on a draft row: budget 3
 # (one reasoning token in the prompt) makes </think> due at output index 2 = step 1, row 1
 FAULT_KWARGS = {"budget-draft-rows": {"thinking_token_budget": 3}}
@@ -73,7 +75,7 @@ def test_fault_caught_at_its_contract_and_stage(engine, cases, fault):
     # logprobs: every row's log-softmax must be its own, else a row shift is invisible by value
     # (zeroed lm_head: all logits 0; the tiny model's own weights: all logits ~1e-5, every
     # logprob -log(VOCAB) to 1e-6). The weights times 1e5 give each row its own distribution.
-    zero = fault != "logprobs-row-shift"
+    zero = fault not in ("logprobs-row-shift", "prompt-logprobs-row-shift")
     head = contextlib.nullcontext() if zero else rq.scaled_lm_head(engine, 1e5)
     kw = FAULT_KWARGS.get(fault, cases[c])
     with head:
@@ -186,3 +188,20 @@ def test_structured_output_judged_on(method):
         # the row after </think> is masked by the grammar: only '{' is finite there
         assert s["rows"][i + 1]["finite"] == 1 and s["emitted"][i + 1] == 90
         assert cell.accepted_drafts > 0
+
+
+def test_prompt_logprobs_differential_is_a_violation():
+    """A spec cell whose prompt logprobs differ from none's beyond the tolerance is violated at
+    stage 'differential vs none' (no engine: the grid's own cells)."""
+    ref = [None, [[8, -1.0], [4, -0.5]], [[9, -2.0]]]
+    cells = [C.Cell("prompt_logprobs", "none", "mixed-scaled", "holds", output=[1, 2],
+                    prompt_logprobs=ref),
+             C.Cell("prompt_logprobs", "mtp", "mixed-scaled", "holds", output=[1, 2],
+                    prompt_logprobs=[None, [[8, -1.0], [4, -0.5]], [[9, -2.5]]]),
+             C.Cell("prompt_logprobs", "eagle", "mixed-scaled", "holds", output=[1, 2],
+                    prompt_logprobs=[None, [[8, -1.0 + 5e-5], [4, -0.5]], [[9, -2.0]]])]
+    C.differential(cells, {})
+    _, mtp, eagle = cells
+    assert mtp.status == "violated" and mtp.first["stage"] == "differential vs none"
+    assert mtp.first["position"] == 2 and mtp.differential["identical"] is True
+    assert eagle.status == "holds" and eagle.differential["prompt_logprobs"] == "identical"

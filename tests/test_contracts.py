@@ -6,8 +6,10 @@ import pytest
 
 from workbook.core import budget
 from workbook.core.contracts import (NEG_INF, ContractError, GrammarTruth, Params, RowContext,
-                                     check_output, check_row, expected, first_divergence,
-                                     must_hold_token, unjudged, validate)
+                                     check_output, check_prompt_logprobs, check_row,
+                                     check_stop_strings, expected, first_divergence,
+                                     must_hold_token, prompt_logprobs_divergence,
+                                     stop_string_end, unjudged, unjudged_host, validate)
 
 M = budget.Markers(start=(10,), end=(11,), natural_end=(11,))
 P, O = (1, 2, 3), (5, 6)  # prompt, committed output
@@ -246,3 +248,98 @@ def test_grammar_truth_judged():
     assert not G(start=None).judged and not G(start=3).judged
     assert G(start=0, fed=1).judged and G(start=0, first_rejected=0, rejected_token=0).judged
     assert G.of(G(start=1, fed=2).to_dict()) == G(start=1, fed=2)
+
+
+# ---- stop strings: texts[i] is the decoded output[:i + 1] --------------------------------------
+# (params, output, text, texts, finish) -> (completing index, contracts broken)
+STOPS = [
+    # "!!!" completes at index 2; tokens 3, 4 past it (a step's accepted drafts not trimmed)
+    (Params(stop_strings=("!!!",)), [0, 0, 0], "", ["!", "!!", "!!!"], "stop", 2, []),
+    (Params(stop_strings=("!!!",)), [0, 0, 0, 0, 0], "", ["!" * n for n in range(1, 6)],
+     "stop", 2, ["stop_strings"]),
+    # the text must end right before the stop string (include_stop_str_in_output False) ...
+    (Params(stop_strings=("bc",)), [1, 2, 3], "a", ["a", "ab", "abc"], "stop", 2, []),
+    (Params(stop_strings=("bc",)), [1, 2, 3], "abc", ["a", "ab", "abc"], "stop", 2,
+     ["stop_strings"]),
+    # ... or right after it (True); a token's text past the stop string is cut
+    (Params(stop_strings=("bc",), include_stop_str_in_output=True), [1, 2, 3], "abc",
+     ["a", "ab", "abcd"], "stop", 2, []),
+    (Params(stop_strings=("bc",), include_stop_str_in_output=True), [1, 2, 3], "abcd",
+     ["a", "ab", "abcd"], "stop", 2, ["stop_strings"]),
+    (Params(stop_strings=("bc",), include_stop_str_in_output=True), [1, 2, 3], "abc",
+     ["a", "abcd", "abcde"], "stop", 1, ["stop_strings"]),
+    # min_tokens: an occurrence ending in the first min_tokens tokens' text does not count
+    (Params(stop_strings=("ab",), min_tokens=2), [1, 2, 3, 4], "abx", ["a", "ab", "abx",
+                                                                      "abxab"], "stop", 3,
+     []),
+    # the earliest completion wins, then the list's order
+    (Params(stop_strings=("cd", "bcd")), [1, 2], "ab", ["ab", "abcd"], "stop", 1, []),
+    # an incomplete UTF-8 character (U+FFFD at the end) is held back
+    (Params(stop_strings=("é",)), [1, 2], "", ["\ufffd", "é"], "stop", 1, []),
+    (Params(stop_strings=("zz",)), [1, 2], "ab", ["a", "ab"], "length", None, []),
+    (Params(stop_strings=("b",)), [1, 2], "a", ["a", "ab"], "length", 1, ["stop_strings"]),
+]
+
+
+@pytest.mark.parametrize("p,output,text,texts,finish,at,broken", STOPS)
+def test_stop_strings(p, output, text, texts, finish, at, broken):
+    hit = stop_string_end(p, texts)
+    assert (hit[0] if hit else None) == at
+    got = check_stop_strings(p, output, text, texts, finish)
+    assert sorted({b.contract for b in got}) == broken
+    if len(output) > (at or 0) + 1 and at is not None:
+        assert got[0].out_index == at + 1
+    assert ("stop_strings" in unjudged_host(p, texts)) == (at is None)
+
+
+# ---- prompt logprobs ----------------------------------------------------------------------------
+PR = (7, 8, 9)
+GOOD = [None, {8: -1.0, 4: -0.5}, {9: -2.0}]
+
+
+@pytest.mark.parametrize("returned,truth,inputs,broken", [
+    (GOOD, GOOD, [None, 7, 8], []),
+    (GOOD[:2], GOOD, None, [None]),  # an entry missing: the list's length
+    ([None, {4: -0.5}, {9: -2.0}], GOOD, None, [1]),  # the prompt's own token missing
+    ([None, {8: -1.0, 4: -0.7}, {9: -2.0}], GOOD, None, [1]),  # a value not its row's
+    ([None, {8: -1.0 + 5e-5}, {9: -2.0}], GOOD, None, []),  # within the tolerance
+    (GOOD, GOOD, [None, 7, 9], [2]),  # position 2 computed from the row of the wrong token
+    ([None, None, {9: -2.0}], GOOD, None, [1]),
+    (None, GOOD, None, []),  # nothing returned: nothing to judge (unjudged_host says so)
+])
+def test_check_prompt_logprobs(returned, truth, inputs, broken):
+    got = check_prompt_logprobs(PR, returned, truth, inputs)
+    assert [q for q, _ in got] == broken
+    assert all(b.contract == "prompt_logprobs" for _, b in got)
+    p = Params(prompt_logprobs=1)
+    assert ("prompt_logprobs" in unjudged_host(p, None, returned)) == (returned is None)
+
+
+@pytest.mark.parametrize("got,ref,position", [
+    (GOOD, GOOD, "same"),
+    ([None, {8: -1.0 + 5e-5, 4: -0.5}, {9: -2.0}], GOOD, "same"),
+    ([None, {8: -1.0, 4: -0.5}, {9: -2.1}], GOOD, 2),
+    ([None, {8: -1.0, 5: -0.5}, {9: -2.0}], GOOD, "same"),  # a tie's other id, same value
+    ([None, {8: -1.0, 5: -0.4}, {9: -2.0}], GOOD, 1),  # top-k values differ rank by rank
+    (GOOD[:2], GOOD, None),
+    (None, GOOD, None),
+    (None, None, "same"),
+])
+def test_prompt_logprobs_divergence(got, ref, position):
+    d = prompt_logprobs_divergence(got, ref)
+    assert (d is None) == (position == "same")
+    if d is not None:
+        assert d["position"] == position and d["what"]
+
+
+def test_params_of_host_side_parameters():
+    p = Params.of({"stop": "!!", "include_stop_str_in_output": True, "prompt_logprobs": 0})
+    assert p.stop_strings == ("!!",) and p.include_stop_str_in_output
+    assert p.constraints() == ["prompt_logprobs", "stop_strings"]
+    assert p.columns() == []  # neither names a logits column
+    for kw, param in (({"prompt_logprobs": -2}, "prompt_logprobs"),
+                      ({"prompt_logprobs": 21}, "prompt_logprobs"),
+                      ({"stop_strings": ("a", "")}, "stop")):
+        with pytest.raises(ContractError) as e:
+            validate(Params(**kw), vocab_size=4096)
+        assert e.value.parameter == param

@@ -29,6 +29,18 @@ the evidence a caller builds with xgrammar (``workbook.vllm.grammar``) — and, 
 complete (the grammar at its end, the text JSON). ``unjudged`` names what could not be judged
 (no token under the grammar, or no grammar evidence and no finished output).
 
+Two contracts are host-side only (no logits column; the row check gathers nothing for them):
+``stop_strings`` (``check_stop_strings``: once a stop string completes — one token at a time,
+as without speculation, ``stop_string_end`` over the decoded prefixes the caller gives — the
+returned tokens end at the token that completed it, nothing past it even when later tokens
+were accepted drafts of the same step, and the text ends right before it, or after it with
+``include_stop_str_in_output``) and ``prompt_logprobs`` (``check_prompt_logprobs``: every
+prompt position holds the prompt's own token, each value is what the logits row that predicts
+the position says, and that row's input token is the prompt's previous token;
+``prompt_logprobs_divergence``: equal to the same request's without speculation, to
+``RTOL``/``ATOL``, rank by rank, so a near tie's order is not a difference). ``unjudged_host``
+says when neither could be checked (no stop string in the output; no prompt logprobs returned).
+
 ``validate(params, vocab_size)`` rejects, before an engine starts, what vLLM's ``SamplingParams``
 would reject (naming the parameter). A refusal that depends on the speculative method (vLLM
 0.32's ``_validate_spec_decode``: ``logit_bias`` / ``min_p`` with spec decoding) is deliberately
@@ -37,9 +49,9 @@ NOT predicted here: vLLM's own message is the result.
 Deliberately not here: min_p, top-k/top-p (a row's surviving set is a rank property, not a
 column property; ``Params`` refuses them), anything that reads vLLM, torch or xgrammar objects
 (``Params.of`` only reads attributes), the evidence itself (``workbook.hooks.rowcheck``; the
-grammar's: ``workbook.vllm.grammar``, its per-row check in ``workbook.run.constraints``), and
+grammar's: ``workbook.vllm.grammar``, its per-row check in ``workbook.run.constraints``),
 structured outputs other than a JSON schema (regex, choice, grammar: ``Params`` keeps only
-``json``).
+``json``), decoding text (the caller's tokenizer gives ``stop_string_end`` its prefixes).
 """
 
 from __future__ import annotations
@@ -55,7 +67,8 @@ NEG_INF = float("-inf")
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 MAX_LOGPROBS = 20  # vLLM's default ModelConfig.max_logprobs
 CONSTRAINTS = ("thinking_token_budget", "min_tokens", "logit_bias", "allowed_token_ids",
-               "bad_words", "penalties", "stop", "logprobs", "structured_output")
+               "bad_words", "penalties", "stop", "logprobs", "structured_output",
+               "prompt_logprobs", "stop_strings")
 RTOL, ATOL = 1e-4, 1e-5  # float32 arithmetic in vLLM's kernels vs this rule in float64
 
 
@@ -91,9 +104,14 @@ class Params:
     min_p: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    prompt_logprobs: int | None = None
+    stop_strings: tuple[str, ...] = ()  # vLLM's ``stop`` (text, matched on the host)
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self):
         s = object.__setattr__
+        s(self, "stop_strings", (self.stop_strings,) if isinstance(self.stop_strings, str)
+          else tuple(self.stop_strings))
         s(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         s(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         lb = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
@@ -130,7 +148,10 @@ class Params:
                    logprobs=get("logprobs"), logprobs_mode=logprobs_mode,
                    thinking_token_budget=None if budget_v is None or budget_v < 0 else budget_v,
                    json_schema=schema, min_p=float(get("min_p") or 0.0),
-                   top_k=int(get("top_k") or 0), top_p=float(get("top_p") or 1.0))
+                   top_k=int(get("top_k") or 0), top_p=float(get("top_p") or 1.0),
+                   prompt_logprobs=get("prompt_logprobs"),
+                   stop_strings=get("stop") or (),
+                   include_stop_str_in_output=bool(get("include_stop_str_in_output") or False))
 
     # ---- which constraints a request carries -------------------------------------------------
     @property
@@ -148,7 +169,9 @@ class Params:
                                                     and not self.ignore_eos)
               or self.max_tokens is not None,
               "logprobs": self.logprobs is not None,
-              "structured_output": self.json_schema is not None}
+              "structured_output": self.json_schema is not None,
+              "prompt_logprobs": self.prompt_logprobs is not None,
+              "stop_strings": bool(self.stop_strings)}
         return [c for c in CONSTRAINTS if on[c]]
 
     @property
@@ -208,6 +231,16 @@ def validate(p: Params, vocab_size: int, max_logprobs: int = MAX_LOGPROBS) -> No
             raise ContractError("logprobs", f"must be non-negative or -1, got {p.logprobs}")
         if n > max_logprobs:
             raise ContractError("logprobs", f"{n} is greater than max allowed: {max_logprobs}")
+    if p.prompt_logprobs is not None:
+        n = vocab_size if p.prompt_logprobs == -1 else p.prompt_logprobs
+        if n < 0:
+            raise ContractError("prompt_logprobs", f"must be non-negative or -1, got "
+                                                   f"{p.prompt_logprobs}")
+        if n > max_logprobs:
+            raise ContractError("prompt_logprobs", f"{n} is greater than max allowed: "
+                                                   f"{max_logprobs}")
+    if any(not isinstance(x, str) or not x for x in p.stop_strings):
+        raise ContractError("stop", "cannot contain an empty string")
     if p.logprobs_mode not in LOGPROBS_MODES:
         raise ContractError("logprobs_mode", f"must be one of {LOGPROBS_MODES}, "
                                              f"got {p.logprobs_mode!r}")
@@ -365,7 +398,8 @@ def check_row(p: Params, ctx: RowContext, raw: dict[int, float], processed: dict
 
 def _unchanged_owner(p: Params, col: int) -> str:
     """The contract that names a column whose value must stay raw (a control column)."""
-    cs = [c for c in p.constraints() if c not in ("stop", "logprobs")]
+    cs = [c for c in p.constraints() if c not in ("stop", "logprobs", "prompt_logprobs",
+                                                   "stop_strings")]
     return cs[0] if cs else "unconstrained"
 
 
@@ -548,3 +582,157 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# ---- host-side contracts: stop strings, prompt logprobs -----------------------------------------
+
+def stop_string_end(p: Params, texts: Sequence[str]) -> tuple[int, str, int] | None:
+    """Where a stop string first completes, one token at a time as without speculation:
+    ``(i, s, start)`` — output index ``i`` of the token that completes stop string ``s``,
+    which starts at character ``start`` of ``texts[i]`` — or None (no stop string completes).
+
+    ``texts[i]``: the text of ``output[:i + 1]`` as the request decodes it (the caller's
+    tokenizer, the request's ``skip_special_tokens``). vLLM's order (``check_stop_strings``):
+    an occurrence must end in the text of a token at output index ``>= min_tokens``; of the
+    strings completed by the same token the one ending first wins, then the list's order. A
+    prefix whose text ends in U+FFFD (an incomplete UTF-8 character, which vLLM holds back)
+    is skipped."""
+    if not p.stop_strings:
+        return None
+    prev = len(texts[p.min_tokens - 1]) if 0 < p.min_tokens <= len(texts) else 0
+    for i, t in enumerate(texts):
+        if i < p.min_tokens or t.endswith("\ufffd"):
+            continue
+        best = None
+        for s in p.stop_strings:
+            j = t.find(s, max(0, prev - len(s) + 1))
+            if j >= 0 and (best is None or j + len(s) < best[2] + len(best[1])):
+                best = (i, s, j)
+        if best is not None:
+            return best
+        prev = len(t)
+    return None
+
+
+def check_stop_strings(p: Params, output: Sequence[int], text: str | None,
+                       texts: Sequence[str], finish_reason: str | None = None) -> list[Breach]:
+    """The stop-string contract on what the user got: once a stop string completes (at output
+    index ``i``, ``stop_string_end``), the request ends there — the returned tokens are
+    ``output[:i + 1]`` (nothing past the token that completed it, also when later tokens were
+    accepted drafts of the same step), the text ends right before the stop string
+    (``include_stop_str_in_output``: right after it) and the finish reason is "stop".
+    ``texts``: the decoded prefixes of the returned tokens (``stop_string_end``)."""
+    hit = stop_string_end(p, texts)
+    if hit is None:
+        return []
+    i, s, start = hit
+    out: list[Breach] = []
+    extra = len(output) - (i + 1)
+    if extra > 0:
+        out.append(Breach("stop_strings", f"stop string {s!r} completes at output index {i}, "
+                          f"then {extra} more token(s) returned", int(output[i + 1]), i + 1))
+    want = texts[i][:start + (len(s) if p.include_stop_str_in_output else 0)]
+    if text is not None and text != want:
+        out.append(Breach("stop_strings", f"returned text {text[-40:]!r} (length {len(text)}), "
+                          f"expected it to end {'after' if p.include_stop_str_in_output else 'before'}"
+                          f" stop string {s!r}: {want[-40:]!r} (length {len(want)})", None, i))
+    if finish_reason is not None and finish_reason != "stop":
+        out.append(Breach("stop_strings", f"stop string {s!r} completed at output index {i} but"
+                          f" the request finished by {finish_reason}", None, i))
+    return out
+
+
+def check_prompt_logprobs(prompt: Sequence[int], returned: Sequence[dict | None] | None,
+                          truth: Sequence[dict | None] | None = None,
+                          row_inputs: Sequence[int | None] | None = None
+                          ) -> list[tuple[int | None, Breach]]:
+    """The prompt-logprobs contract: ``returned[q]`` (``{token id: logprob}``, position ``q``
+    of the prompt; ``q = 0`` has none) holds the prompt's own token ``prompt[q]`` and every
+    value equals ``truth[q][id]`` — what the logits row that predicts position ``q`` says
+    (the log-softmax, or the logit per ``logprobs_mode``, of the row whose input token is
+    ``prompt[q - 1]``); ``row_inputs[q]``: that row's input token as the evidence saw it.
+    Returns ``(position, breach)`` pairs, first breach per kind (position None: the list)."""
+    out: list[tuple[int | None, Breach]] = []
+    if returned is None:
+        return out
+    if len(returned) != len(prompt):
+        out.append((None, Breach("prompt_logprobs", f"{len(returned)} prompt logprob entries "
+                                 f"for a prompt of {len(prompt)} tokens")))
+    seen: set[str] = set()
+
+    def add(q, kind, b):
+        if kind not in seen:
+            seen.add(kind)
+            out.append((q, b))
+
+    for q in range(1, min(len(returned), len(prompt))):
+        d = returned[q]
+        if d is None:
+            add(q, "missing", Breach("prompt_logprobs", f"position {q}: no entry", prompt[q]))
+            continue
+        if int(prompt[q]) not in d:
+            add(q, "token", Breach("prompt_logprobs", f"position {q}: the prompt's token "
+                                   f"{prompt[q]} is not among the returned ids {sorted(d)[:6]}",
+                                   int(prompt[q])))
+        if row_inputs is not None and q < len(row_inputs) and row_inputs[q] is not None \
+                and int(row_inputs[q]) != int(prompt[q - 1]):
+            add(q, "row", Breach("prompt_logprobs", f"position {q}: computed from a row whose "
+                                 f"input token is {row_inputs[q]}, the prompt has "
+                                 f"{prompt[q - 1]} there", int(prompt[q])))
+        want = truth[q] if truth is not None and q < len(truth) else None
+        if want:
+            for t, v in d.items():
+                w = want.get(int(t))
+                if w is not None and not close(float(v), float(w)):
+                    add(q, "value", Breach("prompt_logprobs", f"position {q}, token {t}: "
+                                           f"returned {float(v):.6g}, its row says "
+                                           f"{float(w):.6g}", int(t)))
+                    break
+    return out
+
+
+def prompt_logprobs_divergence(got: Sequence[dict | None] | None,
+                               ref: Sequence[dict | None] | None) -> dict | None:
+    """The differential of prompt logprobs: None when ``got`` equals ``ref`` (the same
+    request without speculation) to the tolerance, else the first position that differs and
+    how. Per position the prompt token's logprob must agree, and the returned values sorted
+    must agree rank by rank (the top-k ids of a near tie may be ordered differently; their
+    values may not differ)."""
+    if got is None or ref is None:
+        return None if got is ref else {"position": None, "what": "prompt logprobs returned "
+                                        "by one run only"}
+    if len(got) != len(ref):
+        return {"position": None, "what": f"{len(got)} positions vs {len(ref)} without "
+                                          f"speculation"}
+    for q, (a, b) in enumerate(zip(got, ref)):
+        if not a and not b:
+            continue
+        if not a or not b:
+            return {"position": q, "what": "an entry in one run only"}
+        a = {int(k): float(v) for k, v in a.items()}
+        b = {int(k): float(v) for k, v in b.items()}
+        for t in set(a) & set(b):
+            if not close(a[t], b[t]):
+                return {"position": q, "token": t, "got": a[t], "reference": b[t],
+                        "what": f"position {q}, token {t}: {a[t]:.6g} vs {b[t]:.6g} without "
+                                f"speculation"}
+        va, vb = sorted(a.values(), reverse=True), sorted(b.values(), reverse=True)
+        if len(va) != len(vb) or not all(close(x, y) for x, y in zip(va, vb)):
+            return {"position": q, "what": f"position {q}: values {[round(x, 6) for x in va]}"
+                                           f" vs {[round(x, 6) for x in vb]} without "
+                                           f"speculation"}
+    return None
+
+
+def unjudged_host(p: Params, texts: Sequence[str] | None = None,
+                  prompt_logprobs: Sequence[dict | None] | None = None) -> dict[str, str]:
+    """``unjudged`` for the host-side contracts (``{constraint: why}``): stop strings when
+    none completes in the returned tokens' text (the stop was never exercised); prompt
+    logprobs when none were returned."""
+    out: dict[str, str] = {}
+    if p.stop_strings and texts is not None and stop_string_end(p, texts) is None:
+        out["stop_strings"] = ("no stop string completes in the output's text, so the stop "
+                               "was never exercised")
+    if p.prompt_logprobs is not None and prompt_logprobs is None:
+        out["prompt_logprobs"] = "no prompt logprobs were returned"
+    return out

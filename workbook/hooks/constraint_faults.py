@@ -27,6 +27,12 @@ host, logprobs taken from the wrong row (#33391's shape), the budget's draft row
                                the logits there, in ``GPUModelRunner.sample``, before the
                                sampler) returns without masking in the first step whose
                                bitmask constrains a row: that step's rows are unconstrained
+- ``prompt-logprobs-row-shift`` ``PromptLogprobsWorker.compute_prompt_logprobs`` reads each
+                               prompt position's logprobs from the next row's hidden state
+- ``stop-string-not-trimmed``  vLLM 0.28–0.31's host behaviour on 0.32+: the detokenizer and
+                               ``OutputProcessor`` keep the tokens (and their logprobs) after
+                               the one completing a stop string within a step
+                               (``_trim_surplus_tokens`` a no-op, ``update``'s cut undone)
 
 Version notes: written against MRV2's ``sample/`` state objects (0.31+: ``LogitsContext``; 0.28
 generation: the same classes with positional arguments); a fault whose hook point is missing
@@ -55,6 +61,9 @@ FAULTS = {
     "budget-draft-rows": "the budget kernel never forces draft rows (H-d-draft)",
     "grammar-skipped-once": "the grammar bitmask is not applied in the first step that "
                             "constrains a row",
+    "prompt-logprobs-row-shift": "prompt logprobs come from the next row's hidden state",
+    "stop-string-not-trimmed": "tokens after a stop string's within a step are kept (as in "
+                               "vLLM 0.28-0.31)",
 }
 # the contract each fault breaks and the stage the evidence must name
 EXPECTED = {
@@ -68,6 +77,8 @@ EXPECTED = {
     "logprobs-row-shift": ("logprobs", "logprob row selection"),
     "budget-draft-rows": ("thinking_token_budget", "apply on draft rows"),
     "grammar-skipped-once": ("structured_output", "grammar bitmask"),
+    "prompt-logprobs-row-shift": ("prompt_logprobs", "prompt row selection"),
+    "stop-string-not-trimmed": ("stop_strings", "host-side post-processing"),
 }
 
 
@@ -175,6 +186,43 @@ def _grammar_skipped_once(ps):
     ps.wrap(StructuredOutputsWorker, "apply_grammar_bitmask", make)
 
 
+def _prompt_logprobs_row_shift(ps, hp):
+    if hp.prompt_logprobs is None:
+        raise AttributeError(f"{PKG}.prompt_logprob.PromptLogprobsWorker does not exist")
+
+    def make(orig):
+        def compute_prompt_logprobs(self, logits_fn, hidden_states, *a, **k):
+            return orig(self, logits_fn, hidden_states.roll(-1, 0), *a, **k)
+
+        return compute_prompt_logprobs
+
+    ps.wrap(hp.prompt_logprobs, "compute_prompt_logprobs", make)
+
+
+def _stop_string_not_trimmed(ps):
+    from vllm.v1.engine import detokenizer, output_processor
+
+    op = output_processor.OutputProcessor
+    if "_trim_surplus_tokens" not in vars(op):
+        raise AttributeError("vllm.v1.engine.output_processor.OutputProcessor."
+                             "_trim_surplus_tokens does not exist (vLLM < 0.32 keeps the "
+                             "tokens anyway)")
+    ps.wrap(op, "_trim_surplus_tokens", lambda orig: staticmethod(lambda *a, **k: None))
+
+    def make(orig):
+        def update(self, new_token_ids, stop_terminated):
+            n0, ids = len(self.token_ids), list(new_token_ids)
+            out = orig(self, new_token_ids, stop_terminated)
+            if out is not None:
+                del self.token_ids[n0:]
+                self.token_ids.extend(ids)
+            return out
+
+        return update
+
+    ps.wrap(detokenizer.BaseIncrementalDetokenizer, "update", make)
+
+
 def inject(name: str) -> patching.PatchSet:
     """Install fault ``name`` (``FAULTS``); returns its ``PatchSet`` (``.remove()`` undoes)."""
     if name not in FAULTS:
@@ -204,4 +252,8 @@ def inject(name: str) -> patching.PatchSet:
         _logprobs_row_shift(ps, hp)
     elif name == "grammar-skipped-once":
         _grammar_skipped_once(ps)
+    elif name == "prompt-logprobs-row-shift":
+        _prompt_logprobs_row_shift(ps, hp)
+    elif name == "stop-string-not-trimmed":
+        _stop_string_not_trimmed(ps)
     return ps.install()

@@ -20,7 +20,14 @@ of ``workbook.vllm.hookpoints``:
   one is penalised); whether the fast path returned the input;
 - ``GPUModelRunner.sample``: the tokens sampled per request and row, the processed and raw
   values at the emitted token of every row, and the logprobs vLLM returns per row with the raw
-  (or processed, per ``logprobs_mode``) row's logsumexp and values at those ids.
+  (or processed, per ``logprobs_mode``) row's logsumexp and values at those ids;
+- ``PromptLogprobsWorker.compute_prompt_logprobs`` (only for requests with ``prompt_logprobs``
+  whose prompt the step computes): per prompt position the ids and values vLLM returned for it
+  (the last rows of the chunk's tensor), the input token of the row that predicts it, and, from
+  the same hidden states through the same ``logits_fn``, that row's logsumexp and values at the
+  returned ids (``prompt_rows``). The rows are located from the host prompt length and the
+  batch layout (``query_start_loc``, computed prefill), not from vLLM's selection; it costs one
+  extra ``logits_fn`` over the request's prompt rows.
 
 Every index is a device tensor (the static table is written at registration from a fresh
 host buffer; row offsets come from ``torch.arange`` and ``searchsorted`` on the device), so the
@@ -50,7 +57,9 @@ argmax), each tagged with the stage the evidence shows, from positive evidence o
                      engine's tokenizer; vLLM masks the logits before ``apply_sampling_params``,
                      so the raw row here is already masked)
 
-(host-side post-processing is the output check's: ``workbook.run.constraints``.)
+(``prompt row selection`` — prompt logprobs against the rows they came from —,
+``host-side post-processing`` and ``differential vs none`` are judged by
+``workbook.run.constraints`` from this evidence and the request's output.)
 Not here: the contracts themselves (``workbook.core.contracts``), running requests.
 """
 
@@ -65,7 +74,8 @@ from workbook.core import budget, contracts
 from workbook.vllm import hookpoints, patching
 
 STAGES = ("registration", "gate/fast path", "commit", "apply", "apply on draft rows",
-          "rejection", "grammar bitmask", "host-side post-processing")
+          "rejection", "grammar bitmask", "prompt row selection", "host-side post-processing",
+          "differential vs none")
 REG_ATTRS = ("num_allowed_token_ids", "num_logit_bias", "min_lens", "num_stop_token_ids",
              "repetition_penalty", "frequency_penalty", "presence_penalty", "num_bad_words")
 
@@ -129,6 +139,8 @@ class RowCheck(patching.Hooked):
         self._nsteps = 0
         self._len_ub: dict[str, int] = {}
         self._history: dict[str, list[int]] = {}  # prompt + emitted (device-sampled) tokens
+        self._prompt_pending: list[dict] = []  # prompt-logprob chunks, device tensors
+        self._prompt_rows: dict[str, dict[int, dict]] = {}  # req -> prompt position -> row
         self.errors: list[str] = []
 
     # ---- install ------------------------------------------------------------------------------
@@ -139,6 +151,8 @@ class RowCheck(patching.Hooked):
         ps.wrap(hp.runner, "sample_tokens", self._w_sample_tokens)
         ps.wrap(hp.runner, "sample", self._w_sample)
         ps.wrap(hp.sampler, "apply_sampling_params", self._w_apply)
+        if hp.prompt_logprobs is not None:  # optional: else no prompt-logprob rows
+            ps.wrap(hp.prompt_logprobs, "compute_prompt_logprobs", self._w_prompt_logprobs)
         return ps
 
     def _error(self, where: str, e: Exception) -> None:
@@ -234,7 +248,9 @@ class RowCheck(patching.Hooked):
         if p.bad_words and known("num_bad_words"):
             need(got["num_bad_words"] != len(p.bad_words), "bad_words")
         row_changing = [c for c in p.constraints() if c not in ("stop", "logprobs",
-                                                                 "structured_output")]
+                                                                 "structured_output",
+                                                                 "prompt_logprobs",
+                                                                 "stop_strings")]
         if row_changing and got["gate"] is False:
             missing.append("gate")
         return {"req_id": req_id, "slot": slot, "constraints": p.constraints(),
@@ -375,12 +391,89 @@ class RowCheck(patching.Hooked):
                         src.float().gather(1, ids.clamp(0, src.shape[-1] - 1)),
                         torch.logsumexp(src.float(), -1))
 
+    def _w_prompt_logprobs(self, orig):
+        rc = self
+
+        def compute_prompt_logprobs(worker, *a, **k):
+            out = orig(worker, *a, **k)
+            try:
+                rc._on_prompt_logprobs(worker, a, k, out)
+            except Exception as e:
+                rc._error("compute_prompt_logprobs", e)
+            return out
+
+        return compute_prompt_logprobs
+
+    def _on_prompt_logprobs(self, worker, a, k, out) -> None:
+        """Per request of ours with ``prompt_logprobs`` whose prompt this step computes: the
+        rows vLLM returned for this chunk (ids, values; the last rows of its tensor), the
+        input token of each of the request's rows, and, from the same hidden states through
+        the same ``logits_fn``, each row's logsumexp and values at the returned ids. The rows
+        are located from the host prompt length and the batch's layout, not from vLLM's
+        selection."""
+        import torch
+
+        names = ("logits_fn", "hidden_states", "input_batch")
+        args = dict(zip(names, a))
+        args.update({n: k[n] for n in names if n in k})
+        batch = args["input_batch"]
+        want = [(i, r) for i, r in enumerate(batch.req_ids)
+                if r in self.params and self.params[r].prompt_logprobs is not None]
+        if not want:
+            return
+        hs = args["hidden_states"]
+        step = self._step.index if self._step is not None else None
+        for i, r in want:
+            plen = len(self.prompts[r])
+            start = int(batch.num_computed_prefill_tokens_np[i])
+            n = int(batch.num_scheduled_tokens[i])
+            m = min(n, plen - 1 - start)  # rows at positions start.. predict start + 1..
+            if start >= plen or m <= 0:
+                continue
+            lt = out.get(r) if isinstance(out, dict) else None
+            if lt is None:
+                chunks = getattr(worker, "in_progress_prompt_logprobs", {}).get(r) or []
+                lt = chunks[-1] if chunks else None
+            if lt is None:
+                self.errors.append(f"compute_prompt_logprobs: step {step}: no prompt logprobs "
+                                   f"for {r} at positions {start}..{start + m}")
+                continue
+            q0 = int(batch.query_start_loc_np[i])
+            ids = lt.logprob_token_ids[-m:].long()
+            logits = args["logits_fn"](hs[q0:q0 + m]).float()
+            self._prompt_pending.append({
+                "req_id": r, "step": step, "row": q0, "start": start, "m": m,
+                "returned_rows": int(lt.logprob_token_ids.shape[0]),
+                "input_ids": batch.input_ids[q0:q0 + m].clone(), "ids": ids.clone(),
+                "vals": lt.logprobs[-m:].float().clone(),
+                "at": logits.gather(1, ids.clamp(0, logits.shape[-1] - 1)),
+                "lse": torch.logsumexp(logits, -1)})
+
+    def prompt_rows(self, req_id: str) -> dict[int, dict]:
+        """Prompt position ``q`` (1..) -> the row that predicts it: step, row, its input
+        token, the ids and values vLLM returned for it, and what the row says at those ids
+        (``truth``: ``contracts.expected_logprob`` per ``logprobs_mode``)."""
+        self.materialize()
+        return self._prompt_rows.get(req_id, {})
+
     # ---- after the run ------------------------------------------------------------------------
     def materialize(self) -> None:
         """Copy pending steps to the host and build the per-(step, request) records."""
-        if not self._pending:
+        if not self._pending and not self._prompt_pending:
             return
         _sync()
+        for c in self._prompt_pending:
+            h = {k: _host(c[k]) for k in ("input_ids", "ids", "vals", "at", "lse")}
+            rows = self._prompt_rows.setdefault(c["req_id"], {})
+            for t in range(min(c["m"], len(h["ids"]))):
+                rows[c["start"] + t + 1] = {
+                    "step": c["step"], "row": c["row"] + t, "input": int(h["input_ids"][t]),
+                    "ids": [int(x) for x in h["ids"][t]],
+                    "vals": [float(x) for x in h["vals"][t]],
+                    "truth": [contracts.expected_logprob(self.logprobs_mode, float(v),
+                                                         float(h["lse"][t]))
+                              for v in h["at"][t]]}
+        self._prompt_pending = []
         pending, self._pending = self._pending, []
         for step in pending:
             try:

@@ -8,7 +8,8 @@ the cell's own contract could not be checked on the output — never counted as 
 ``violated`` (step, row, local position, contract, stage, what), ``refused by vLLM`` (vLLM's
 message), ``method refused`` (vLLM rejected the speculative method itself at engine start: its
 message) or ``error`` (the message); the differential against method ``none`` under it (identical,
-or the first divergent output index with its step, row and top-1/top-2 margin). A sentence over
+or the first divergent output index with its step, row and top-1/top-2 margin; for a request
+with prompt logprobs, whether they equal ``none``'s or the first position that differs). A sentence over
 the grid counts what held, what was violated and what vLLM refused, from the cells themselves.
 ``text_grid(grid)``: the same grid as plain text (the CLI's output).
 
@@ -91,6 +92,10 @@ def _cell_text(c: dict) -> tuple[str, str]:
         detail += "; vs none: identical" if d.get("identical") else (
             f"; vs none: differs at output {v(d.get('out_index'))} (step {v(d.get('step'))}, "
             f"row {v(d.get('row'))}, {margin})")
+        pl = d.get("prompt_logprobs")
+        if pl:
+            detail += "; prompt logprobs vs none: " + (
+                "identical" if pl == "identical" else v(pl.get("what")))
     return SYMBOL.get(st, st), detail
 
 

@@ -13,7 +13,18 @@ cases are derived from) and sends, per method:
 - ``mixed``         every constraint vLLM accepts, one request each, in one batch (lm_head
                     zeroed);
 - ``mixed-natural`` the same batch on the model's own (random) weights: distinct logits, drafts
-                    mostly rejected.
+                    mostly rejected;
+- ``mixed-scaled``  the same batch with the lm_heads times ``SCALE`` (1e5): the model's own
+                    logits are about 1e-5, every row's log-softmax -log(VOCAB) to 1e-6, so
+                    only here do (prompt) logprobs differ by value from row to row.
+
+The cases (``case_kwargs``) are derived from method ``none``'s unconstrained greedy output on
+the same lm_head (``zero``, ``natural``, ``scaled``), passed on to every method: e.g. the stop
+string is the text of that output's first three tokens, which completes at output index 2 —
+with drafts accepted, inside step 1's accepted drafts; the penalties are negative
+(presence -0.5, frequency -0.3, repetition 1.5), so on the zeroed lm_head the target keeps the
+drafter's token and drafts with earlier accepted drafts are checked (positive ones move the
+target's argmax: no draft is ever accepted).
 
 A cell is ``holds`` (every row and the output satisfy the contract), ``violated`` (the first
 violating step and row, its local position and output index, the contract, and the stage the
@@ -27,7 +38,15 @@ its message is the result), ``method refused`` (vLLM rejected the speculative me
 the engine was configured — e.g. MRV2 without ngram on 0.28–0.31: its message) or ``error`` (the request failed otherwise: the message). Each cell
 also carries the differential: the first output index where the greedy output differs from
 method ``none``'s for the same request, located to the spec run's step and row, with that row's
-top-1/top-2 margin (a near tie is numerics, not a constraint).
+top-1/top-2 margin (a near tie is numerics, not a constraint). Prompt logprobs are the prompt's
+whatever the method: a spec cell's must equal ``none``'s for the same request (rank by rank, to
+the contracts' tolerance); a difference makes the ``prompt_logprobs`` cell ``violated`` at stage
+``differential vs none`` (its rows are self-consistent: the hidden states themselves differ).
+The stop-string and prompt-logprobs contracts are judged on the host
+(``contracts.check_stop_strings`` on the returned tokens' decoded prefixes;
+``contracts.check_prompt_logprobs``: vLLM's device values against the rows they came from —
+``prompt row selection`` — then the user's values against the device's — ``host-side
+post-processing``).
 
 Structured outputs (``grammar_evidence``): the request's JSON schema compiled as vLLM's
 xgrammar backend compiles it (``workbook.vllm.grammar``); the output through it from where vLLM
@@ -42,7 +61,8 @@ continuation (``PROMPT_TEXT``) so ngram drafts it; the plain ``structured_output
 the reasoning (``NO_THINKING``), so the grammar binds from the first token.
 
 Files under ``out``: ``grid.json`` (cells, the version, the methods run), ``evidence/<method>/
-<batch>.json`` (per request: registration, every row's kept columns raw/processed, breaches).
+<batch>.json`` (per request: registration, every row's kept columns raw/processed, breaches,
+the prompt-logprob rows).
 Bad constraint parameters fail before any engine starts (``contracts.validate``).
 
 Not here: the contracts (``workbook.core.contracts``), the evidence hooks
@@ -64,7 +84,8 @@ from workbook.core import contracts
 from workbook.core.config import ConfigError, RunConfig
 
 METHODS = ("none", "mtp", "eagle", "ngram", "draft_model")
-BATCHES = ("single", "mixed", "mixed-natural")
+BATCHES = ("single", "mixed", "mixed-natural", "mixed-scaled")
+SCALE = 1e5  # mixed-scaled: the lm_heads times this (request.scaled_lm_head)
 # the grid's cases: one per contract, plus cases that combine contracts (their contracts:
 # ``CASE_CONTRACTS``)
 CONSTRAINTS = contracts.CONSTRAINTS + ("structured_output+budget",)
@@ -95,8 +116,12 @@ def case_kwargs(name: str, baseline: list[int], decode) -> dict[str, Any]:
         "logit_bias": {"logit_bias": {b0: -50.0, other[0]: 5.0}},
         "allowed_token_ids": {"allowed_token_ids": other},
         "bad_words": {"bad_words": [decode([b0])] + ([decode([b1, b0])] if b1 != b0 else [])},
-        "penalties": {"repetition_penalty": 1.5, "presence_penalty": 0.5,
-                      "frequency_penalty": 0.3},
+        # negative presence / frequency raise the columns already emitted: on the zeroed
+        # lm_head the target's argmax stays the drafter's token, so drafts are accepted and
+        # draft rows with earlier accepted drafts are checked (a positive one moves the
+        # target's argmax off the drafter's token: no draft is ever accepted)
+        "penalties": {"repetition_penalty": 1.5, "presence_penalty": -0.5,
+                      "frequency_penalty": -0.3},
         # min_tokens 2 moves the stop token inside a step's accepted drafts (lm_head zeroed)
         "stop": {"stop_token_ids": [b0], "ignore_eos": False, "min_tokens": 2},
         "logprobs": {"logprobs": 3},
@@ -105,6 +130,11 @@ def case_kwargs(name: str, baseline: list[int], decode) -> dict[str, Any]:
         # grammar must start at output index 2 (vLLM #44297 / #44993's boundary)
         "structured_output+budget": {"thinking_token_budget": 2,
                                      "structured_outputs": {"json": JSON_SCHEMA}},
+        "prompt_logprobs": {"prompt_logprobs": 3, "logprobs": 3},
+        # the text of the baseline's first three tokens: it completes at output index 2,
+        # inside step 1's accepted drafts (step 0, the prefill, emits index 0)
+        "stop_strings": {"stop": [decode([int(t) for t in baseline[:3]]) or "!"],
+                         "include_stop_str_in_output": False},
     }[name]
 
 
@@ -118,6 +148,7 @@ def validate_case(name: str, kw: dict, vocab_size: int) -> None:
         raise contracts.ContractError("bad_words", "entries must be non-empty strings")
     d.pop("structured_outputs", None)
     d["bad_words"] = [(0,)] * len(words)
+    d.pop("include_stop_str_in_output", None)
     contracts.validate(contracts.Params.of(d), vocab_size)
 
 
@@ -145,6 +176,7 @@ class Cell:
     differential: dict | None = None
     kwargs: dict = field(default_factory=dict)  # the request's SamplingParams keywords
     grammar: dict | None = None  # structured outputs: contracts.GrammarTruth of the output
+    prompt_logprobs: list | None = None  # returned, per prompt position: [[id, logprob], ...]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -177,9 +209,11 @@ def sampling_params(kw: dict, max_tokens: int = 16):
 
 
 def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
-              fault: str | None = None) -> tuple[dict[str, Cell], dict]:
-    """Send ``cases`` (name -> SamplingParams keywords) as one batch under the row check;
-    returns the cells (method / batch filled by the caller) and the evidence."""
+              fault: str | None = None, scale: float | None = None
+              ) -> tuple[dict[str, Cell], dict]:
+    """Send ``cases`` (name -> SamplingParams keywords) as one batch under the row check
+    (``zero_head``: the lm_heads zeroed; ``scale``: multiplied by it); returns the cells
+    (method / batch filled by the caller) and the evidence."""
     from workbook.hooks import constraint_faults, rowcheck
     from workbook.run import request as rq
 
@@ -197,7 +231,8 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     evidence: dict = {}
     if not names:
         return cells, evidence
-    head = rq.zeroed_lm_head(engine) if zero_head else contextlib.nullcontext()
+    head = rq.zeroed_lm_head(engine) if zero_head else rq.scaled_lm_head(engine, scale) \
+        if scale else contextlib.nullcontext()
     fps = None
     with head:
         rc = rowcheck.RowCheck()
@@ -221,21 +256,25 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     by_prompt = {tuple(p): r for r, p in rc.prompts.items()}
     for name, o in zip(names, outs):
         req = by_prompt.get(tuple(o.prompt_token_ids or ()))
-        cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req), engine)
+        cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req), engine,
+                                    tok=tok, sp=sps[names.index(name)])
         cells[name].kwargs = _jsonable(cases[name])
         evidence[name] = {"req_id": req, "registration": next(
             (r for r in rc.registrations if r["req_id"] == req), None),
             "params": _jsonable(asdict(rc.params[req])) if req in rc.params else None,
             "steps": [s for s in rc.steps if s["req_id"] == req],
-            "verdict": verdicts.get(req), "errors": rc.errors}
+            "verdict": verdicts.get(req), "errors": rc.errors,
+            "prompt_rows": rc.prompt_rows(req) if req is not None else {}}
     return cells, evidence
 
 
 def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict | None,
-                  engine=None) -> Cell:
+                  engine=None, tok=None, sp=None) -> Cell:
     """The cell of one request: the row breaches (the grammar's over the rows too, for a
     structured output on ``engine``), then the output contract on what the user got
-    (host-side post-processing when the rows held)."""
+    (host-side post-processing when the rows held); the stop strings on the returned tokens'
+    decoded prefixes (``tok``, the request's ``skip_special_tokens``); the prompt logprobs
+    against the rows they came from, then the host's values against those rows."""
     comp = o.outputs[0]
     output = [int(t) for t in comp.token_ids]
     cell = Cell(name, "", batch, "holds", output=output, finish_reason=comp.finish_reason)
@@ -266,18 +305,39 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
                                                                b.contract == "stop")
                          else (row_breaches[0]["stage"] if row_breaches
                                else "host-side post-processing"), **b.to_dict()})
+    texts = None
+    if p.stop_strings and tok is not None:
+        skip = bool(getattr(sp, "skip_special_tokens", True))
+        texts = [tok.decode(output[:i + 1], skip_special_tokens=skip)
+                 for i in range(len(output))]
+        for b in contracts.check_stop_strings(p, output, comp.text, texts, comp.finish_reason):
+            at = emitted[b.out_index] if b.out_index is not None and b.out_index < len(emitted) \
+                else (emitted[-1] if emitted else {})
+            breaches.append({"step": at.get("step"), "row": at.get("row"),
+                             "local_pos": at.get("local_pos"),
+                             "stage": "host-side post-processing", **b.to_dict()})
+    host_plp = _host_prompt_logprobs(o)
+    if p.prompt_logprobs is not None:
+        cell.prompt_logprobs = None if host_plp is None else \
+            [None if d is None else [[t, v] for t, v in d.items()] for d in host_plp]
+        breaches += _prompt_logprob_breaches(rc.prompts[req], host_plp, rc.prompt_rows(req))
     breaches.sort(key=_where)
     cell.breaches = len(breaches)
     if breaches:
         cell.status, cell.first = "violated", breaches[0]
     else:
-        unj = contracts.unjudged(p, output, comp.finish_reason, comp.text, grammar=grammar,
-                                 no_grammar=no_grammar)
+        unj = {**contracts.unjudged(p, output, comp.finish_reason, comp.text, grammar=grammar,
+                                    no_grammar=no_grammar),
+               **contracts.unjudged_host(p, texts, host_plp)}
         why = next((unj[c] for c in CASE_CONTRACTS.get(name, (name,)) if c in unj), None)
         if why:  # the cell's own contract was never checked: not "holds"
             cell.status, cell.message = "not judged", why
     if rc.errors:
         cell.message = "; ".join(rc.errors[:3])
+    if p.prompt_logprobs is not None and host_plp is not None and not rc.prompt_rows(req):
+        cell.message = "; ".join(x for x in (cell.message, "no prompt-logprob rows recorded: "
+                                             "judged on the returned values and by the "
+                                             "differential only") if x)
     return cell
 
 
@@ -336,6 +396,48 @@ def grammar_evidence(engine, rc, req: str, output: list[int]):
                 break
         committed += [int(t) for t in rec["emitted"]]
     return truth, None, rows
+
+
+def _host_prompt_logprobs(o) -> list[dict | None] | None:
+    """``RequestOutput.prompt_logprobs`` as ``[{id: logprob} | None]``."""
+    pl = getattr(o, "prompt_logprobs", None)
+    if pl is None:
+        return None
+    return [None if d is None else {int(t): float(getattr(v, "logprob", v)) for t, v in d.items()}
+            for d in pl]
+
+
+def _prompt_logprob_breaches(prompt: list[int], host: list | None, rows: dict) -> list[dict]:
+    """The prompt-logprobs contract: vLLM's device values per position against the row they
+    came from (``prompt row selection``), then what the user got against those device values
+    (``host-side post-processing``)."""
+    if host is None:
+        return []
+    n = len(prompt)
+    dev = [None] * n
+    truth = [None] * n
+    inputs = [None] * n
+    for q, r in rows.items():
+        if q < n:
+            dev[q] = dict(zip(r["ids"], r["vals"]))
+            truth[q] = dict(zip(r["ids"], r["truth"]))
+            inputs[q] = r["input"]
+    out = []
+    checks = [(dev, truth, inputs, "prompt row selection"), (host, dev, None,
+                                                           "host-side post-processing")]
+    for got, want, ins, stage in checks if rows else checks[1:2]:
+        for q, b in contracts.check_prompt_logprobs(prompt, got, want, ins):
+            if stage == "prompt row selection" and q is not None and got[q] is None:
+                b = contracts.Breach("prompt_logprobs", f"position {q}: the row check recorded "
+                                     "no row for it (vLLM returned no prompt logprobs there)")
+            r = rows.get(q, {}) if q is not None else {}
+            out.append({"step": r.get("step"), "row": r.get("row"), "local_pos": None,
+                        "stage": stage, "position": q, **b.to_dict()})
+        if out:
+            break
+    return out
+
+
 
 
 def _logprob_rows(p, emitted: list[dict]) -> list[dict]:
@@ -397,12 +499,13 @@ def _jsonable(x):
     return json.loads(json.dumps(x, default=str))
 
 
-def run_method(method: str, constraints: list[str], baseline: list[int] | None, *,
+def run_method(method: str, constraints: list[str], baseline: dict | None, *,
                batches=BATCHES, fault: str | None = None, k: int = 3,
-               log: str | None = None) -> tuple[list[Cell], dict, list[int]]:
+               log: str | None = None) -> tuple[list[Cell], dict, dict]:
     """One engine for ``method``; every batch; returns the cells, the evidence and the
-    baseline (the unconstrained greedy output with the lm_head zeroed, derived here when
-    ``None``)."""
+    baselines the cases are derived from (the unconstrained greedy output per lm_head:
+    ``natural``, ``zero``, ``scaled``), derived here when ``None`` (method ``none``: the
+    grid passes them on to every other method)."""
     from workbook.run import request as rq
     from workbook.vllm import engine as vengine
 
@@ -416,20 +519,20 @@ def run_method(method: str, constraints: list[str], baseline: list[int] | None, 
     try:
         tok = eng.tokenizer
         if baseline is None:
-            sp = sampling_params({})
-            outs = eng.llm.generate([{"prompt_token_ids": prompt_for(tok, "nothing")}], sp,
-                                    use_tqdm=False)
-            baseline = [int(t) for t in outs[0].outputs[0].token_ids]
-        with rq.zeroed_lm_head(eng):
-            sp = sampling_params({})
-            zb = [int(t) for t in eng.llm.generate(
-                [{"prompt_token_ids": prompt_for(tok, "nothing")}], sp,
-                use_tqdm=False)[0].outputs[0].token_ids]
+            baseline = {}
+            for name, head in (("natural", contextlib.nullcontext()),
+                               ("zero", rq.zeroed_lm_head(eng)),
+                               ("scaled", rq.scaled_lm_head(eng, SCALE))):
+                with head:
+                    baseline[name] = [int(t) for t in eng.llm.generate(
+                        [{"prompt_token_ids": prompt_for(tok, "nothing")}],
+                        sampling_params({}), use_tqdm=False)[0].outputs[0].token_ids]
         decode = lambda ids: tok.decode(ids)
         cells, evidence = [], {}
         for batch in batches:
-            zero = batch != "mixed-natural"
-            base = zb if zero else baseline
+            zero = batch in ("single", "mixed")
+            scale = SCALE if batch == "mixed-scaled" else None
+            base = baseline["zero" if zero else "scaled" if scale else "natural"]
             cases = {c: case_kwargs(c, base, decode) for c in constraints}
             if batch == "single":
                 for c in constraints:
@@ -440,7 +543,8 @@ def run_method(method: str, constraints: list[str], baseline: list[int] | None, 
             else:
                 refused = {cl.constraint for cl in cells if cl.status == "refused"}
                 ok = {c: kw for c, kw in cases.items() if c not in refused}
-                got, ev = run_batch(eng, ok, zero_head=zero, batch=batch, fault=fault)
+                got, ev = run_batch(eng, ok, zero_head=zero, batch=batch, fault=fault,
+                                    scale=scale)
                 cells += _fill(got, method)
                 cells += [Cell(c, method, batch, "refused", next(
                     cl.message for cl in cells if cl.constraint == c and cl.status == "refused"))
@@ -468,15 +572,38 @@ def differential(cells: list[Cell], evidence: dict) -> None:
         r = ref.get((c.constraint, c.batch))
         if c.method == "none" or r is None or not c.output or not r.output:
             continue
+        if c.prompt_logprobs is not None or r.prompt_logprobs is not None:
+            _prompt_differential(c, r)
         i = contracts.first_divergence(c.output, r.output)
         if i is None:
-            c.differential = {"vs": "none", "identical": True, "tokens": len(c.output)}
+            c.differential = {"vs": "none", "identical": True, "tokens": len(c.output),
+                              **({"prompt_logprobs": c.differential["prompt_logprobs"]}
+                                 if c.differential else {})}
             continue
         ev = evidence.get(c.method, {}).get(c.batch, {}).get(c.constraint, {})
         at = _emitted_at(ev, i)
         c.differential = {"vs": "none", "identical": False, "out_index": i,
                           "token": c.output[i] if i < len(c.output) else None,
-                          "reference_token": r.output[i] if i < len(r.output) else None, **at}
+                          "reference_token": r.output[i] if i < len(r.output) else None, **at,
+                          **({"prompt_logprobs": c.differential["prompt_logprobs"]}
+                             if c.differential else {})}
+
+
+def _prompt_differential(c: Cell, r: Cell) -> None:
+    """Prompt logprobs are the prompt's, whatever the method: a spec cell's must equal
+    ``none``'s for the same request (``contracts.prompt_logprobs_divergence``); a difference
+    is a violation of the cell's ``prompt_logprobs`` contract at stage ``differential vs
+    none`` (the rows it came from are self-consistent: the hidden states differ)."""
+    unpack = lambda pl: None if pl is None else [None if d is None else {int(t): float(v)
+                                                 for t, v in d} for d in pl]
+    d = contracts.prompt_logprobs_divergence(unpack(c.prompt_logprobs), unpack(r.prompt_logprobs))
+    c.differential = {"prompt_logprobs": d or "identical"}
+    if d is not None and c.constraint == "prompt_logprobs" and c.status in ("holds",
+                                                                           "not judged"):
+        c.status, c.breaches = "violated", c.breaches + 1
+        c.first = {"step": None, "row": None, "local_pos": None, "stage": "differential vs none",
+                   "contract": "prompt_logprobs", "what": d["what"], "column": d.get("token"),
+                   "out_index": None, "position": d.get("position")}
 
 
 def _emitted_at(ev: dict, i: int) -> dict:
@@ -540,14 +667,21 @@ def run(methods=METHODS, constraints=CONSTRAINTS, *, out: str | None = None,
 def reproducer(cell: dict, grid: dict) -> str:
     """A few lines that send the violating request again (in-process, the tiny model)."""
     kw = cell.get("kwargs") or {}
-    return (f"# vLLM {grid.get('vllm_version')}: {cell['constraint']} with {cell['method']}\n"
-            f"from workbook.run import constraints as C\n"
+    head = {"single": "rq.zeroed_lm_head(eng)", "mixed": "rq.zeroed_lm_head(eng)",
+            "mixed-scaled": f"rq.scaled_lm_head(eng, {SCALE:g})"}.get(cell.get("batch"),
+                                                                      "contextlib.nullcontext()")
+    return (f"# vLLM {grid.get('vllm_version')}: {cell['constraint']} with {cell['method']}, "
+            f"batch {cell.get('batch')} (sent alone here)\n"
+            f"import contextlib\n"
+            f"from workbook.run import constraints as C, request as rq\n"
             f"from workbook.vllm import engine as E\n"
             f"eng = E.start(C.config_for({cell['method']!r}))\n"
             f"sp = C.sampling_params({kw!r})\n"
-            f"out = eng.llm.generate([{{'prompt_token_ids': C.prompt_for(eng.tokenizer, "
+            f"with {head}:\n"
+            f"    out = eng.llm.generate([{{'prompt_token_ids': C.prompt_for(eng.tokenizer, "
             f"{cell['constraint']!r})}}], sp)\n"
-            f"print(out[0].outputs[0].token_ids)  # expected: {cell['first'] and cell['first']['what']}")
+            f"print(out[0].outputs[0].token_ids, repr(out[0].outputs[0].text))  "
+            f"# found: {cell['first'] and cell['first']['what']}")
 
 
 def main(argv=None) -> int:

@@ -29,6 +29,9 @@ API generations met so far (``GENERATIONS``; ``generation`` below), told apart b
 Optional hook points (``OPTIONAL``): module-level functions the tracer and some faults wrap
 when present (the budget kernels' launches, the sampling functions); a missing one is listed
 by ``describe()`` / ``check_source`` (the tracer then lacks that evidence), never an error.
+Optional classes (``OPTIONAL_CLASSES``), the same way: ``sample.prompt_logprob.
+PromptLogprobsWorker.compute_prompt_logprobs`` (0.28–0.32; the row check's prompt-logprob
+evidence), ``None`` on ``HookPoints`` where missing.
 
 ``resolve()`` raises ``HookPointError`` naming the first hook point it cannot find or whose
 signature changed, with the vLLM version, so a vLLM that moved things fails loudly instead of
@@ -76,6 +79,12 @@ TABLE: tuple[HookPoint, ...] = (
     HookPoint("rejection", (f"{PKG}.spec_decode.rejection_sampler",), "RejectionSampler",
               {"__call__": ("logits", "input_batch"), "_verify": None}),
 )
+# optional classes: resolved when present with the parameters named, else None (and listed in
+# ``missing_optional``); the evidence that reads them is then absent, never an error
+OPTIONAL_CLASSES: tuple[HookPoint, ...] = (
+    HookPoint("prompt_logprobs", (f"{PKG}.sample.prompt_logprob",), "PromptLogprobsWorker",
+              {"compute_prompt_logprobs": ("logits_fn", "hidden_states", "input_batch")}),
+)
 REQUIRED = {h.key: (h.modules[0], h.cls, tuple(h.methods)) for h in TABLE}  # older callers
 GENERATIONS = {  # generation -> {"key.method": leading parameters}
     "0.31": {"budget.apply": ("logits", "ctx"),
@@ -106,11 +115,15 @@ class HookPoints:
     generation: str  # "0.28" or "0.31"
     vllm_version: str
     missing_optional: tuple[str, ...] = ()
+    prompt_logprobs: type | None = None  # OPTIONAL_CLASSES (0.28-0.32: PromptLogprobsWorker)
 
     def describe(self) -> dict[str, Any]:
         return {"generation": self.generation, "vllm_version": self.vllm_version,
                 **{h.key: f"{getattr(self, h.key).__module__}."
                           f"{getattr(self, h.key).__qualname__}" for h in TABLE},
+                **{h.key: None if getattr(self, h.key) is None else
+                   f"{getattr(self, h.key).__module__}.{getattr(self, h.key).__qualname__}"
+                   for h in OPTIONAL_CLASSES},
                 "missing_optional": list(self.missing_optional)}
 
 
@@ -201,8 +214,15 @@ def resolve() -> HookPoints:
                     for name in names
                     if getattr(importlib.import_module(classes[k].__module__), name, None)
                     is None)
+    optional = {}
+    for h in OPTIONAL_CLASSES:
+        try:
+            optional[h.key] = _load(h, version)
+        except HookPointError:
+            optional[h.key] = None
+            missing += (f"{h.modules[0]}.{h.cls}",)
     _cache = HookPoints(generation=gen, vllm_version=version, missing_optional=missing,
-                        **classes)
+                        **classes, **optional)
     return _cache
 
 
@@ -295,6 +315,15 @@ def check_source(root: str) -> dict[str, Any]:
             point["methods"][meth] = got
             if want is not None and not _leading_ok(got, want):
                 out["errors"].append(_sig_error(version, where, got, want))
+    for h in OPTIONAL_CLASSES:
+        src = next((read(m) for m in h.modules if read(m) is not None), None)
+        tree = ast.parse(src) if src is not None else None
+        cls = None if tree is None else next((n for n in tree.body if isinstance(
+            n, ast.ClassDef) and n.name == h.cls), None)
+        names = set() if cls is None else {f.name for f in cls.body
+                                           if isinstance(f, ast.FunctionDef)}
+        if not set(h.methods) <= names:
+            out["missing_optional"].append(f"{h.modules[0]}.{h.cls}")
     if ("budget", "apply") in params:
         try:
             out["generation"] = _generation(lambda k, m: params.get((k, m), []), version)
