@@ -547,3 +547,26 @@ def test_a_method_vllm_refuses_at_start_is_said_apart_with_its_message():
     assert "1 refused by vLLM, 4 not run because vLLM refused the method itself at engine " \
            "start (ngram)" in said
     assert "Model Runner V2 does not yet support ngram" in constraints.table_html(grid)
+
+
+def test_the_report_leads_with_what_the_constraints_grids_found():
+    """A violated cell is named in the lead (constraint, methods, first step / row / stage /
+    what), a clean grid says so with its counts — all counted from the cells."""
+    from workbook.report import constraints
+
+    clean = {**GRID, "cells": [c for c in GRID["cells"] if c["status"] != "violated"]}
+    bad = {**clean, "vllm_version": "0.31.0", "cells": clean["cells"] + [
+        cell("stop_strings", "mtp", "violated", first={
+            "step": 1, "row": 2, "stage": "host-side post-processing",
+            "what": "stop string '!!!' completes at output index 2, then 2 more token(s) "
+                    "returned"})]}
+    lines = constraints.finding_lines([bad, clean])
+    n = len(bad["cells"])
+    assert lines[0].startswith(f"Constraints on vLLM 0.31.0: 1 of {n} cells violated — "
+                               "stop_strings with mtp (")
+    assert "at step 1, row 2, host-side post-processing: stop string '!!!'" in lines[0]
+    held = sum(c["status"] == "holds" for c in clean["cells"])
+    assert f"no violation; {held} of {len(clean['cells'])} cells held" in lines[1]
+    assert all("None" not in x for x in lines)
+    assert 'class="finding alarm"' in constraints.finding_html([bad])
+    assert constraints.finding_html([]) == ""

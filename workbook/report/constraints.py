@@ -121,6 +121,50 @@ def table_html(grid: dict) -> str:
             + "".join(rows) + "</table>")
 
 
+def finding_lines(grids: list[dict]) -> list[str]:
+    """What the grids found, for the report's lead, one sentence per grid (counted from its
+    cells): every judged cell held, or which constraint was violated with which methods, and
+    the first violated cell's step, row, stage and what broke."""
+    out = []
+    for g in grids:
+        cells = g.get("cells", [])
+        v = wording.value_text(g.get("vllm_version"))
+        bad = [c for c in cells if c["status"] == "violated"]
+        held = sum(c["status"] == "holds" for c in cells)
+        rest = Counter(c["status"] for c in cells if c["status"] not in ("holds", "violated"))
+        rest_text = "".join(f", {n} {st}" for st, n in sorted(rest.items()))
+        if not bad:
+            out.append(f"Constraints on vLLM {v}: no violation; {held} of {len(cells)} cells "
+                       f"held at every row and on the output{rest_text}.")
+            continue
+        by: dict[str, list[str]] = {}
+        for c in bad:
+            by.setdefault(c["constraint"], [])
+            if c["method"] not in by[c["constraint"]]:
+                by[c["constraint"]].append(c["method"])
+        f = bad[0].get("first") or {}
+        where = (f"step {f.get('step')}, row {f.get('row')}" if f.get("step") is not None
+                 else "no step recorded")
+        what = "; ".join(f"{k} with {', '.join(ms)}" for k, ms in by.items())
+        out.append(f"Constraints on vLLM {v}: {len(bad)} of {len(cells)} cells violated — "
+                   f"{what} ({held} held{rest_text}). First: {bad[0]['constraint']} / {bad[0]['method']} / "
+                   f"{bad[0]['batch']} at {where}, {f.get('stage') or 'stage not named'}: "
+                   f"{f.get('what') or 'no detail recorded'}.")
+    return out
+
+
+def finding_html(grids: list[dict]) -> str:
+    """The grids' lead (``finding_lines``) as a finding box; "" without a grid."""
+    lines = finding_lines(grids)
+    if not lines:
+        return ""
+    alarm = any(c["status"] == "violated" for g in grids for c in g.get("cells", []))
+    items = "".join(f"<li>{html.escape(x)}</li>" for x in lines)
+    return (f'<section class="finding{" alarm" if alarm else ""}"><p class="headline">'
+            f'{"A per-request constraint was violated under speculative decoding" if alarm else "Every judged constraint held under speculative decoding"}'
+            f' (<a href="#constraints">grid</a>)</p><ul>{items}</ul></section>')
+
+
 def section_html(grids: list[dict]) -> str:
     """The report section over one grid per vLLM version."""
     if not grids:

@@ -540,6 +540,8 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
     page.p(f"Generated {dt.datetime.now().astimezone().isoformat(timespec='seconds')} from "
            f"{len(batches)} batch folder(s), {len(runs)} run(s).", "note")
     page.raw(_finding_html(finding(batches)))
+    if grids:
+        page.raw(constraints_section.finding_html(grids))
     page.raw('<nav class="toc"><a href="#verdicts">Verdicts</a><a href="#violations">'
              'Violations</a><a href="#where">Where &lt;/think&gt; came</a><a href="#failures">'
              'Failures</a><a href="#time">Time</a><a href="#folders">Run folders</a>'
