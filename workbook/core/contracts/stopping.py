@@ -1,40 +1,34 @@
 """The stop contract: a stop token (``stop_token_ids``, and EOS unless ``ignore_eos``) ends
 the request — nothing follows it in the output, also when the tokens after it were accepted
-drafts of the same step (vLLM's scheduler must trim them) — and ``max_tokens`` caps the
-output's length.
+drafts of the same step (vLLM's scheduler must trim them).
 
 A stop token is a stop only from output index ``min_tokens`` on (before it, ``min_tokens``
 masks it: that is ``min_tokens``'s contract, not this one). The contract changes no logits row:
 its stage is the host's post-processing of a step's accepted tokens.
 
 Deliberately not here: stop strings (text, matched on the host: ``stop_strings``), masking the
-stop columns (``min_tokens``), the finish reason's wording beyond "stop" and "length".
+stop columns (``min_tokens``), the length cap (``max_tokens``).
 """
 
 from __future__ import annotations
 
-from workbook.core.contracts.base import Breach, Contract, ContractError, case_tokens, \
-    ids_in_vocab
+from workbook.core.contracts.base import Breach, Contract, case_tokens, ids_in_vocab
 
 
 class Stop(Contract):
-    """A stop token ends the request; the output holds at most ``max_tokens`` tokens."""
+    """A stop token ends the request: nothing follows it."""
 
     name = "stop"
     rank = 70
-    reads = ("stop_token_ids", "eos_token_ids", "ignore_eos", "min_tokens", "max_tokens")
+    reads = ("stop_token_ids", "eos_token_ids", "ignore_eos", "min_tokens")
     stages = ("host-side post-processing",)
 
     def active(self, p):
-        return bool(p.stop_token_ids) or (bool(p.eos_token_ids) and not p.ignore_eos) \
-            or p.max_tokens is not None
+        return bool(p.stop_token_ids) or (bool(p.eos_token_ids) and not p.ignore_eos)
 
     def check_output(self, p, o):
         output = [int(t) for t in o.output]
         out = []
-        if p.max_tokens is not None and len(output) > p.max_tokens:
-            out.append(Breach(self.name, f"{len(output)} tokens > max_tokens={p.max_tokens}",
-                              None, p.max_tokens))
         for i, t in enumerate(output[:-1]):
             if t in p.stopping_ids and i >= p.min_tokens:
                 out.append(Breach(self.name, f"stop token {t} at index {i}, then "
@@ -43,8 +37,6 @@ class Stop(Contract):
         return out
 
     def validate(self, p, vocab_size, max_logprobs):
-        if p.max_tokens is not None and p.max_tokens < 1:
-            raise ContractError("max_tokens", f"must be at least 1, got {p.max_tokens}")
         ids_in_vocab("stop_token_ids", p.stop_token_ids, vocab_size)
 
     def case(self, baseline, decode):
