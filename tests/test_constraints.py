@@ -12,15 +12,8 @@ from workbook.hooks import constraint_faults
 from workbook.run import constraints as C
 
 # faults whose request binds on the zeroed lm_head with MTP drafts accepted (every fault of the
-# catalogue: tests/test_constraints.py::test_every_fault_has_a_case)
-FAULT_CASES = {"bias-target-row-only": "allowed_token_ids", "gate-off": "penalties",
-               "penalties-drafts-uncounted": "penalties", "stop-not-trimmed": "stop",
-               "logprobs-row-shift": "logprobs", "min-tokens-off-by-one": "min_tokens",
-               "penalties-target-row-only": "penalties", "bad-words-target-row-only": "bad_words",
-               "budget-draft-rows": "thinking_token_budget",
-               "grammar-skipped-once": "structured_output",
-               "prompt-logprobs-row-shift": "prompt_logprobs",
-               "stop-string-not-trimmed": "stop_strings"}
+# catalogue; its case: the grid case of the contract it breaks)
+FAULT_CASES = {f: contract for f, (contract, _) in constraint_faults.EXPECTED.items()}
 # a case's keywords where the grid's own do not put the violating row on a draft row: budget 3
 # (one reasoning token in the prompt) makes </think> due at output index 2 = step 1, row 1
 FAULT_KWARGS = {"budget-draft-rows": {"thinking_token_budget": 3}}
@@ -65,6 +58,7 @@ def test_logit_bias_refused_with_spec_names_vllms_message(engine, cases):
 
 def test_every_fault_has_a_case():
     assert set(FAULT_CASES) == set(constraint_faults.FAULTS)
+    assert set(FAULT_CASES.values()) <= set(C.CONSTRAINTS)
 
 
 @pytest.mark.parametrize("fault", sorted(FAULT_CASES))

@@ -100,7 +100,7 @@ def test_must_hold_token(p, ctx, token, contract):
 # (params, output, finish_reason) -> contracts broken (first breach per contract)
 OUTPUTS = [
     (Params(max_tokens=4), [1, 2, 3, 4], "length", []),
-    (Params(max_tokens=4), [1, 2, 3, 4, 5], "length", ["stop"]),
+    (Params(max_tokens=4), [1, 2, 3, 4, 5], "length", ["max_tokens"]),
     (Params(stop_token_ids=(9,)), [1, 9], "stop", []),
     (Params(stop_token_ids=(9,)), [1, 9, 2, 3], "stop", ["stop"]),
     (Params(eos_token_ids=(2,)), [1, 2, 3], "stop", ["stop"]),
@@ -173,7 +173,7 @@ def test_params_of_dict_and_constraints():
     p = Params.of({"min_tokens": 2, "stop_token_ids": [9], "all_stop_token_ids": {9, 2},
                    "bad_words": [[3, 4]], "thinking_token_budget": -1, "max_tokens": 8})
     assert p.eos_token_ids == (2,) and p.thinking_token_budget is None
-    assert p.constraints() == ["min_tokens", "bad_words", "stop"]
+    assert p.constraints() == ["min_tokens", "bad_words", "stop", "max_tokens"]
     assert p.columns() == [2, 9, 4]
 
 

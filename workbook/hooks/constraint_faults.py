@@ -33,6 +33,8 @@ host, logprobs taken from the wrong row (#33391's shape), the budget's draft row
                                ``OutputProcessor`` keep the tokens (and their logprobs) after
                                the one completing a stop string within a step
                                (``_trim_surplus_tokens`` a no-op, ``update``'s cut undone)
+- ``max-tokens-step-end``      the scheduler checks the length cap only at a step's last token:
+                               a step's accepted drafts past ``max_tokens`` are kept
 
 Version notes: written against MRV2's ``sample/`` state objects (0.31+: ``LogitsContext``; 0.28
 generation: the same classes with positional arguments); a fault whose hook point is missing
@@ -64,6 +66,7 @@ FAULTS = {
     "prompt-logprobs-row-shift": "prompt logprobs come from the next row's hidden state",
     "stop-string-not-trimmed": "tokens after a stop string's within a step are kept (as in "
                                "vLLM 0.28-0.31)",
+    "max-tokens-step-end": "the length cap is checked at a step's last token only",
 }
 # the contract each fault breaks and the stage the evidence must name
 EXPECTED = {
@@ -79,6 +82,7 @@ EXPECTED = {
     "grammar-skipped-once": ("structured_output", "grammar bitmask"),
     "prompt-logprobs-row-shift": ("prompt_logprobs", "prompt row selection"),
     "stop-string-not-trimmed": ("stop_strings", "host-side post-processing"),
+    "max-tokens-step-end": ("max_tokens", "host-side post-processing"),
 }
 
 
@@ -256,4 +260,28 @@ def inject(name: str) -> patching.PatchSet:
         _prompt_logprobs_row_shift(ps, hp)
     elif name == "stop-string-not-trimmed":
         _stop_string_not_trimmed(ps)
+    elif name == "max-tokens-step-end":
+        _max_tokens_step_end(ps)
     return ps.install()
+
+
+def _max_tokens_step_end(ps):
+    """``Scheduler._update_request_with_output`` sees the request's cap lifted to the step's
+    end for the step whose tokens cross it: the cap ends the request at the step's last token,
+    so its accepted drafts past ``max_tokens`` are kept (finish reason still "length")."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    def make(orig):
+        def _update_request_with_output(self, request, new_token_ids, *a, **k):
+            cap = request.max_tokens
+            end = request.num_output_tokens + len(new_token_ids)
+            if end > cap:
+                request.max_tokens = end
+            try:
+                return orig(self, request, new_token_ids, *a, **k)
+            finally:
+                request.max_tokens = cap
+
+        return _update_request_with_output
+
+    ps.wrap(Scheduler, "_update_request_with_output", make)

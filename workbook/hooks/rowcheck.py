@@ -247,10 +247,7 @@ class RowCheck(patching.Hooked):
                          if known(a)), "penalties")
         if p.bad_words and known("num_bad_words"):
             need(got["num_bad_words"] != len(p.bad_words), "bad_words")
-        row_changing = [c for c in p.constraints() if c not in ("stop", "logprobs",
-                                                                 "structured_output",
-                                                                 "prompt_logprobs",
-                                                                 "stop_strings")]
+        row_changing = contracts.gated(p)  # the contracts behind the sampler's gate
         if row_changing and got["gate"] is False:
             missing.append("gate")
         return {"req_id": req_id, "slot": slot, "constraints": p.constraints(),

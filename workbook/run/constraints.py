@@ -88,9 +88,9 @@ BATCHES = ("single", "mixed", "mixed-natural", "mixed-scaled")
 SCALE = 1e5  # mixed-scaled: the lm_heads times this (request.scaled_lm_head)
 # the grid's cases: one per contract, plus cases that combine contracts (their contracts:
 # ``CASE_CONTRACTS``)
-CONSTRAINTS = contracts.CONSTRAINTS + ("structured_output+budget",)
-CASE_CONTRACTS = {"structured_output+budget": ("thinking_token_budget", "structured_output")}
-JSON_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+CONSTRAINTS = contracts.CASES
+CASE_CONTRACTS = contracts.CASE_CONTRACTS
+JSON_SCHEMA = contracts.JSON_SCHEMA
 # What the JSON schema's grammar makes of the zeroed lm_head (every allowed column ties at 0;
 # greedy takes the lowest id): the structured cases' prompts hold it, so a prompt-lookup
 # drafter (ngram) drafts what the target emits, across the reasoning boundary for the budget
@@ -106,36 +106,9 @@ NO_THINKING = ("structured_output",)
 def case_kwargs(name: str, baseline: list[int], decode) -> dict[str, Any]:
     """``SamplingParams`` keywords of constraint ``name``, derived from the unconstrained greedy
     output ``baseline`` (so each constraint binds: it masks, penalises or stops a token the
-    model would emit); ``decode(ids) -> str`` for the string-valued ``bad_words``."""
-    b0 = int(baseline[0]) if baseline else 0
-    b1 = int(baseline[1]) if len(baseline) > 1 else b0
-    other = [t for t in (5, 6, 7, 8) if t != b0][:3]
-    return {
-        "thinking_token_budget": {"thinking_token_budget": 2},
-        "min_tokens": {"min_tokens": 5, "stop_token_ids": [b0]},
-        "logit_bias": {"logit_bias": {b0: -50.0, other[0]: 5.0}},
-        "allowed_token_ids": {"allowed_token_ids": other},
-        "bad_words": {"bad_words": [decode([b0])] + ([decode([b1, b0])] if b1 != b0 else [])},
-        # negative presence / frequency raise the columns already emitted: on the zeroed
-        # lm_head the target's argmax stays the drafter's token, so drafts are accepted and
-        # draft rows with earlier accepted drafts are checked (a positive one moves the
-        # target's argmax off the drafter's token: no draft is ever accepted)
-        "penalties": {"repetition_penalty": 1.5, "presence_penalty": -0.5,
-                      "frequency_penalty": -0.3},
-        # min_tokens 2 moves the stop token inside a step's accepted drafts (lm_head zeroed)
-        "stop": {"stop_token_ids": [b0], "ignore_eos": False, "min_tokens": 2},
-        "logprobs": {"logprobs": 3},
-        "structured_output": {"structured_outputs": {"json": JSON_SCHEMA}},
-        # budget 2 forces </think> at output index 1 (one reasoning token in the prompt); the
-        # grammar must start at output index 2 (vLLM #44297 / #44993's boundary)
-        "structured_output+budget": {"thinking_token_budget": 2,
-                                     "structured_outputs": {"json": JSON_SCHEMA}},
-        "prompt_logprobs": {"prompt_logprobs": 3, "logprobs": 3},
-        # the text of the baseline's first three tokens: it completes at output index 2,
-        # inside step 1's accepted drafts (step 0, the prefill, emits index 0)
-        "stop_strings": {"stop": [decode([int(t) for t in baseline[:3]]) or "!"],
-                         "include_stop_str_in_output": False},
-    }[name]
+    model would emit); ``decode(ids) -> str`` for the string-valued ``bad_words``. Each
+    contract's own (``contracts.case_kwargs``)."""
+    return contracts.case_kwargs(name, baseline, decode)
 
 
 def validate_case(name: str, kw: dict, vocab_size: int) -> None:

@@ -1,0 +1,64 @@
+"""The thinking budget as a contract of the family (first in the catalogue): with
+``thinking_token_budget`` set, vLLM ends the reasoning by forcing the end marker where the
+budget binds; the row forcing it holds that column at or above ``budget.FORCED_LOGIT`` whatever
+the other contracts did to it (step 6 of the processing order, so temperature does not divide
+it), and the output holds the end marker at the index the budget makes it due.
+
+Every piece of budget arithmetic is ``workbook.core.budget``'s (``row_truth`` for the row,
+``judge`` for the output): this class only says which rows and columns the rule names and turns
+its verdict into a ``Breach``. Only with complete reasoning markers (start and end known) is
+anything judged.
+
+Deliberately not here: the other side of the budget (a forced end where none was due:
+``budget.forced_not_due``, judged by the trace's diagnosis, which sees the forcing); the
+markers themselves (the engine's reasoning configuration).
+"""
+
+from __future__ import annotations
+
+from workbook.core import budget
+from workbook.core.contracts.base import (Breach, Contract, ContractError, Outcome, Params,
+                                          RowContext)
+
+
+class ThinkingBudget(Contract):
+    """``thinking_token_budget``: at most that many reasoning tokens; the end marker is forced
+    at the first output position whose reasoning count reaches the budget."""
+
+    name = "thinking_token_budget"
+    rank = 10
+    step = 6
+    forces = True
+    reads = ("thinking_token_budget",)
+    stages = ("registration", "gate/fast path", "commit", "apply", "apply on draft rows",
+              "rejection")
+
+    def active(self, p: Params) -> bool:
+        return p.thinking_token_budget is not None
+
+    def columns(self, p, markers):
+        return list(budget.Markers.of(markers).end) if markers is not None else []
+
+    def row(self, p: Params, ctx: RowContext, col: int, x: float) -> tuple[float, bool]:
+        if not ctx.markers.complete:
+            return x, False
+        t = budget.row_truth(list(ctx.prompt) + list(ctx.output), list(ctx.drafts),
+                             ctx.local_pos, p.thinking_token_budget, ctx.markers)
+        return x, bool(t.due and col == t.token)
+
+    def check_output(self, p: Params, o: Outcome) -> list[Breach]:
+        if o.markers is None or not budget.Markers.of(o.markers).complete:
+            return []
+        j = budget.judge(o.prompt, o.output, p.thinking_token_budget, o.markers)
+        if j.honored is False:
+            return [Breach(self.name, f"end marker due at {j.expected_end_index}, first at "
+                                      f"{j.actual_end_index}", None, j.expected_end_index)]
+        return []
+
+    def validate(self, p, vocab_size, max_logprobs):
+        v = p.thinking_token_budget
+        if v is not None and (isinstance(v, bool) or v < 0):
+            raise ContractError(self.name, "must be a non-negative integer or -1 for unlimited")
+
+    def case(self, baseline, decode):
+        return {"thinking_token_budget": 2}
