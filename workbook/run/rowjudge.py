@@ -35,7 +35,8 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
                 markers: budget.Markers, names: dict[str, str] | None = None
                 ) -> dict[str, dict]:
     """Per request: rows checked, breaches (step, row, local position, output index, stage,
-    contract, what, column, expected, found, columns — how many differ in that row), the first,
+    contract, what, column, expected — a forced column's lower bound —, found, columns: how many
+    differ in that row), the first,
     and ``affected_by`` (another request's constraint found on its rows). ``names``: request id
     -> the label sentences use (default: the id)."""
     label = lambda r: (names or {}).get(r, r)
@@ -94,7 +95,7 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
                      **b.to_dict()}
                 if b.column is not None and b.column in row["raw"]:
                     e = contracts.expected(p, ctx, b.column, row["raw"][b.column])
-                    d.update(expected=e.value, found=row["proc"][b.column],
+                    d.update(expected=_value(e), found=row["proc"][b.column],
                              columns=sum(1 for x in found if x.contract == b.contract))
                 r["breaches"].append(d)
     for r in out.values():
@@ -105,6 +106,11 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
 
 def _ctx(prompt, before, row, j, markers) -> contracts.RowContext:
     return contracts.RowContext(tuple(prompt), tuple(before), tuple(row["drafts"]), j, markers)
+
+
+def _value(e: contracts.Expect) -> float:
+    """The value a column must hold (a forced column: at least ``budget.FORCED_LOGIT``)."""
+    return budget.FORCED_LOGIT if e.forced else e.value
 
 
 def _per_contract(found: list) -> list:
@@ -169,7 +175,7 @@ def _source(req_id, row, ctx, cols, peers, params, prompts, before, markers):
             if all(names):
                 c = cols[0].column
                 e = contracts.expected(p, ctx, c, row["raw"][c])
-                return a, names[0], c, e.value, row["proc"][c]
+                return a, names[0], c, _value(e), row["proc"][c]
     return None
 
 
