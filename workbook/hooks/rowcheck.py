@@ -95,7 +95,6 @@ class RowCheck(patching.Hooked):
         self.registrations: list[dict] = []
         self.markers = budget.Markers()
         self.logprobs_mode = "raw_logprobs"
-        self._static: dict[str, list[int]] = {}  # req -> its static columns
         self._table = None  # device [slots, S] static columns
         self._host_table = None
         self._dev = None
@@ -164,7 +163,6 @@ class RowCheck(patching.Hooked):
             self._history[new.req_id] = list(tokens)
             self._len_ub[new.req_id] = len(tokens)
             cols = p.columns(self.markers)[:self.max_static]
-            self._static[new.req_id] = cols
             width = max(self._host_table.shape[1], len(cols), 1)
             if width > self._host_table.shape[1]:
                 grown = np.zeros((self._host_table.shape[0], width), dtype=np.int64)

@@ -1,5 +1,6 @@
 """The constraints grid: every sampling constraint × speculative method × batch, on one engine
-per method, judged row by row (``workbook.hooks.rowcheck``), on the output
+per method, judged row by row (evidence ``workbook.hooks.rowcheck``, judged by
+``workbook.run.rowjudge``), on the output
 (``contracts.check_output``) and against the same greedy request without speculation (the
 differential).
 
