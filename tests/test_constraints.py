@@ -14,13 +14,19 @@ from workbook.run import constraints as C
 # faults whose request binds on the zeroed lm_head with MTP drafts accepted (every fault of the
 # catalogue; its case: the grid case of the contract it breaks)
 FAULT_CASES = {f: contract for f, (contract, _) in constraint_faults.EXPECTED.items()}
+# faults that leak one request's constraint onto its neighbours' rows: sent in a batch with
+# these cases, which must hold (affected by the source, not violated)
+FAULT_NEIGHBOURS = {"allowed-mask-every-row": ("thinking_token_budget",)}
 # a case's keywords where the grid's own do not put the violating row on a draft row: budget 3
 # (one reasoning token in the prompt) makes </think> due at output index 2 = step 1, row 1
 FAULT_KWARGS = {"budget-draft-rows": {"thinking_token_budget": 3}}
 # faults whose first violating (step, row, output index) is known from the case alone: the
 # grammar bitmask skipped in the first constraining step = the first step (the prompt ends the
 # reasoning), whose row 0 greedily emits token 0 ('!'), which no JSON starts with
-FAULT_AT = {"grammar-skipped-once": (0, 0, 0)}
+FAULT_AT = {"grammar-skipped-once": (0, 0, 0),
+            # the prefill row: the presence penalty (-0.5) lands on the column past the prompt's
+            # last token, which no contract names (the old row check never kept it)
+            "penalties-next-column": (0, 0, 0)}
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +82,9 @@ def test_fault_caught_at_its_contract_and_stage(engine, cases, fault):
         if not zero:  # the same request without the fault holds: no false alarm on this head
             healthy, _ = C.run_batch(engine, {c: kw}, zero_head=False, batch="single")
             assert healthy[c].status == "holds", (healthy[c].first, healthy[c].message)
-        cells, ev = C.run_batch(engine, {c: kw}, zero_head=zero, batch="single", fault=fault)
+        sent = {c: kw, **{n: cases[n] for n in FAULT_NEIGHBOURS.get(fault, ())}}
+        cells, ev = C.run_batch(engine, sent, zero_head=zero, fault=fault,
+                                batch="mixed" if len(sent) > 1 else "single")
     cell = cells[c]
     contract, stage = constraint_faults.EXPECTED[fault]
     rows = [(r["row"], r["local_pos"], r.get("emitted_token"), r.get("logprob_ids"),
@@ -89,6 +97,14 @@ def test_fault_caught_at_its_contract_and_stage(engine, cases, fault):
     if fault in FAULT_AT:
         at = (cell.first["step"], cell.first["row"], cell.first["out_index"])
         assert at == FAULT_AT[fault], cell.first
+    if cell.first.get("column") is not None and "expected" in cell.first:
+        assert cell.first["expected"] != cell.first["found"], cell.first
+    for n in FAULT_NEIGHBOURS.get(fault, ()):  # attributed to the source, the neighbour held
+        assert cells[n].status == "holds", (cells[n].status, cells[n].first)
+        assert cells[n].affected_by and cells[n].affected_by[0]["by_name"].endswith(f"({c})")
+        assert cell.first["on_name"].endswith(f"({n})"), cell.first
+        assert cell.first["what"].startswith("request ") and " applied to request " in \
+            cell.first["what"], cell.first
 
 
 def test_bad_case_rejected_before_engine():
@@ -109,6 +125,7 @@ def test_rowcheck_never_synchronizes_inside_a_step(engine, cases):
 
     from workbook.hooks.rowcheck import RowCheck
     from workbook.run import request as rq
+    from workbook.run import rowjudge
 
     names = ("penalties", "allowed_token_ids", "logprobs", "bad_words", "min_tokens",
              "thinking_token_budget", "structured_output")
@@ -118,7 +135,7 @@ def test_rowcheck_never_synchronizes_inside_a_step(engine, cases):
         with OpsFrom(os.path.join("workbook", "hooks", "rowcheck.py")) as ops:
             engine.llm.generate(prompts, sps, use_tqdm=False)
         n = rc._nsteps
-        verdicts = rc.judge()  # after the run: the one synchronization, outside the steps
+        verdicts = rowjudge.judge(rc)  # after the run: the one synchronization, outside the steps
     assert rc.errors == []
     assert n > 0 and ops.seen, "the row check issued no device work in its steps"
     assert sum(v["draft_rows"] for v in verdicts.values()) > 0

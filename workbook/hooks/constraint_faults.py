@@ -35,6 +35,13 @@ host, logprobs taken from the wrong row (#33391's shape), the budget's draft row
                                (``_trim_surplus_tokens`` a no-op, ``update``'s cut undone)
 - ``max-tokens-step-end``      the scheduler checks the length cap only at a step's last token:
                                a step's accepted drafts past ``max_tokens`` are kept
+- ``penalties-next-column``    ``PenaltiesState.apply`` also applies the presence penalty one
+                               column past each row's input token (an off-by-one column
+                               index): a column outside the request's contract columns,
+                               history and drafts
+- ``allowed-mask-every-row``   ``LogitBiasState.apply`` reads every row's state from the
+                               batch's first request with ``allowed_token_ids`` (a broadcast
+                               slot index): its mask lands on its neighbours' rows
 
 Version notes: written against MRV2's ``sample/`` state objects (0.31+: ``LogitsContext``; 0.28
 generation: the same classes with positional arguments); a fault whose hook point is missing
@@ -67,6 +74,10 @@ FAULTS = {
     "stop-string-not-trimmed": "tokens after a stop string's within a step are kept (as in "
                                "vLLM 0.28-0.31)",
     "max-tokens-step-end": "the length cap is checked at a step's last token only",
+    "penalties-next-column": "the presence penalty also lands one column past each row's "
+                             "input token",
+    "allowed-mask-every-row": "one request's allowed_token_ids mask is applied to every row "
+                              "of the batch",
 }
 # the contract each fault breaks and the stage the evidence must name
 EXPECTED = {
@@ -83,6 +94,9 @@ EXPECTED = {
     "prompt-logprobs-row-shift": ("prompt_logprobs", "prompt row selection"),
     "stop-string-not-trimmed": ("stop_strings", "host-side post-processing"),
     "max-tokens-step-end": ("max_tokens", "host-side post-processing"),
+    "penalties-next-column": ("penalties", "apply"),
+    # the source request's contract, on a neighbour's rows (``workbook.run.rowjudge``)
+    "allowed-mask-every-row": ("allowed_token_ids", ("apply", "apply on draft rows")),
 }
 
 
@@ -227,6 +241,44 @@ def _stop_string_not_trimmed(ps):
     ps.wrap(detokenizer.BaseIncrementalDetokenizer, "update", make)
 
 
+def _penalties_next_column(ps, cls):
+    def make(orig):
+        def apply(self, *a, **k):
+            import torch
+
+            logits, ctx = _ctx_of(a, k)
+            out = orig(self, *a, **k)
+            rows = torch.arange(out.shape[0], device=out.device)
+            col = (ctx.input_ids.long() + 1).clamp(max=out.shape[-1] - 1)
+            pres = self.presence_penalty.gpu[ctx.expanded_idx_mapping.long()].to(out.dtype)
+            out[rows, col] = out[rows, col] - pres
+            return out
+
+        return apply
+
+    ps.wrap(cls, "apply", make)
+
+
+def _allowed_mask_every_row(ps, cls):
+    def make(orig):
+        def apply(self, *a, **k):
+            import torch
+
+            logits, ctx = _ctx_of(a, k)
+            n_allowed = getattr(self.num_allowed_token_ids, "np", None)
+            if n_allowed is None:
+                raise AttributeError("LogitBiasState.num_allowed_token_ids has no host array")
+            slots = [int(s) for s in ctx.idx_mapping_np if n_allowed[int(s)] > 0]
+            if not slots:
+                return orig(self, *a, **k)
+            mapping = torch.full_like(ctx.expanded_idx_mapping, slots[0])
+            return orig(self, logits, dataclasses.replace(ctx, expanded_idx_mapping=mapping))
+
+        return apply
+
+    ps.wrap(cls, "apply", make)
+
+
 def inject(name: str) -> patching.PatchSet:
     """Install fault ``name`` (``FAULTS``); returns its ``PatchSet`` (``.remove()`` undoes)."""
     if name not in FAULTS:
@@ -262,6 +314,10 @@ def inject(name: str) -> patching.PatchSet:
         _stop_string_not_trimmed(ps)
     elif name == "max-tokens-step-end":
         _max_tokens_step_end(ps)
+    elif name == "penalties-next-column":
+        _penalties_next_column(ps, _cls("penalties", "PenaltiesState"))
+    elif name == "allowed-mask-every-row":
+        _allowed_mask_every_row(ps, _cls("logit_bias", "LogitBiasState"))
     return ps.install()
 
 

@@ -1,66 +1,31 @@
-"""The row check: per logits row (draft rows included), the values at the columns a contract
-names, before and after ``Sampler.apply_sampling_params``, judged by ``workbook.core.contracts``.
+"""The row check's evidence: per logits row (draft rows included), the raw and processed values
+of ``Sampler.apply_sampling_params`` at a bounded set of columns, gathered on the device.
 
-``RowCheck().install()`` patches (``workbook.vllm.patching`` layer "trace") the MRV2 hook points
-of ``workbook.vllm.hookpoints``:
+``RowCheck().install()`` patches (``workbook.vllm.patching`` layer "trace") MRV2's hook points
+(``workbook.vllm.hookpoints``):
 
-- ``GPUModelRunner.add_requests``: the request's constraint parameters (``contracts.Params.of``
-  the worker's ``SamplingParams``, EOS included), its prompt and slot, and the registration
-  evidence: what vLLM's per-slot sampling state holds for the slot right after registration
-  (host arrays: the gate ``needs_logits_processing``, allowed / bias / stop counts, ``min_lens``,
-  penalty values, bad-word counts — whichever the installed version has);
-- ``GPUModelRunner.sample_tokens``: the step (request ids, slots, logits rows per request);
-- ``Sampler.apply_sampling_params`` (every call: ``Sampler`` and ``RejectionSampler._verify``):
-  per row, the columns ``[static | history | drafts]`` — the request's contract columns (a
-  per-slot device table written at registration), the committed history as the device holds it
-  (``all_token_ids[slot, :W]``: penalties' columns, and the commit evidence), this step's drafts
-  of the row's request (``input_ids`` of its later rows) — gathered from the raw and the
-  processed logits; the processed row's top-2; the number of finite columns (when a request
-  of the batch has ``allowed_token_ids`` or a JSON schema); the penalty counts vLLM keeps at those columns (when
-  one is penalised); whether the fast path returned the input;
-- ``GPUModelRunner.sample``: the tokens sampled per request and row, the processed and raw
-  values at the emitted token of every row, and the logprobs vLLM returns per row with the raw
-  (or processed, per ``logprobs_mode``) row's logsumexp and values at those ids;
-- ``PromptLogprobsWorker.compute_prompt_logprobs`` (only for requests with ``prompt_logprobs``
-  whose prompt the step computes): per prompt position the ids and values vLLM returned for it
-  (the last rows of the chunk's tensor), the input token of the row that predicts it, and, from
-  the same hidden states through the same ``logits_fn``, that row's logsumexp and values at the
-  returned ids (``prompt_rows``). The rows are located from the host prompt length and the
-  batch layout (``query_start_loc``, computed prefill), not from vLLM's selection; it costs one
-  extra ``logits_fn`` over the request's prompt rows.
+- ``GPUModelRunner.add_requests``: the request's ``contracts.Params``, prompt, slot, and what
+  vLLM's per-slot sampling state holds right after registration (gate, allowed / bias / stop
+  counts, ``min_lens``, penalties, bad words: whichever arrays the version has);
+- ``GPUModelRunner.sample_tokens``: the step (request ids, slots, rows per request);
+- ``Sampler.apply_sampling_params``: per row, raw and processed values at the columns
+  ``[static | history | drafts | step | top-K raw | top-K processed]`` — the request's contract
+  columns, its committed history as the device holds it, its own drafts, every token of the step
+  (all requests' inputs: their drafts), and the ``TOP_K`` largest columns of the raw and of the
+  processed row; the number of finite columns (when a request has allowed ids or a schema); the
+  penalty counts there (when a request is penalised); whether the fast path returned the input;
+- ``GPUModelRunner.sample``: the tokens sampled per request and row, the values at the emitted
+  token, and the logprobs vLLM returns per row with what the row says at those ids;
+- ``PromptLogprobsWorker.compute_prompt_logprobs``: per prompt position the ids and values vLLM
+  returned and, through the same ``logits_fn``, what the row that predicts it says.
 
-Every index is a device tensor (the static table is written at registration from a fresh
-host buffer; row offsets come from ``torch.arange`` and ``searchsorted`` on the device), so the
-check queues device work only and never synchronizes inside a step; the tensors are copied to
-the host and judged after the run (``materialize``; one synchronization). Never whole rows:
-memory is bounded by rows × (static + W + k) columns per step.
+Every index is a device tensor: inside a step the check only queues device work (no host
+synchronization); ``materialize`` copies after the run. Memory: rows x (static + W + k +
+min(rows, ``max_step_tokens``) + 2 ``TOP_K``) columns per step. It never writes into vLLM
+tensors nor changes a return value; removing it restores the methods exactly.
 
-It never writes into vLLM tensors and never changes a return value; removing it restores the
-methods exactly (``workbook.vllm.patching``).
-
-Judging (``judge``): each row's breaches (``contracts.check_row`` on the kept columns; the
-emitted token against the row: ``contracts.must_hold_token`` and, greedy, the processed
-argmax), each tagged with the stage the evidence shows, from positive evidence only:
-
-    registration     vLLM's per-slot state after ``add_request`` lacks the parameter
-    gate/fast path   the slot's gate was off, or ``apply_sampling_params`` returned its input,
-                     at a row whose contract changes a column
-    commit           the device history (or penalty counts) the row was processed with differs
-                     from the tokens emitted before
-    apply            the processed row breaks the contract with gate on, no fast path, history
-                     right (``apply on draft rows`` when row 0 of the same step held)
-    rejection        the processed row holds but the emitted token breaks it (masked, or not
-                     the greedy argmax)
-    grammar bitmask  a structured-output row whose processed argmax, or number of finite
-                     columns, the request's grammar does not allow (judged in
-                     ``workbook.run.constraints`` over this evidence: the grammar needs the
-                     engine's tokenizer; vLLM masks the logits before ``apply_sampling_params``,
-                     so the raw row here is already masked)
-
-(``prompt row selection`` — prompt logprobs against the rows they came from —,
-``host-side post-processing`` and ``differential vs none`` are judged by
-``workbook.run.constraints`` from this evidence and the request's output.)
-Not here: the contracts themselves (``workbook.core.contracts``), running requests.
+Not here: judging (``workbook.run.rowjudge``: predictions, first violation, stages, attribution
+across requests), the contracts (``workbook.core.contracts``).
 """
 
 from __future__ import annotations
@@ -73,9 +38,7 @@ import numpy as np
 from workbook.core import budget, contracts
 from workbook.vllm import hookpoints, patching
 
-STAGES = ("registration", "gate/fast path", "commit", "apply", "apply on draft rows",
-          "rejection", "grammar bitmask", "prompt row selection", "host-side post-processing",
-          "differential vs none")
+TOP_K = 4  # the largest columns of the raw and of the processed row kept per row
 REG_ATTRS = ("num_allowed_token_ids", "num_logit_bias", "min_lens", "num_stop_token_ids",
              "repetition_penalty", "frequency_penalty", "presence_penalty", "num_bad_words")
 
@@ -87,10 +50,10 @@ class _Call:
     slots: Any  # [n] device int
     local_pos: Any  # [n]
     input_ids: Any  # [n]
-    cols: Any  # [n, C] device long: static | history | drafts
+    cols: Any  # [n, C] device long: static | history | drafts | step | top raw | top proc
     raw: Any  # [n, C]
     proc: Any  # [n, C]
-    top2: Any  # (vals [n, 2], ids [n, 2]) of the processed row
+    top2: Any  # (vals [n, K], ids [n, K]) of the processed row
     finite: Any = None  # [n] finite processed columns
     counts: Any = None  # [n, C] vLLM's penalty counts at the columns
     gate: Any = None  # np [reqs] needs_logits_processing of the call's slots
@@ -117,11 +80,14 @@ class _Step:
 
 
 class RowCheck(patching.Hooked):
-    """Install with ``install()`` / ``with RowCheck() as rc:``; judge with ``judge()``."""
+    """Install with ``install()`` / ``with RowCheck() as rc:``; judged by
+    ``workbook.run.rowjudge.judge(rc)``."""
 
-    def __init__(self, max_steps: int = 4096, max_drafts: int = 8, max_static: int = 64):
+    def __init__(self, max_steps: int = 4096, max_drafts: int = 8, max_static: int = 64,
+                 max_step_tokens: int = 256, top_k: int = TOP_K):
         self.hp = hookpoints.resolve()
         self.max_steps, self.max_drafts, self.max_static = max_steps, max_drafts, max_static
+        self.max_step_tokens, self.top_k = max_step_tokens, top_k
         self.patches = self._build_patches()
         self.params: dict[str, contracts.Params] = {}
         self.prompts: dict[str, list[int]] = {}
@@ -129,7 +95,6 @@ class RowCheck(patching.Hooked):
         self.registrations: list[dict] = []
         self.markers = budget.Markers()
         self.logprobs_mode = "raw_logprobs"
-        self._static: dict[str, list[int]] = {}  # req -> its static columns
         self._table = None  # device [slots, S] static columns
         self._host_table = None
         self._dev = None
@@ -198,7 +163,6 @@ class RowCheck(patching.Hooked):
             self._history[new.req_id] = list(tokens)
             self._len_ub[new.req_id] = len(tokens)
             cols = p.columns(self.markers)[:self.max_static]
-            self._static[new.req_id] = cols
             width = max(self._host_table.shape[1], len(cols), 1)
             if width > self._host_table.shape[1]:
                 grown = np.zeros((self._host_table.shape[0], width), dtype=np.int64)
@@ -324,12 +288,18 @@ class RowCheck(patching.Hooked):
         lp = args.expanded_local_pos.long()
         ar = torch.arange(n, device=dev)
         didx = ((ar - lp).unsqueeze(1) + torch.arange(1, k + 1, device=dev)).clamp(0, n - 1)
-        drafts = args.input_ids.long()[didx]  # [n, k] the drafts of the row's request
-        cols = torch.cat([static, hist, drafts], 1).clamp(0, V - 1)
+        tokens = args.input_ids.long()
+        drafts = tokens[didx]  # [n, k] the drafts of the row's request
+        m = min(n, self.max_step_tokens)  # every token of the step: all requests' drafts
+        step_tok = tokens[:m].unsqueeze(0).expand(n, m)
+        kk = min(self.top_k, V)
+        top = torch.topk(out.float(), kk, dim=-1)
+        raw_top = torch.topk(logits, kk, dim=-1).indices
+        cols = torch.cat([static, hist, drafts, step_tok, raw_top, top.indices], 1).clamp(0, V - 1)
         call = _Call(offset=offset, n=n, slots=args.expanded_idx_mapping.clone(),
                      local_pos=lp, input_ids=args.input_ids.clone(), cols=cols,
                      raw=logits.gather(1, cols).float(), proc=out.gather(1, cols).float(),
-                     top2=torch.topk(out.float(), 2, dim=-1), w_static=int(static.shape[1]),
+                     top2=top, w_static=int(static.shape[1]),
                      w_hist=w, fast_path=out is logits, raw_t=logits, proc_t=out)
         slots_np = np.asarray(args.idx_mapping_np)
         call.gate_slots = np.array(slots_np, copy=True)
@@ -510,23 +480,20 @@ class RowCheck(patching.Hooked):
     def _row(self, c, H, top, at, lp, q, j, req_id, hist, prompt, emitted) -> dict:
         cols, raw, proc = H["cols"][q], H["raw"][q], H["proc"][q]
         s, w = c.w_static, c.w_hist
-        static = self._static.get(req_id, [])
-        keep = list(range(min(len(static), s)))  # the request's own static columns
         dev_hist = [int(x) for x in cols[s:s + w]]
         n_hist = min(len(hist), w)
-        keep += list(range(s, s + n_hist))  # history columns actually committed
-        n_rows_req = None
+        slot = self.slot_of[req_id]
         row = {"row": c.offset + q, "local_pos": j, "input_token": int(H["input_ids"][q]),
-               "gate": None if c.gate is None else bool(c.gate[list(c.gate_slots).index(
-                   self.slot_of[req_id])]) if self.slot_of[req_id] in c.gate_slots else None,
+               "gate": None if c.gate is None or slot not in c.gate_slots
+               else bool(c.gate[list(c.gate_slots).index(slot)]),
                "fast_path": c.fast_path,
                "history_ok": dev_hist[:n_hist] == [int(t) for t in hist[:n_hist]],
                "top1": int(top[1][q][0]), "top1_val": float(top[0][q][0]),
-               "top2_val": float(top[0][q][1]),
+               "top2_val": float(top[0][q][1]) if top[0].shape[1] > 1 else float("-inf"),
                "emitted_token": emitted[j] if j < len(emitted) else None}
-        del n_rows_req
-        k = cols.shape[0] - s - w
-        keep += [s + w + d for d in range(min(j, k))]  # this row's own earlier drafts
+        # every kept column, once, in the order static | history | drafts | step | top-K
+        keep = list({int(x): i for i, x in reversed(list(enumerate(cols)))}.values())
+        keep.sort()
         row["raw"] = {int(cols[x]): float(raw[x]) for x in keep}
         row["proc"] = {int(cols[x]): float(proc[x]) for x in keep}
         row["finite"] = None if H["finite"] is None else int(H["finite"][q])
@@ -542,81 +509,11 @@ class RowCheck(patching.Hooked):
                                                                float(lse[q])) for v in src_at[q]]
         return row
 
-    # ---- judging -------------------------------------------------------------------------------
+    # ---- the evidence, per step and request ------------------------------------------------------
     @property
     def steps(self) -> list[dict]:
         self.materialize()
         return self._steps
-
-    def judge(self) -> dict[str, dict]:
-        """Per request: the rows checked, the breaches (each with step, row, local position,
-        output index, stage, contract, what) and the first one."""
-        regs = {r["req_id"]: r for r in self.registrations}
-        out: dict[str, dict] = {}
-        for rec in self.steps:
-            req_id = rec["req_id"]
-            p = self.params[req_id]
-            res = out.setdefault(req_id, {"rows": 0, "draft_rows": 0, "breaches": [],
-                                          "constraints": p.constraints()})
-            prompt = tuple(self.prompts[req_id])
-            committed = tuple(self._output_before(req_id, rec))
-            row0_ok = True
-            for row in rec["rows"]:
-                j = row["local_pos"]
-                res["rows"] += 1
-                res["draft_rows"] += j > 0
-                ctx = contracts.RowContext(prompt, committed, tuple(row["drafts"]), j,
-                                           self.markers)
-                found = [(b, self._stage(regs.get(req_id), row, j, row0_ok, p))
-                         for b in contracts.check_row(p, ctx, row["raw"], row["proc"],
-                                                      row["finite"])]
-                if not found:
-                    found = self._rejection(p, ctx, row)
-                if j == 0:
-                    row0_ok = not found
-                for b, stage in found:
-                    res["breaches"].append({"step": rec["step"], "row": row["row"],
-                                            "local_pos": j, "stage": stage, **b.to_dict()})
-        for res in out.values():
-            res["first"] = res["breaches"][0] if res["breaches"] else None
-        return out
-
-    def _output_before(self, req_id: str, rec: dict) -> list[int]:
-        toks: list[int] = []
-        for r in self._steps:
-            if r is rec:
-                break
-            if r["req_id"] == req_id:
-                toks.extend(r["emitted"])
-        return toks
-
-    @staticmethod
-    def _stage(reg: dict | None, row: dict, j: int, row0_ok: bool, p) -> str:
-        if reg is not None and set(reg["missing"]) - {"gate"}:
-            return "registration"  # a parameter's per-slot state is missing (the gate: below)
-        if row["gate"] is False or row["fast_path"]:
-            return "gate/fast path"
-        if not row["history_ok"]:
-            return "commit"
-        if p.penalised and row.get("counts") is not None:
-            return "apply on draft rows" if j > 0 and row0_ok else "apply"
-        return "apply on draft rows" if j > 0 and row0_ok else "apply"
-
-    @staticmethod
-    def _rejection(p, ctx, row) -> list:
-        t = row["emitted_token"]
-        if t is None:
-            return []
-        b = contracts.must_hold_token(p, ctx, t)
-        if b is not None:
-            return [(b, "rejection")]
-        if p.temperature == 0.0 and "proc_at_emitted" in row:
-            if row["proc_at_emitted"] < row["top1_val"] and t != row["top1"]:
-                return [(contracts.Breach("greedy", f"emitted {t} ({row['proc_at_emitted']:.6g})"
-                                          f", the processed row's argmax is {row['top1']} "
-                                          f"({row['top1_val']:.6g})", t, ctx.out_index),
-                         "rejection")]
-        return []
 
     def emitted_rows(self, req_id: str) -> list[dict]:
         """One entry per emitted token of ``req_id`` in output order: step, row, local

@@ -1,5 +1,6 @@
 """The constraints grid: every sampling constraint × speculative method × batch, on one engine
-per method, judged row by row (``workbook.hooks.rowcheck``), on the output
+per method, judged row by row (evidence ``workbook.hooks.rowcheck``, judged by
+``workbook.run.rowjudge``), on the output
 (``contracts.check_output``) and against the same greedy request without speculation (the
 differential).
 
@@ -28,7 +29,7 @@ target's argmax: no draft is ever accepted).
 
 A cell is ``holds`` (every row and the output satisfy the contract), ``violated`` (the first
 violating step and row, its local position and output index, the contract, and the stage the
-evidence shows — ``rowcheck.STAGES``; host-side post-processing when every row held but the
+evidence shows — ``rowjudge.STAGES``; host-side post-processing when every row held but the
 final output breaks the contract), ``not judged`` (nothing broke, but the cell's own contract
 could not be checked on this output: ``contracts.unjudged``'s reason — for a structured output,
 no output token went through its grammar (the reasoning never ended within the output), or no
@@ -150,6 +151,9 @@ class Cell:
     kwargs: dict = field(default_factory=dict)  # the request's SamplingParams keywords
     grammar: dict | None = None  # structured outputs: contracts.GrammarTruth of the output
     prompt_logprobs: list | None = None  # returned, per prompt position: [[id, logprob], ...]
+    # another request's constraint found on this request's rows (``rowjudge``): not a breach of
+    # this cell's contracts
+    affected_by: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -189,6 +193,7 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     (method / batch filled by the caller) and the evidence."""
     from workbook.hooks import constraint_faults, rowcheck
     from workbook.run import request as rq
+    from workbook.run import rowjudge
 
     llm, tok = engine.llm, engine.tokenizer
     cells: dict[str, Cell] = {}
@@ -225,8 +230,9 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
             rc.remove()
             if fps is not None:
                 fps.remove()
-    verdicts = rc.judge()
     by_prompt = {tuple(p): r for r, p in rc.prompts.items()}
+    labels = {by_prompt.get(tuple(o.prompt_token_ids or ())): n for n, o in zip(names, outs)}
+    verdicts = rowjudge.judge(rc, {r: f"{r} ({n})" for r, n in labels.items()})
     for name, o in zip(names, outs):
         req = by_prompt.get(tuple(o.prompt_token_ids or ()))
         cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req), engine,
@@ -255,6 +261,7 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
         cell.status, cell.message = "error", "no row evidence for this request"
         return cell
     cell.rows, cell.draft_rows = verdict["rows"], verdict["draft_rows"]
+    cell.affected_by = list(verdict.get("affected_by") or [])
     emitted = rc.emitted_rows(req)
     cell.accepted_drafts = sum(1 for e in emitted if e["local_pos"] and e["local_pos"] > 0)
     p = rc.params[req]

@@ -1,0 +1,91 @@
+"""The row judge on row evidence shaped as the row check materializes it (no engine): a change in
+a column no contract names is the first violation at its own row, with the column and both
+values; another request's transform found on a row is attributed to that request, never by
+elimination. The engine-side proofs are tests/test_constraints.py's fault cases."""
+
+from workbook.core import budget, contracts
+from workbook.run import rowjudge
+
+NEG = float("-inf")
+MARKERS = budget.Markers()
+
+
+def _row(row, j, raw, proc, emitted=None, drafts=()):
+    top1 = max(proc, key=lambda c: (proc[c], -c))
+    return {"row": row, "local_pos": j, "input_token": 0, "gate": True, "fast_path": False,
+            "history_ok": True, "top1": top1, "top1_val": proc[top1], "top2_val": proc[top1],
+            "emitted_token": emitted, "raw": dict(raw), "proc": dict(proc), "finite": None,
+            "drafts": list(drafts)}
+
+
+def _judge(steps, params, names=None):
+    prompts = {r: [1, 2, 3] for r in params}
+    regs = [{"req_id": r, "missing": []} for r in params]
+    return rowjudge.judge_steps(steps, params, prompts, regs, MARKERS, names)
+
+
+def test_unnamed_column_is_the_first_violation_at_its_row():
+    """A penalised request whose row 1 of step 0 changes column 9 (outside its prompt, history
+    and drafts): the first violation is there, with both values — not at a later row."""
+    p = contracts.Params(presence_penalty=-0.5)
+    raw = {0: 0.0, 9: 0.0, 4: 0.0}
+    steps = [{"step": 0, "req_id": "a", "emitted": [0],
+              "rows": [_row(0, 0, raw, raw, 0)]},
+             {"step": 1, "req_id": "a", "emitted": [0],
+              "rows": [_row(0, 0, raw, {0: 0.5, 9: 0.5, 4: 0.0}, 0)]}]
+    v = _judge(steps, {"a": p})["a"]
+    f = v["first"]
+    assert (f["step"], f["row"], f["column"]) == (1, 0, 9), f
+    assert f["expected"] == 0.0 and f["found"] == 0.5 and f["contract"] == "penalties"
+    assert f["stage"] == "apply"
+
+
+def test_healthy_rows_hold_at_every_kept_column():
+    p = contracts.Params(allowed_token_ids=(5, 6), repetition_penalty=1.5)
+    raw = {1: 2.0, 5: 1.0, 6: -1.0, 7: 3.0}
+    proc = {1: NEG, 5: 1.0, 6: -1.0, 7: NEG}  # 1 is in the prompt: masked before penalised
+    steps = [{"step": 0, "req_id": "a", "emitted": [5], "rows": [_row(0, 0, raw, proc, 5)]}]
+    v = _judge(steps, {"a": p})["a"]
+    assert v["breaches"] == [] and v["rows"] == 1
+
+
+def test_a_neighbours_mask_is_attributed_to_it():
+    """B (no row contract) carries A's allowed_token_ids mask on its row: A's contract is
+    breached there ("request A's allowed_token_ids applied to request B's row"), B is not."""
+    pa, pb = contracts.Params(allowed_token_ids=(5, 6, 7)), contracts.Params()
+    raw = {0: 0.0, 5: 0.0, 9: 1.0}
+    steps = [{"step": 0, "req_id": "A", "emitted": [5],
+              "rows": [_row(0, 0, raw, {0: NEG, 5: 0.0, 9: NEG}, 5)]},
+             {"step": 0, "req_id": "B", "emitted": [5],
+              "rows": [_row(1, 0, raw, {0: NEG, 5: 0.0, 9: NEG}, 5)]}]
+    v = _judge(steps, {"A": pa, "B": pb}, {"A": "A", "B": "B"})
+    assert v["B"]["breaches"] == [] and v["B"]["first"] is None
+    (a,) = v["B"]["affected_by"]
+    assert a["by_request"] == "A" and a["contract"] == "allowed_token_ids"
+    f = v["A"]["first"]
+    assert f["on_request"] == "B" and (f["step"], f["row"], f["column"]) == (0, 1, 0)
+    assert f["what"].startswith("request A's allowed_token_ids applied to request B's row at "
+                                "step 0, row 1")
+    assert f["expected"] == 0.0 and f["found"] == NEG
+
+
+def test_no_attribution_by_elimination():
+    """B's row changes a column A's contract does not explain (a shift, not A's mask): B's own
+    violation. And B's missing mask is not A's no-op penalty (repetition on a 0 logit)."""
+    pa = contracts.Params(allowed_token_ids=(5, 6, 7))
+    pb = contracts.Params()
+    raw = {0: 0.0, 5: 0.0}
+    steps = [{"step": 0, "req_id": "A", "emitted": [5],
+              "rows": [_row(0, 0, raw, {0: NEG, 5: 0.0}, 5)]},
+             {"step": 0, "req_id": "B", "emitted": [5],
+              "rows": [_row(1, 0, raw, {0: 0.0, 5: 1.0}, 5)]}]
+    v = _judge(steps, {"A": pa, "B": pb})
+    assert v["B"]["first"]["column"] == 5 and v["B"]["affected_by"] == []
+    assert v["A"]["breaches"] == []
+    pa2 = contracts.Params(repetition_penalty=1.5)  # prompt [1, 2, 3]: column 1 "changed" to 0
+    pb2 = contracts.Params(allowed_token_ids=(5,))
+    raw2 = {1: 0.0, 5: 0.0}
+    steps2 = [{"step": 0, "req_id": "A", "emitted": [1], "rows": [_row(0, 0, raw2, raw2, 1)]},
+              {"step": 0, "req_id": "B", "emitted": [5], "rows": [_row(1, 0, raw2, raw2, 5)]}]
+    v2 = _judge(steps2, {"A": pa2, "B": pb2})
+    assert v2["B"]["first"]["contract"] == "allowed_token_ids" and v2["B"]["affected_by"] == []
