@@ -367,47 +367,56 @@ def test_cache_sentence_with_a_value_missing(missing):
 
 # ---- 2. the mapping sentence ------------------------------------------------------------------
 
-MAPPINGS = [
-    ({"batch_slot": 2}, ["the batch's idx_mapping sent it to slot 2"]),
-    ({"batch_slot": 1}, ["the batch's idx_mapping named its slot 1"]),
-    ({"batch_slot": None}, ["idx_mapping was not recorded"]),
+ELSEWHERE = "the kernel read another slot's state for this request's rows"
+NOT_PROCESSED = "the kernel did not process this request's rows at its own slot"
+MAPPINGS = [  # (evidence, what the sentence must say, its consequence)
+    ({"batch_slot": 2}, ["the batch's idx_mapping named slot 2"], ELSEWHERE),
+    ({"batch_slot": 1}, ["the batch's idx_mapping named its slot 1", "does not record"],
+     "the kernel did not read this request's own slot for its rows"),
+    ({"batch_slot": None}, ["idx_mapping was not recorded"],
+     "the kernel did not read this request's own slot for its rows"),
     ({"mapping_slots": {"rows": [4, 5], "expanded": [2, 2], "gate": 1, "idx_dev": 1}},
      ["expanded_idx_mapping (as apply_sampling_params got it) sent row 4 to slot 2, row 5 to "
-      "slot 2"]),
+      "slot 2"], ELSEWHERE),
     ({"mapping_slots": {"rows": [4, 5], "expanded": [1, 1], "gate": 0}},
-     ["the per-request gate read slot 0"]),
+     ["the per-request gate named slot 0"], ELSEWHERE),
     ({"mapping_slots": {"rows": [4], "expanded": [1], "gate": 1, "idx_dev": 3}},
-     ["the device copy of idx_mapping named slot 3"]),
+     ["the device copy of idx_mapping named slot 3"], ELSEWHERE),
     ({"mapping_slots": {"rows": [4], "expanded": [1], "gate": 1, "kernel_req": 0}},
-     ["the marker-scan kernel indexed slot 0"]),
+     ["the marker-scan kernel named slot 0"], ELSEWHERE),
     ({"mapping_slots": {"rows": [4, 5], "expanded": [1, 1], "gate": 1,
                         "kernel_rows": [1, 2147483647]}},
-     ["the kernel's own row mapping sent row 5 to slot 2147483647"]),
-    ({"mapping_slots": {"rows": [4], "expanded": [1], "gate": 1, "kernel_n": 3, "n": 9}},
-     ["the kernel's own row mapping held 3 rows for a batch of 9"]),
+     ["the kernel's own row mapping sent row 5 to slot 2147483647"], ELSEWHERE),
+    ({"mapping_slots": {"rows": [4], "expanded": [1], "gate": 1, "kernel_n": 5, "n": 15}},
+     ["the kernel's own row mapping held 5 of the batch's 15 rows"], NOT_PROCESSED),
     ({"mapping_slots": {"rows": [4], "expanded": [1], "gate": 1, "index_moved": True}},
-     ["req_id_to_index stopped naming the slot"]),
+     ["req_id_to_index stopped naming the slot"], NOT_PROCESSED),
     ({"mapping_slots": {"rows": [4], "expanded": [1], "gate": 1, "idx_dev": None}},
-     ["held no entry for this request"]),
+     ["held no entry for this request"], NOT_PROCESSED),
     ({"batch_slot": 0, "mapping_slots": {"rows": [0, 1, 2], "expanded": [0, 0, 0], "gate": 0,
                                          "idx_dev": 0, "kernel_req": 0}},
-     ["the batch's idx_mapping sent it to slot 0", "sent row 0 to slot 0",
-      "the per-request gate read slot 0"]),
+     ["the batch's idx_mapping, expanded_idx_mapping (as apply_sampling_params got it), the "
+      "device copy of idx_mapping, the per-request gate and the marker-scan kernel all sent "
+      "its rows 0, 1, 2 to slot 0"], ELSEWHERE),
 ]
 
 
-@pytest.mark.parametrize("over,said", MAPPINGS)
+@pytest.mark.parametrize("over,said,then", MAPPINGS)
 @pytest.mark.parametrize("slot", [1, None])
-def test_mapping_sentence_names_the_slots(over, said, slot):
+def test_mapping_sentence_names_the_slots(over, said, then, slot):
+    """Which mapping named which slot, the slot the host registered, and the consequence the
+    evidence shows: another slot's state read only where a mapping named another slot."""
     st = {**BASE_ST, "mapping_ok": False, "slot": slot, **over}
     causes = stages.classify(ctx({}, st, {}, None))
     assert [c["hypothesis"] for c in causes] == ["H-j"]
     text = causes[0]["saw"]
     check("mapping", text)
+    check("mapping", [a["saw"] for a in diagnose.contract_breaks(_frames(
+        {"mapping_ok": False, "slot": slot, **over}, {}), M)])
     assert f"registered the request at slot {'1' if slot == 1 else 'not recorded'}" in text
     if slot == 1:
         assert all(s in text for s in said), (said, text)
-    assert "the kernel read another slot's state" in text
+        assert text.endswith(then), text
 
 
 # ---- 3. batch composition: the reason follows the batch-of-one probe --------------------------

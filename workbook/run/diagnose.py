@@ -181,8 +181,7 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
         if s["req_id"] not in regs:
             continue
         if s.get("mapping_ok") is False:  # every request: the kernel reads slots through it
-            hit("batch mapping", "mapping", s, f"{mapping_saw(s)}, while the host registered "
-                                               f"the request at slot {say(s.get('slot'))}")
+            hit("batch mapping", "mapping", s, mapping_saw(s))
         if s["req_id"] not in budgeted:
             if s.get("use_thinking_budget") or (s.get("budget_host") is not None
                                                 and int(s["budget_host"]) != -1):

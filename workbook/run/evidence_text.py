@@ -21,45 +21,69 @@ from workbook.run.verdicts import say
 
 
 def mapping_saw(st: dict) -> str:
-    """Which mapping sent the request's rows to which slot, from the tracer's record of every
-    mapping the call and the kernel got (``mapping_slots``); for a trace without it, what the
-    batch's ``idx_mapping`` said and that another mapping disagreed. A clause with its verb."""
+    """Which mapping sent the request's rows to which slot, against the slot the host
+    registered it at (``req_id_to_index``), and what the kernel then did with its rows: from
+    the tracer's record of every mapping the call and the kernel got (``mapping_slots``); for a
+    trace without it, what the batch's ``idx_mapping`` said and that another mapping
+    disagreed. One clause with its verb, the consequence the evidence shows after the colon."""
     own, bs = st.get("slot"), st.get("batch_slot")
     ms = st.get("mapping_slots") if isinstance(st.get("mapping_slots"), dict) else {}
     rows = [int(r) for r in ms.get("rows") or []]
-    said = []
+    elsewhere = []  # (who, [(row, slot)] or None, slot)
     if bs is not None and own is not None and int(bs) != int(own):
-        said.append(f"the batch's idx_mapping sent it to slot {bs}")
-    exp = ms.get("expanded") or []
-    off = [(r, int(x)) for r, x in zip(rows, exp) if own is None or int(x) != int(own)]
-    if off:
-        said.append(f"expanded_idx_mapping (as apply_sampling_params got it) sent {_rows(off)}")
-    for key, what in (("idx_dev", "the device copy of idx_mapping named slot {}"),
-                      ("gate", "the per-request gate read slot {}"),
-                      ("kernel_req", "the marker-scan kernel indexed slot {}")):
+        elsewhere.append(("the batch's idx_mapping", None, int(bs)))
+    for who, key in (("expanded_idx_mapping (as apply_sampling_params got it)", "expanded"),
+                     ("the kernel's own row mapping", "kernel_rows")):
+        off = [(r, int(x)) for r, x in zip(rows, ms.get(key) or [])
+               if own is None or int(x) != int(own)]
+        if off:
+            elsewhere.append((who, off, None))
+    for who, key in (("the device copy of idx_mapping", "idx_dev"),
+                     ("the per-request gate", "gate"), ("the marker-scan kernel", "kernel_req")):
         x = ms.get(key)
         if x is not None and (own is None or int(x) != int(own)):
-            said.append(what.format(int(x)))
-    kr = ms.get("kernel_rows") or []
-    koff = [(r, int(x)) for r, x in zip(rows, kr) if own is None or int(x) != int(own)]
-    if koff:
-        said.append(f"the kernel's own row mapping sent {_rows(koff)}")
-    if ms.get("index_moved"):
-        said.append("req_id_to_index stopped naming the slot the request was registered at")
+            elsewhere.append((who, None, int(x)))
+    missing = []
     if ms.get("kernel_n") is not None and ms.get("n") is not None and \
             int(ms["kernel_n"]) != int(ms["n"]):
-        said.append(f"the kernel's own row mapping held {ms['kernel_n']} rows for a batch of "
-                    f"{ms['n']}")
-    if said:
-        return "; ".join(said)
-    kept = (f"the batch's idx_mapping named its slot {bs}" if bs is not None
-            else "the batch's idx_mapping was not recorded")
-    if ms:  # every recorded slot is its own: a mapping held no entry for the request
-        return (f"{kept}, yet a mapping the call or the kernel got (the device copy of "
-                "idx_mapping or the kernel's per-request slots) held no entry for this request")
-    return (f"{kept}, yet a mapping the call or the kernel got (expanded_idx_mapping, the "
-            "gate's slots or the kernel's own) sent its rows elsewhere (this trace does not "
-            "record which slot)")
+        missing.append(f"the kernel's own row mapping held {ms['kernel_n']} of the batch's "
+                       f"{ms['n']} rows")
+    if ms.get("index_moved"):
+        missing.append("req_id_to_index stopped naming the slot the request was registered at")
+    said = _sent(elsewhere) + missing
+    registered = f"the host registered the request at slot {say(own)} (req_id_to_index)"
+    if elsewhere:
+        then = "the kernel read another slot's state for this request's rows"
+    elif missing:
+        then = "the kernel did not process this request's rows at its own slot"
+    elif ms:  # every recorded slot is its own: a mapping held no entry for the request
+        said = [f"a mapping the call or the kernel got (the device copy of idx_mapping or the "
+                "kernel's per-request slots) held no entry for this request"]
+        then = "the kernel did not process this request's rows at its own slot"
+    else:
+        kept = (f"the batch's idx_mapping named its slot {bs}" if bs is not None
+                else "the batch's idx_mapping was not recorded")
+        said = [f"{kept}, yet a mapping the call or the kernel got (expanded_idx_mapping, the "
+                "gate's slots or the kernel's own) did not name the request's slot (this trace "
+                "does not record which slot it named)"]
+        then = "the kernel did not read this request's own slot for its rows"
+    return f"{'; '.join(said)}, while {registered}: {then}"
+
+
+def _sent(elsewhere: list) -> list[str]:
+    """Each mapping that named another slot, in a clause; all in one when they agree."""
+    if not elsewhere:
+        return []
+    slots = {x for _w, off, x in elsewhere if x is not None} | {
+        s for _w, off, _x in elsewhere for _r, s in (off or [])}
+    if len(slots) == 1 and len(elsewhere) > 1:
+        whos = [w for w, _o, _x in elsewhere]
+        rows = sorted({r for _w, off, _x in elsewhere for r, _s in (off or [])})
+        what = f"its row{'s' if len(rows) != 1 else ''} {say(rows)}" if rows else "it"
+        return [f"{', '.join(whos[:-1])} and {whos[-1]} all sent {what} to slot "
+                f"{next(iter(slots))}"]
+    return [f"{w} sent {_rows(off)}" if off else f"{w} named slot {x}"
+            for w, off, x in elsewhere]
 
 
 def _rows(pairs: list[tuple[int, int]]) -> str:

@@ -154,11 +154,7 @@ def _rule_mapping(c: Ctx) -> list[dict]:
     st = c.st
     if st.get("mapping_ok") is not False:
         return []
-    own = st.get("slot")
-    return [_cause("H-j", f"at step {st['step']} ({in_batch(st)}) {mapping_saw(st)}, while "
-                          f"the host registered the request at slot {say(own)} "
-                          "(req_id_to_index): the kernel read another slot's state for this "
-                          "request's rows")]
+    return [_cause("H-j", f"at step {st['step']} ({in_batch(st)}) {mapping_saw(st)}")]
 
 
 def _asked(b) -> str:
