@@ -613,6 +613,27 @@ def test_server_check_text():
     assert n == 576
 
 
+H200_BATCH = "outputs/h200/20261203-051624-664-5ef0e1"  # its verdicts hold a Python dict
+
+
+def test_committed_h200_report_has_no_python_repr():
+    """The H200 batch whose recorded sentences say "configured {'start': [248068], ...}": its
+    report says the marker ids in words."""
+    import html
+    import os
+
+    from workbook.report import html as rep, runs
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), H200_BATCH)
+    if not os.path.isdir(root):
+        pytest.skip(f"{H200_BATCH} is not in this checkout")
+    page = rep.build([runs.load_batch(root)])
+    body = re.sub(r"<script.*?</script>|<style.*?</style>", "", page, flags=re.S)
+    text = html.unescape(re.sub(r"<[^>]+>", " ", re.sub(r'src="data:[^"]*"', "", body)))
+    assert "configured start 248068, end 248069, natural end 248069" in text
+    assert not re.search(r"\{\s*'|\bNone\b", text)
+
+
 def test_zz_coverage():
     """How many sentences each template rendered (printed with -s; the report quotes it)."""
     total = sum(RENDERED.values())
