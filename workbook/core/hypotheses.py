@@ -138,16 +138,19 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                {"guard": "honored", "markers": "violated", "budget": "violated",
                 "caches": "violated", "alone": "violated"}),
     Hypothesis("H-d-cache", "device state", "marker cache corrupted between steps",
-               "the cached last <think> / </think> / scan position entering apply do not "
-               "describe the committed history: the start marker was lost or moved (the "
-               "reasoning count restarted) or the scan skipped it",
+               "the cached last <think> / </think> / scan positions entering apply do not "
+               "describe the committed history (a cached position lost, moved, or past the "
+               "history's length), so the cache gives another reasoning state than the "
+               "history: the end of reasoning is missed, or its count restarts",
                "the marker cache before apply, replayed over the history, gives another "
-               "reasoning state than the rule (start lost / count restarted)",
+               "reasoning state than the rule (the cached value that disagrees with the "
+               "history is reported, and how)",
                "marker caches reset before apply (a cold scan of the history)",
                {**_MRV2, "caches": "honored", "budget": "violated", "markers": "violated",
                 "alone": "violated"}),
-    Hypothesis("H-j", "batch mapping", "forcing depends on batch composition (the kernel "
-               "did not get this request's rows at its own slot)",
+    Hypothesis("H-j", "batch mapping", "the batch did not hand this request's rows to the "
+               "budget kernel at its own slot (a wrong row -> slot mapping, or its rows "
+               "left out when batched with others)",
                "the batch's row->slot mapping does not send this request's rows to the slot "
                "the host registered it at, or its rows are forced alone but not in this batch",
                "idx_mapping / expanded_idx_mapping (as the call or the kernel got them) != "

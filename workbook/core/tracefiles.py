@@ -26,7 +26,7 @@ REQUEST_COLUMNS = [
     "cache_scan_ok", "cache_after_ok", "markers_dev", "markers_ok", "markers_version", "markers_moved",
     "total_len_dev", "history_ok", "kernel_markers", "kernel_budget", "kernel_history_ok",
     "kernel_total_len", "mapping_ok", "positions_ok", "batch_slot", "markers_version0",
-    "markers_base_ok"]
+    "markers_base_ok", "mapping_slots"]
 ROW_COLUMNS = [
     "step", "req_id", "slot", "row", "local_pos", "input_token", "end_logit_raw",
     "end_logit_before_apply", "end_logit_after_apply", "end_logit_final", "forced",
@@ -40,7 +40,7 @@ ROW_COLUMNS = [
 # repaired; ``found`` = the three replicas' values, ``truth`` = the host's)
 GUARD_COLUMNS = ["guard_step", "req_id", "slot", "row", "total_len_before", "field", "found",
                  "truth", "truth_from"]
-JSON_COLUMNS = ("markers_dev", "kernel_markers")  # dicts, stored as JSON text
+JSON_COLUMNS = ("markers_dev", "kernel_markers", "mapping_slots")  # dicts, as JSON text
 TABLES = ("steps", "requests", "rows", "registrations", "meta", "guard")
 
 

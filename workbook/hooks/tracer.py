@@ -562,6 +562,15 @@ class Tracer(BudgetTrace, patching.Hooked):
                 and [int(kl[r]) for r in rows] == list(range(len(rows))) \
                 and all(int(ki[r]) == int(inputs[r]) for r in rows[1:])
         rec["mapping_ok"] = mapping_ok
+        # every mapping the call and the kernel got, for the sentence that names the slot
+        rec["mapping_slots"] = {
+            "rows": [int(r) for r in rows], "expanded": [int(slots[r]) for r in rows],
+            "gate": int(call.gate_slots[j]),
+            "idx_dev": None if req_slots is None or j >= len(req_slots) else int(req_slots[j]),
+            "kernel_req": None if k_req is None or j >= len(k_req) else int(k_req[j]),
+            "kernel_rows": [int(km[r]) for r in rows if r < len(km)] if "k_mapping" in ap
+            else None, "kernel_n": len(km) if "k_mapping" in ap else None, "n": len(slots),
+            "index_moved": req_id in step.index_moved}
         rec["positions_ok"] = positions_ok
         drafts = [int(inputs[r]) for r in rows[1:]]
         b = self._budget.get(req_id)

@@ -195,7 +195,8 @@ def _batch_state(b: Batch) -> str | None:
             + (f"; not started: {', '.join(not_started)}" if not_started else ""))
     intr = b.manifest.get("interrupted") or {}
     if intr:
-        return (f"Batch {b.hardware}/{b.run_id} was interrupted by {intr.get('signal')} "
+        return (f"Batch {b.hardware}/{b.run_id} was interrupted by "
+                f"{wording.value_text(intr.get('signal'), 'a signal not recorded')} "
                 f"during {intr.get('run') or 'the batch'}: {done}.")
     if not b.finished:
         return (f"Batch {b.hardware}/{b.run_id} is unfinished (no closed manifest or no "

@@ -18,7 +18,7 @@ from typing import Any
 
 from workbook.core import budget, rundir
 from workbook.report import tokens
-from workbook.report.wording import NOT_RECORDED
+from workbook.report.wording import NOT_RECORDED, said_verdict
 
 SPEC_KEYS = ("spec_method", "num_spec_tokens", "draft_model")
 FIX = "fix.json"  # notebook 04's before / after, checks and identity (not in rundir.EVIDENCE)
@@ -38,6 +38,7 @@ class Run:
     data: dict[str, Any] = field(default_factory=dict)  # rundir.load_run(folder)
     notebook_link: str | None = None  # the executed notebook as HTML, relative to the report
     _decode: Any = None
+    _said: Any = None  # (the verdict read, its sentences in words)
 
     @property
     def name(self) -> str:
@@ -92,7 +93,12 @@ class Run:
 
     @property
     def verdict(self) -> dict[str, Any]:
-        return self.data.get("verdict") or self.row.get("verdict") or {}
+        """The run's verdict, every sentence in words (``wording.said_verdict``: a verdict
+        written before sentences were, may hold a Python repr)."""
+        raw = self.data.get("verdict") or self.row.get("verdict") or {}
+        if self._said is None or self._said[0] is not raw:
+            self._said = (raw, said_verdict(raw))
+        return self._said[1]
 
     @property
     def frames(self) -> dict:

@@ -124,7 +124,7 @@ def verdict_markdown(verdict: dict | None, level: str = "###"):
     from IPython.display import Markdown
 
     head = wording.verdict_heading(verdict)
-    said = (verdict or {}).get("summary")
+    said = wording.said((verdict or {}).get("summary"))
     body = "" if wording.absent(said) or said in head else f"\n\n{said}"
     return Markdown(f"{level} {head}{body}" if level else f"**{head}**{body}")
 

@@ -20,13 +20,20 @@ sentence where a table would be empty — never ``None``, ``NaN``, ``null`` or a
 - ``guard_text(g)``: what the guard did in a run (``verdict["guard"]``): "the guard fixed N
   tokens, repaired M fields of its own state (...)" or "the guard changed nothing (...)".
 
+- ``said(text)``: a sentence recorded by an earlier diagnosis, with any Python repr in it
+  (``{'start': [248068], ...}``, ``[0, 0, 0]``, ``None``) said in words;
+  ``said_verdict(v)`` applies it to every sentence of a verdict (summary, reason, causes,
+  chain, anomalies).
+
 Not here: judging anything (``workbook.run.diagnose``), HTML (``workbook.report.page``).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import re
 from typing import Any
 
 DASH = "—"
@@ -85,13 +92,13 @@ def verdict_heading(v: dict | None) -> str:
         return f"{verdict} — {hyp}" + (f": {title}" if not absent(title) else "")
     if verdict == "honored":
         n = len(v.get("requests") or [])
-        said = v.get("summary")
-        return (f"honored — {said}" if not absent(said) else
+        text = said(v.get("summary"))
+        return (f"honored — {text}" if not absent(text) else
                 "honored — every request ended its reasoning where the budget puts it") + \
             (f" ({n} request{'s' if n != 1 else ''} judged)" if n else "")
     if verdict == "violated":
         return "violated — no cause named (unclassified: see the anomalies)"
-    return f"{verdict} — {value_text(v.get('summary'), 'no summary recorded')}"
+    return f"{verdict} — {value_text(said(v.get('summary')), 'no summary recorded')}"
 
 
 KINDS = ("missing", "early", "unbudgeted", "twice")
@@ -176,3 +183,55 @@ def guard_text(g: dict | None) -> str:
     return (f"the guard fixed {_plural(fixed, 'token')}, repaired "
             f"{_plural(fields, 'field')} of its own state{own} over "
             f"{_plural(steps, 'guarded step')}{lag}")
+
+
+_REPR = re.compile(r"\{[^{}]*\}|(?<![\w\]])\[[^\[\]]*\]")  # not an index: tail[0]
+
+
+def _words(v: Any) -> str:
+    """A literal in words; a dict's list values (marker ids) joined by spaces."""
+    if isinstance(v, dict):
+        return ", ".join(
+            f"{str(k).replace('_', ' ')} "
+            + ((" ".join(_words(t) for t in x) or "none") if isinstance(x, (list, tuple))
+               else _words(x)) for k, x in v.items()) or "none"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_words(x) for x in v) or "none"
+    return value_text(v)
+
+
+def _literal(m: re.Match) -> str:
+    try:
+        v = ast.literal_eval(m.group(0))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return m.group(0)
+    return _words(v) if isinstance(v, (dict, list)) else m.group(0)
+
+
+def said(text: Any) -> Any:
+    """A recorded sentence with Python reprs said in words: a dict of marker ids
+    ``{'start': [368], 'end': [369]}`` -> "start 368, end 369", a list ``[0, 0, 0]`` -> "0,
+    0, 0" (``[]`` -> "none"), ``None`` -> "not recorded". Anything not a string is returned
+    as it is."""
+    if not isinstance(text, str):
+        return text
+    for _ in range(3):  # nested reprs, innermost first
+        new = _REPR.sub(_literal, text)
+        if new == text:
+            break
+        text = new
+    return re.sub(r"\bNone\b", NOT_RECORDED, text)
+
+
+SENTENCE_KEYS = frozenset(("summary", "reason", "saw", "seen", "anomaly"))
+
+
+def said_verdict(v: Any) -> Any:
+    """``v`` with ``said`` applied to every sentence it holds (``SENTENCE_KEYS``, at any
+    depth); the data (ids, counts, tables) unchanged."""
+    if isinstance(v, dict):
+        return {k: said(x) if k in SENTENCE_KEYS and isinstance(x, str) else said_verdict(x)
+                for k, x in v.items()}
+    if isinstance(v, list):
+        return [said_verdict(x) for x in v]
+    return v

@@ -57,11 +57,13 @@ from typing import Any
 from workbook.core import budget, tracefiles
 from workbook.core.hypotheses import STAGES, title
 from workbook.run.verdicts import (  # noqa: F401 (re-exported: the diagnosis' public names)
-    INT_FIELDS, as_int as _int, cause as _cause, chain_rows, dedupe as _dedupe,
-    pointed_by, py as _py, records as _records, single as _single)
+    INT_FIELDS, as_int as _int, cause as _cause, chain_rows, dedupe as _dedupe, markers_text,
+    pointed_by, py as _py, records as _records, say, single as _single)
 from workbook.run import verdicts
+from workbook.run.evidence_text import (cache_saw, history_saw, mapping_saw,  # noqa: F401
+                                        reasoning_state)
 from workbook.run.stages import (  # noqa: F401 (re-exported: the stage rules' public names)
-    FORCED, FORCING_RULES, RULES, Ctx, classify, _cache_saw, _forced, _inputs_right)
+    FORCED, FORCING_RULES, RULES, Ctx, classify, _forced, _inputs_right)
 
 
 def _markers(frames, effective) -> budget.Markers:
@@ -179,67 +181,71 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
         if s["req_id"] not in regs:
             continue
         if s.get("mapping_ok") is False:  # every request: the kernel reads slots through it
-            hit("batch mapping", "mapping", s, f"rows / slots handed to the kernel are not the "
-                                               f"request's own slot {s.get('slot')} (batch "
-                                               f"slot {s.get('batch_slot')})")
+            hit("batch mapping", "mapping", s, mapping_saw(s))
         if s["req_id"] not in budgeted:
             if s.get("use_thinking_budget") or (s.get("budget_host") is not None
                                                 and int(s["budget_host"]) != -1):
                 hit("registration", "registered", s,
-                    f"use={s.get('use_thinking_budget')} host budget={s.get('budget_host')} "
-                    "for a request without a budget")
+                    f"MRV2 registered use_thinking_budget={say(s.get('use_thinking_budget'))}, "
+                    f"host budget {say(s.get('budget_host'))} for a request without a budget")
             continue
         b = regs[s["req_id"]]["budget_param"]
         if s.get("enabled") is False:
-            hit("state", "enabled", s, "ThinkingBudgetState.enabled=False")
+            hit("state", "enabled", s, "ThinkingBudgetState.enabled was False")
         if s.get("use_thinking_budget") is False or (
                 s.get("budget_host") is not None and int(s["budget_host"]) != int(b)):
             hit("registration", "registered", s,
-                f"use={s.get('use_thinking_budget')} host budget={s.get('budget_host')} "
-                f"for budget {b}")
+                f"MRV2 registered use_thinking_budget={say(s.get('use_thinking_budget'))}, "
+                f"host budget {say(s.get('budget_host'))} for a request with budget {b}")
         if s.get("gate") is False or s.get("fast_path") is True or s.get("apply_called") is \
                 False:
-            hit("gate", "gate", s, f"gate={s.get('gate')} fast_path={s.get('fast_path')} "
-                                   f"apply_called={s.get('apply_called')}")
+            hit("gate", "gate", s, f"the per-slot gate was {say(s.get('gate'))}, the fast path "
+                                   f"{say(s.get('fast_path'))}, apply called "
+                                   f"{say(s.get('apply_called'))}")
         if s.get("apply_called") and s.get("use_thinking_budget") and \
                 s.get("kernels_launched") is False:
-            hit("launch", "launched", s, "apply ran for a budgeted slot, no kernel launched")
+            hit("launch", "launched", s, "apply ran for a budgeted slot and launched no kernel")
         if s.get("markers_ok") is False:
-            hit("device state", "markers", s, f"device marker ids {s.get('markers_dev')}")
+            hit("device state", "markers", s, "the device marker ids read "
+                                              f"{markers_text(s.get('markers_dev'))}")
         if s.get("budget_device") is not None and s.get("budget_host") is not None and \
                 int(s["budget_device"]) != int(s["budget_host"]):
             hit("device state", "budget view", s,
-                f"device {s['budget_device']} != host {s['budget_host']}")
+                f"the device budget {s['budget_device']} differs from the host budget "
+                f"{s['budget_host']}")
         if s.get("history_ok") is False:
-            hit("device state", "history", s, f"device total_len {s.get('total_len_dev')} / "
-                                              f"host {s.get('total_len_before')}")
+            hit("device state", "history", s, history_saw(s))
         if s.get("positions_ok") is False:
             hit("device state", "positions", s, "local positions / drafts handed to the "
                                                 "kernel differ from the batch's")
         if s.get("cache_before_ok") is False:
-            hit("device state", "cache before apply", s, _cache_saw(s))
+            hit("device state", "cache before apply", s, cache_saw(s))
         scanned = s.get("kernels_launched") and _inputs_right(s) and \
             int(s.get("budget_device") if s.get("budget_device") is not None else -1) >= 0
         if scanned and s.get("cache_scan_ok") is False or (
                 scanned and s.get("cache_scan_ok") is None and s.get("cache_after_ok") is False):
-            hit("kernel", "marker scan", s, f"cache after the scan last_start="
-                                            f"{s.get('last_start')} vs {s.get('truth_start')}")
+            hit("kernel", "marker scan", s, "the scan left last_start="
+                                            f"{say(s.get('last_start'))}, where "
+                                            f"{reasoning_state(s.get('truth_start'))}")
         elif scanned and s.get("cache_scan_ok") and s.get("cache_after_ok") is False:
             hit("device state", "cache after the scan", s, "the scan left the cache right, "
                                                           "apply's exit found it changed")
         if [n for n in (s.get("kernel_substituted") or [])]:
-            hit("kernel", "kernel inputs", s, f"not the state's: {s['kernel_substituted']}")
+            hit("kernel", "kernel inputs", s, f"apply handed the kernel "
+                                              f"{say(s['kernel_substituted'])}, not the state's "
+                                              "tensors")
     ends = set(int(t) for t in (markers.end if markers is not None else ()))
     for r in rows:
         cols = [int(x) for x in (r.get("bias_cols") or [])]
         if r["req_id"] not in budgeted:
             if cols:
-                hit("kernel", "non-due row biased", r, f"+1e9 in {cols} in a request without a "
-                                                       "budget", r["local_pos"])
+                hit("kernel", "non-due row biased", r, f"+1e9 went to column(s) {say(cols)} in "
+                                                       "a request without a budget",
+                    r["local_pos"])
             sv, em = r.get("sampled_vllm"), r.get("emitted_token")
             if sv is not None and em is not None and int(sv) != int(em) and int(em) in ends:
-                hit("commit", "end committed where not due", r, f"sampled {sv}, committed "
-                                                                f"{em}", r["local_pos"])
+                hit("commit", "end committed where not due", r, f"{sv} was sampled and {em} "
+                                                                "committed", r["local_pos"])
             continue
         if r.get("due"):
             if not _forced(r):
@@ -247,37 +253,42 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
                     hit("kernel", "biased tensor", r, "the kernel forced another tensor",
                         r["local_pos"])
                 elif cols:
-                    hit("kernel", "bias column", r, f"+1e9 in {cols}, due {r.get('due_token')}",
+                    hit("kernel", "bias column", r, f"+1e9 went to column(s) {say(cols)}, while "
+                                                    f"{say(r.get('due_token'))} was due",
                         r["local_pos"])
                 else:
-                    hit("kernel", "due row unforced", r, f"count {r.get('count_host')} due, "
+                    hit("kernel", "due row unforced", r, "the row was due at count "
+                                                         f"{say(r.get('count_host'))} and got "
                                                          "no +1e9", r["local_pos"])
                 continue
             ds = r.get("due_logit_sampled")
             if ds is not None and ds < FORCED:
-                hit("sampling", "bias reaches the sampler", r, f"sampled tensor held {ds:.3g}",
+                hit("sampling", "bias reaches the sampler", r, f"the sampled tensor held {ds:.3g}",
                     r["local_pos"])
                 continue
             sv = r.get("sampled_vllm")
             if sv is not None and int(sv) != int(r["due_token"]):
                 if r.get("from_draft"):
                     hit("acceptance", "draft over forced row", r,
-                        f"draft {sv} accepted ({path_of.get(r['step'])})", r["local_pos"])
+                        f"the draft {sv} was accepted "
+                        f"({say(path_of.get(r['step']), 'path not recorded')})", r["local_pos"])
                 else:
-                    hit("sampling", "forced row sampled", r, f"sampled {sv}", r["local_pos"])
+                    hit("sampling", "forced row sampled", r, f"the forced row sampled {sv}",
+                        r["local_pos"])
             em = r.get("emitted_token")
             if sv is not None and em is not None and int(sv) == int(r["due_token"]) and \
                     int(em) != int(sv):
-                hit("commit", "committed = sampled", r, f"sampled {sv}, emitted {em}",
+                hit("commit", "committed = sampled", r, f"{sv} was sampled and {em} emitted",
                     r["local_pos"])
         elif cols:
-            hit("kernel", "non-due row biased", r, f"+1e9 in {cols} at count "
-                                                   f"{r.get('count_host')}", r["local_pos"])
+            hit("kernel", "non-due row biased", r, f"+1e9 went to column(s) {say(cols)} at "
+                                                   f"count {say(r.get('count_host'))}, where "
+                                                   "no end was due", r["local_pos"])
         else:
             sv, em = r.get("sampled_vllm"), r.get("emitted_token")
             if sv is not None and em is not None and int(sv) != int(em) and int(em) in ends:
-                hit("commit", "end committed where not due", r, f"sampled {sv}, committed "
-                                                                f"{em}", r["local_pos"])
+                hit("commit", "end committed where not due", r, f"{sv} was sampled and {em} "
+                                                                "committed", r["local_pos"])
     order = list(STAGES)
     return sorted(found.values(), key=lambda a: (order.index(a["stage"]), -a["count"]))[:limit]
 
@@ -310,13 +321,14 @@ def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> d
                                              "use_v2_model_runner",
                                              "env_VLLM_USE_V2_MODEL_RUNNER",
                                              "v1_fallback_logged")}
-        saw = (f"V2 asked for, served by {effective.get('runner_class')} "
-               f"(runner_is_v2={effective.get('runner_is_v2')}); no MRV2 step traced"
-               if not reqs else f"served by {effective.get('runner_class')}")
+        runner = say(effective.get("runner_class"), "a runner whose class was not recorded")
+        saw = (f"V2 was asked for, and {runner} served the run (runner_is_v2="
+               f"{say(effective.get('runner_is_v2'))}); no MRV2 step was traced"
+               if not reqs else f"{runner} served the run")
         result["causes"] = [_cause("H-h", saw)]
         result["evidence"] = [ev]
-        result["summary"] = (f"{result['verdict']} — but on {effective.get('runner_class')}, "
-                             "not Model Runner V2: this run says nothing about MRV2")
+        result["summary"] = (f"{result['verdict']} — but {runner} served it, not Model "
+                             "Runner V2: this run says nothing about MRV2")
     elif result["verdict"] == "violated":
         _violations(result, frames, reqs, markers)
     elif result["verdict"] == "honored":
@@ -414,14 +426,16 @@ def _name(result: dict) -> None:
     fv = result.get("first_violation") or {}
     kind = fv.get("kind") or "missing"
     asked = "no budget" if fv.get("budget") is None else f"budget {fv.get('budget')}"
-    where = (f"at step {fv.get('step')}, local_pos {fv.get('local_pos')} "
-             f"({fv.get('path')})")
+    where = (f"at step {say(fv.get('step'), 'not located')}, local_pos "
+             f"{say(fv.get('local_pos'), 'not located')} "
+             f"({say(fv.get('path'), 'path not recorded')})")
+    emitted = say(fv.get("emitted_token"), "no token (the output ended)")
     if kind == "missing":
-        head = (f"{asked} violated {where}: expected {fv.get('expected_token')}, "
-                f"emitted {fv.get('emitted_token')}")
+        head = (f"{asked} violated {where}: expected "
+                f"{say(fv.get('expected_token'), 'the end marker')}, emitted {emitted}")
     else:
         head = (f"{asked} violated {where}: {budget.VIOLATION_KINDS[kind]} (output index "
-                f"{fv.get('output_index')}, token {fv.get('emitted_token')})")
+                f"{say(fv.get('output_index'), 'not recorded')}, token {emitted})")
     n_bad = len(result.get("violations") or [])
     if n_bad > 1:
         head += f" (and {n_bad - 1} more violated request{'s' if n_bad > 2 else ''})"

@@ -52,6 +52,7 @@ from typing import Any, Sequence
 
 from workbook.core import budget
 from workbook.core.budget import Markers
+from workbook.run.verdicts import say
 
 MODES = ("auto", "processed_logprobs", "processed_logits", "raw")
 CLAMP = -9999.0  # vLLM's OpenAI server clamps every logprob to at least this
@@ -446,6 +447,11 @@ def from_request_output(out, budget_value: int | None, markers: Markers,
 
 # --- text -------------------------------------------------------------------------------------
 
+def _ids(v) -> str:
+    """Marker ids in a line of text: "248068" / "248068 248069"; "none" when absent."""
+    return " ".join(str(int(t)) for t in v) if v else "none"
+
+
 def render(res: Result) -> str:
     j = res.judged
     t = res.texts
@@ -456,17 +462,24 @@ def render(res: Result) -> str:
         s = t.get(tok, t.get(str(tok)))  # str keys after a JSON round trip
         return f"{tok} {json.dumps(s)}" if s is not None else str(tok)
 
+    mk = j.get("markers") or {}
     lines = [f"server {res.url}  model {res.model}",
-             f"request: thinking_token_budget {j['budget']}, max_tokens "
-             f"{res.request['max_tokens']}, greedy, enable_thinking, return_token_ids, "
-             f"top_logprobs {res.request['top_logprobs']}",
-             f"prompt tail {res.prompt_tail}; reasoning tokens in the prompt: "
-             f"{j['prompt_reasoning_count']}; markers start {j['markers']['start']} end "
-             f"{j['markers']['end']}",
+             f"request: thinking_token_budget {say(j['budget'], 'none (no budget)')}, "
+             f"max_tokens {say(res.request.get('max_tokens'), 'the server default')}, greedy, "
+             "enable_thinking, return_token_ids, top_logprobs "
+             f"{say(res.request.get('top_logprobs'))}",
+             f"prompt tail {say(res.prompt_tail, 'not returned')}; reasoning tokens in the "
+             "prompt: " + say(j.get("prompt_reasoning_count"),
+                              "not counted (the start, end or natural-end marker ids are "
+                              "missing)")
+             + f"; markers start {_ids(mk.get('start'))} end {_ids(mk.get('end'))}",
              f"logprobs mode: {res.mode} ({res.mode_evidence.get('from', 'given')})",
-             f"finish_reason {res.finish_reason}, completion tokens "
-             f"{res.usage.get('completion_tokens')}, end marker expected at index "
-             f"{j['expected_end_index']}, found at {j['actual_end_index']}", ""]
+             f"finish_reason {say(res.finish_reason, 'not reported')}, completion tokens "
+             f"{say(res.usage.get('completion_tokens'), 'not reported')}, end marker expected "
+             "at index " + say(j.get("expected_end_index"), "none (the budget does not bind "
+                                                             "in this output)")
+             + f", found at {say(j.get('actual_end_index'), 'no index (not in the output)')}",
+             ""]
     lines.append(f"{'pos':>4}  {'emitted':<24} {'due':<24} {'forced column':<24} "
                  f"{'top value':>12}  status")
     shown = 0

@@ -56,8 +56,11 @@ registered that was not asked for), H-j (mapping), the device state (H-i…, H-d
 H-d-cache), H-d-kernel (``apply`` biased a row that was not due), H-k (the end committed over
 another sampled token). Gate and launch cannot add a forcing and are not consulted.
 
-The row-level tests ``_forced``, ``_inputs_right`` and ``_cache_saw`` (and ``FORCED``) live here
-only; the trace-wide contract checks (``workbook.run.diagnose.contract_breaks``) import them.
+The row-level tests ``_forced`` and ``_inputs_right`` (and ``FORCED``) live here only; the
+trace-wide contract checks (``workbook.run.diagnose.contract_breaks``) import them. The evidence
+in sentences (the cache, the mapping, the history view, a marker write) is
+``workbook.run.evidence_text``'s; a cause that leaves a question to a probe (batch composition:
+the batch-of-one probe) says that probe's result (``workbook.run.verdicts.settled``).
 
 Deliberately not here: judging a request and finding its first violating position and row
 (``traced_requests``, ``locate``), building the ``Ctx``, naming one hypothesis from the causes,
@@ -72,7 +75,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from workbook.core import budget
-from workbook.run.verdicts import cause as _cause, dedupe as _dedupe
+from workbook.run.evidence_text import (cache_saw, history_saw, in_batch, mapping_saw,
+                                        marker_write, reasoning_state)
+from workbook.run.verdicts import cause as _cause, dedupe as _dedupe, markers_text, say
 
 FORCED = budget.FORCED_LOGIT
 
@@ -116,16 +121,18 @@ def _rule_state(c: Ctx) -> list[dict]:
     if reg.get("enabled") is False or st.get("enabled") is False:
         where = "registration" if reg.get("enabled") is False else f"step {st['step']}'s apply"
         return [_cause("H-b", f"ThinkingBudgetState.enabled=False at {where}, although the "
-                              f"configured marker ids are {c.config_markers}")]
+                              f"configured marker ids are {markers_text(c.config_markers)}")]
     return []
 
 
 def _rule_registration(c: Ctx) -> list[dict]:
     reg, st, b = c.req["registration"], c.st, c.budget
     if "budget_runner" in c.req:
-        return [_cause("H-c", f"the client asked for thinking_token_budget={b}, the runner's "
-                              "request carried "
-                              f"{c.req['budget_runner']}: lost before MRV2 registered it")]
+        carried = c.req["budget_runner"]
+        carried = "no budget" if carried is None else f"thinking_token_budget={carried}"
+        return [_cause("H-c", f"the client asked for {_asked(b)}, the runner's request "
+                              f"carried {carried}: the budget was lost before MRV2 registered "
+                              "it")]
     use = reg.get("use_thinking_budget")
     host = reg.get("budget_host")
     want_use, want_host = b is not None, (-1 if b is None else int(b))  # vLLM's add_request
@@ -134,9 +141,9 @@ def _rule_registration(c: Ctx) -> list[dict]:
         [x for x in (host, host_now) if x is not None and int(x) != want_host]
     if wrong:
         asked = f"budget {b}" if b is not None else "no budget"
-        return [_cause("H-c", f"registered use_thinking_budget={use}, host budget={host} (at "
-                              f"the violating step: {use_now}, {host_now}) for a request "
-                              f"with {asked}")]
+        return [_cause("H-c", f"MRV2 registered use_thinking_budget={say(use)}, host budget="
+                              f"{say(host)} for a request with {asked} (at the violating step "
+                              f"they held {say(use_now)} and {say(host_now)})")]
     return []
 
 
@@ -147,29 +154,28 @@ def _rule_mapping(c: Ctx) -> list[dict]:
     st = c.st
     if st.get("mapping_ok") is not False:
         return []
-    bs, own = st.get("batch_slot"), st.get("slot")
-    where = (f"the batch's idx_mapping sent it to slot {bs}" if bs is not None and own is not None
-             and int(bs) != int(own) else "the rows / slots the call or the kernel got")
-    return [_cause("H-j", f"at step {st['step']} (batch of {st.get('batch_size')}, request "
-                          f"at position {st.get('batch_pos')}) {where}, while the host "
-                          f"registered it at slot {own} (req_id_to_index): the kernel read "
-                          "another slot's state for this request's rows")]
+    return [_cause("H-j", f"at step {st['step']} ({in_batch(st)}) {mapping_saw(st)}")]
+
+
+def _asked(b) -> str:
+    return "no budget" if b is None else f"thinking_token_budget={b}"
 
 
 def _rule_gate(c: Ctx) -> list[dict]:
     st = c.st
     if st.get("gate") is None and st.get("path") is not None:
         return [_cause("H-a", "apply_sampling_params never ran for this request at step "
-                              f"{st['step']} ({st['path']}): logits processing skipped")]
+                              f"{st['step']} ({st['path']}): logits processing was skipped")]
     if st.get("gate") is False:
-        return [_cause("H-a", f"per-slot gate={st.get('gate')}, fast path="
-                              f"{st.get('fast_path')} at step {st['step']}: the budgeted slot "
-                              "is not marked for logits processing")]
+        return [_cause("H-a", f"the per-slot gate was False (fast path {say(st.get('fast_path'))})"
+                              f" at step {st['step']}: the budgeted slot is not marked for "
+                              "logits processing")]
     # the slot's gate is on, yet the decision skipped it: taken for the whole batch
     if st.get("fast_path") is True:
-        causes = [_cause("H-a", f"per-slot gate=True, yet apply_sampling_params took its fast "
-                                f"path at step {st['step']} (batch of {st.get('batch_size')}): "
-                                "the logits went unprocessed")]
+        causes = [_cause("H-a", f"the per-slot gate was True, yet apply_sampling_params took its "
+                                f"fast path at step {st['step']} (batch of "
+                                f"{say(st.get('batch_size'), 'an unrecorded size')}): the "
+                                "logits went unprocessed")]
     elif st.get("apply_called") is False:
         return [_cause("H-a", f"logits processing ran at step {st['step']} but never called "
                               "ThinkingBudgetState.apply for the budgeted slot")]
@@ -177,7 +183,7 @@ def _rule_gate(c: Ctx) -> list[dict]:
         return []
     batch = _batch_dependence(c, "processed")  # the fast path is decided per batch
     if batch:
-        causes.append(_cause("H-j", batch))
+        causes.append(_cause("H-j", batch, awaits="alone"))
     return causes
 
 
@@ -186,11 +192,12 @@ def _rule_launch(c: Ctx) -> list[dict]:
     if st.get("apply_called") and st.get("enabled") and st.get("use_thinking_budget") and \
             st.get("kernels_launched") is False:
         causes = [_cause("H-f", f"ThinkingBudgetState.apply ran at step {st['step']} for a "
-                                f"budgeted, enabled slot (batch of {st.get('batch_size')}) "
-                                "but launched no kernel")]
+                                "budgeted, enabled slot (batch of "
+                                f"{say(st.get('batch_size'), 'an unrecorded size')}) but "
+                                "launched no kernel")]
         batch = _batch_dependence(c, "launched")
         if batch:
-            causes.append(_cause("H-j", batch))
+            causes.append(_cause("H-j", batch, awaits="alone"))
         return causes
     return []
 
@@ -199,93 +206,44 @@ def _rule_device_state(c: Ctx) -> list[dict]:
     st, out = c.st, []
     if st.get("markers_ok") is False:
         md = st.get("markers_dev") or {}
-        hyp, how = _marker_write(st)
+        hyp, how = marker_write(st)
         out.append(_cause(hyp, f"at step {st['step']} the state's device marker ids read "
-                               f"start={md.get('start')} end={md.get('end')} natural_end="
-                               f"{md.get('natural_end')}, configured {c.config_markers}; "
-                               f"{how}"))
+                               f"{markers_text(md)}, where the configured ids are "
+                               f"{markers_text(c.config_markers)}; {how}"))
     bd, bh = st.get("budget_device"), st.get("budget_host")
     if bd is not None and bh is not None and int(bd) != int(bh):
-        out.append(_cause("H-d", f"device budget {bd} != host budget {bh} for slot "
-                                 f"{st.get('slot')} at step {st['step']}"))
+        out.append(_cause("H-d", f"the device budget {bd} differs from the host budget {bh} "
+                                 f"for slot {say(st.get('slot'))} at step {st['step']}"))
     if st.get("history_ok") is False:
-        out.append(_cause("H-d-history", f"at step {st['step']} the device holds total_len="
-                                         f"{st.get('total_len_dev')} for a committed history "
-                                         f"of {st.get('total_len_before')} tokens (or its "
-                                         "tokens differ: checksum mismatch)"))
+        out.append(_cause("H-d-history", f"at step {st['step']} {history_saw(st)}"))
     if st.get("cache_before_ok") is False and st.get("markers_ok") is not False and \
             st.get("history_ok") is not False and (bd is None or int(bd) >= 0):
         prev = _previous_apply(c)
         left = (f"the marker scan at step {prev['step']} left last_start="
-                f"{prev.get('last_start')} last_end={prev.get('last_end')}, the history's "
-                f"reasoning starts at {prev.get('truth_start')}") if prev is not None else ""
+                f"{say(prev.get('last_start'))} last_end={say(prev.get('last_end'))}, where "
+                f"{reasoning_state(prev.get('truth_start'))}") if prev is not None else ""
         if prev is not None and prev.get("cache_after_ok") is False and \
                 prev.get("markers_ok") is False:
-            hyp, how = _marker_write(prev)
-            out.append(_cause(hyp, f"{left}: it read marker ids {prev.get('markers_dev')}, "
-                                   f"configured {c.config_markers}; {how}"))
+            hyp, how = marker_write(prev)
+            out.append(_cause(hyp, f"{left}: it read marker ids "
+                                   f"{markers_text(prev.get('markers_dev'))}, where the "
+                                   f"configured ids are {markers_text(c.config_markers)}; "
+                                   f"{how}"))
         elif prev is not None and prev.get("cache_after_ok") is False and \
                 prev.get("history_ok") is False:
-            out.append(_cause("H-d-history", f"{left}: it read a history of total_len "
-                                             f"{prev.get('total_len_dev')} (committed "
-                                             f"{prev.get('total_len_before')})"))
+            out.append(_cause("H-d-history", f"{left}: {history_saw(prev)}"))
         elif prev is not None and prev.get("cache_after_ok") is False and \
                 prev.get("cache_scan_ok") is not True and prev.get("kernels_launched") and \
                 _inputs_right(prev):
             out.append(_cause("H-d-kernel", left + " from right inputs"))
         elif prev is not None and prev.get("cache_after_ok") is False:
-            out.append(_cause("H-d-cache", f"{_cache_saw(st)}; the scan at step "
-                                           f"{prev['step']} had computed it right, something "
-                                           "changed it after the scan"))
+            out.append(_cause("H-d-cache", f"{cache_saw(st)}; the scan at step "
+                                           f"{prev['step']} had computed it right, and "
+                                           "something changed it after the scan"))
         else:
-            out.append(_cause("H-d-cache", _cache_saw(st) + (
+            out.append(_cause("H-d-cache", cache_saw(st) + (
                 "" if prev is None else f"; step {prev['step']}'s apply had left it right")))
     return out
-
-
-def _marker_write(st: dict) -> tuple[str, str]:
-    """In band or out of band? A PyTorch write moves the tensor's ``_version`` (or replaces
-    the tensor: storage moved); a write PyTorch does not track (another kernel, a raw or
-    untracked alias) leaves both. The reference is the tracer's baseline, taken before the
-    first request of the trace was added (``markers_version0``, values ``markers_base_ok``);
-    without one, vLLM's own: the tensors are made once (``torch.tensor``: ``_version`` 0) and
-    never written by vLLM."""
-    ver, ver0 = st.get("markers_version"), st.get("markers_version0")
-    moved, base_ok = st.get("markers_moved"), st.get("markers_base_ok")
-    known = ver is not None and all(v is not None for v in ver)
-    known0 = ver0 is not None and all(v is not None for v in ver0)
-    if moved:
-        return "H-i-inband", ("storage moved (the tensors were replaced): a PyTorch write "
-                              "changed them (in band)")
-    if known and known0 and list(ver) != list(ver0):
-        return "H-i-inband", (f"storage unchanged, _version {ver0} -> {ver} during the trace: "
-                              "a PyTorch write changed them (in band)")
-    if known and (base_ok is False or not known0) and any(int(v) != 0 for v in ver):
-        return "H-i-inband", (f"storage unchanged, _version {ver} (the tensors are made at "
-                              "_version 0 and vLLM never writes them): a PyTorch write "
-                              "changed them (in band)" + (", before this trace began"
-                                                          if base_ok is False else ""))
-    if known:
-        return "H-i", (f"storage unchanged and _version {ver} — no tracked PyTorch write put "
-                       "them there (an out-of-band write, or one through an untracked alias)")
-    return "H-i", ("storage unchanged, _version not tracked (inference tensors): no tracked "
-                   "PyTorch write is recorded, in band or out of band cannot be told")
-
-
-def _cache_saw(st: dict) -> str:
-    truth, ref = st.get("truth_start"), st.get("cache_ref_start")
-    cache = (f"(last_start={st.get('last_start_before')}, last_end={st.get('last_end_before')}"
-             f", scan_pos={st.get('scan_pos_before')})")
-    if truth is not None and truth >= 0 and (ref is None or ref < 0):
-        what = f"the start marker at {truth} is lost: the cache says not in reasoning"
-    elif truth is not None and truth >= 0 and ref is not None and ref > truth:
-        n_host = int(st.get("total_len_before") or 0) - (truth + 1)
-        n_dev = int(st.get("total_len_before") or 0) - (ref + 1)
-        what = (f"the start moved from {truth} to {ref}: the reasoning count restarted "
-                f"({n_dev} instead of {n_host})")
-    else:
-        what = f"it encodes start {ref}, the history's reasoning state is {truth}"
-    return f"at step {st['step']} the marker cache entering apply {cache} — {what}"
 
 
 def _previous_apply(c: Ctx) -> dict | None:
@@ -307,12 +265,12 @@ def _substituted(c: Ctx) -> list[str]:
     st, bad = c.st, []
     km, kb = st.get("kernel_markers"), st.get("kernel_budget")
     if km and {k: list(v) for k, v in km.items()} != c.config_markers:
-        bad.append(f"marker ids {km}")
+        bad.append(f"marker ids {markers_text(km)}")
     if kb is not None and st.get("budget_host") is not None and int(kb) != int(st["budget_host"]):
         bad.append(f"budget {kb} (host {st['budget_host']})")
     if st.get("kernel_history_ok") is False:
-        bad.append(f"a history view of total_len {st.get('kernel_total_len')} (committed "
-                   f"{st.get('total_len_before')})")
+        bad.append(f"a history view of total_len {say(st.get('kernel_total_len'))} "
+                   f"(committed {say(st.get('total_len_before'))})")
     if st.get("positions_ok") is False:
         bad.append("local positions / drafts that are not the batch's")
     return bad
@@ -329,48 +287,51 @@ def _rule_kernel(c: Ctx) -> list[dict]:
     if _forced(row):
         if emitted is not None and int(emitted) in cols and int(emitted) != c.due_token:
             return [_cause("H-d-column", f"row {row['row']} (local_pos {row['local_pos']}) got "
-                                         f"+1e9 in columns {cols}, not only the due "
-                                         f"{c.due_token}; token {emitted} won the tie")]
+                                         f"+1e9 in columns {say(cols)}, not only in the due "
+                                         f"{say(c.due_token)}; token {emitted} won the tie")]
         return []
     # the row was due and apply's tensor is not forced at the due column
     dk = row.get("due_logit_kernel")
     if dk is not None and dk >= FORCED:
         return [_cause("H-e", f"the kernel wrote +1e9 at row {row['row']}, column "
-                              f"{c.due_token}, into a tensor that is not the one apply was "
+                              f"{say(c.due_token)}, into a tensor that is not the one apply was "
                               "given (nor the one sampled): apply's logits kept "
                               f"{_fmt(row.get('due_logit_after_apply'))} there")]
     bad = _substituted(c)
-    handed = (f"; apply handed the kernel {', '.join(bad)}, not the state's tensors"
+    handed = (f"; apply handed the kernel {' and '.join(bad)}, not the state's tensors"
               if bad else "")
     if cols:
         return [_cause("H-d-column", f"row {row['row']} (local_pos {row['local_pos']}, "
-                                     f"count {row.get('count_host')} >= budget {c.budget}) got "
-                                     f"+1e9 in column(s) {cols}, not in the due {c.due_token} "
+                                     f"count {say(row.get('count_host'))} >= budget "
+                                     f"{say(c.budget, 'none')}) got +1e9 in column(s) "
+                                     f"{say(cols)}, not in the due {say(c.due_token)} "
                                      f"(left at {_fmt(row.get('due_logit_after_apply'))})"
                                      f"{handed}")]
     if bad:
         return [_cause("H-d-kernel", f"at step {st['step']} apply handed the kernel "
-                                     f"{'; '.join(bad)} instead of the state's tensors")]
+                                     f"{' and '.join(bad)} instead of the state's tensors")]
     if st.get("cache_after_ok") is False and st.get("cache_before_ok") is not False and \
             st.get("cache_scan_ok") is True:
         return [_cause("H-d-cache", f"at step {st['step']} the marker scan computed the cache "
-                                    f"right, yet apply left last_start={st.get('last_start')} "
-                                    f"last_end={st.get('last_end')} (the history's reasoning "
-                                    f"starts at {st.get('truth_start')}): changed after the "
-                                    "scan")]
+                                    "right, yet apply left last_start="
+                                    f"{say(st.get('last_start'))} last_end="
+                                    f"{say(st.get('last_end'))}, where "
+                                    f"{reasoning_state(st.get('truth_start'))}: the cache was "
+                                    "changed after the scan")]
     if st.get("cache_after_ok") is False and st.get("cache_before_ok") is not False and \
             _inputs_right(st) and st.get("kernels_launched"):
         return [_cause("H-d-kernel", f"from a right cache, the marker scan at step "
-                                     f"{st['step']} produced last_start={st.get('last_start')} "
-                                     f"last_end={st.get('last_end')}; the history's reasoning "
-                                     f"starts at {st.get('truth_start')}")]
+                                     f"{st['step']} produced last_start="
+                                     f"{say(st.get('last_start'))} last_end="
+                                     f"{say(st.get('last_end'))}, where "
+                                     f"{reasoning_state(st.get('truth_start'))}")]
     if not _inputs_right(st) or st.get("kernels_launched") is not True:
         return []
     where = "a draft row" if row["local_pos"] > 0 else "the first row"
     saw = (f"kernels launched at step {st['step']} with the state's own tensors, markers, "
-           f"budget {st.get('budget_device')}, history and caches right, yet {where} "
-           f"(row {row['row']}, local_pos {row['local_pos']}, count {row.get('count_host')} "
-           f">= budget {c.budget}) {_bias_found(c)}")
+           f"budget {say(st.get('budget_device'))}, history and caches right, yet {where} "
+           f"(row {row['row']}, local_pos {row['local_pos']}, count "
+           f"{say(row.get('count_host'))} >= budget {say(c.budget, 'none')}) {_bias_found(c)}")
     pat = _pattern(c, "forced")
     if pat and pat["kind"] == "position":
         saw += f"; due rows were forced only when {pat['text']}"
@@ -379,7 +340,7 @@ def _rule_kernel(c: Ctx) -> list[dict]:
     # as due (its rows, its slot): batch composition is then excluded
     batch = None if _due_delta(c) > 0 else _batch_dependence(c, "forced")
     if batch:
-        causes.append(_cause("H-j", batch))
+        causes.append(_cause("H-j", batch, awaits="alone"))
     return causes
 
 
@@ -405,14 +366,14 @@ def _bias_found(c: Ctx) -> str:
         top, top_v = (ids[0], vals[0]) if ids and vals else (None, None)
     won = f"; token {top} won the row at {_fmt(top_v)}" if top is not None else ""
     if before is None or after is None:
-        return f"was not forced at the due column {due} (left at {_fmt(after)}){won}"
+        return f"was not forced at the due column {say(due)} (left at {_fmt(after)}){won}"
     delta = after - before
     if delta > 0:
-        return (f"got +{_fmt(delta)} at the due column {due} ({_fmt(before)} -> "
-                f"{_fmt(after)}), not +1e9: too weak against the winning logit"
+        return (f"got +{_fmt(delta)} at the due column {say(due)} ({_fmt(before)} -> "
+                f"{_fmt(after)}), not +1e9, which was too weak against the winning logit"
                 + (f" {_fmt(top_v)} of token {top}" if top is not None else ""))
-    return (f"got no bias at the due column {due} (it stayed at {_fmt(after)}) and +1e9 in "
-            f"no column{won}")
+    return (f"got no bias at the due column {say(due)} (it stayed at {_fmt(after)}) and +1e9 "
+            f"in no column{won}")
 
 
 def _rule_forced_kernel(c: Ctx) -> list[dict]:
@@ -427,14 +388,14 @@ def _rule_forced_kernel(c: Ctx) -> list[dict]:
         return []
     b = c.budget
     why = ("the request has no budget" if b is None else
-           f"count {row.get('count_host')} < budget {b}" if c.kind == "early" else
+           f"count {say(row.get('count_host'))} < budget {b}" if c.kind == "early" else
            "its reasoning had already ended")
     bad = _substituted(c)
-    handed = (f"; apply handed the kernel {', '.join(bad)}, not the state's tensors"
+    handed = (f"; apply handed the kernel {' and '.join(bad)}, not the state's tensors"
               if bad else "; the state's inputs were right")
     return [_cause("H-d-kernel", f"row {row['row']} (local_pos {row['local_pos']}) at step "
                                  f"{st['step']} was not due ({why}), yet apply put +1e9 in "
-                                 f"column(s) {cols}: {em} was forced"
+                                 f"column(s) {say(cols)}: {em} was forced"
                                  f"{handed}")]
 
 
@@ -447,8 +408,9 @@ def _rule_forced_commit(c: Ctx) -> list[dict]:
     if sv is not None and em is not None and int(sv) != int(em):
         b = c.budget
         why = "the request has no budget" if b is None else f"budget {b}, {c.kind}"
-        return [_cause("H-k", f"the {c.st.get('path')} produced {sv} at row {row['row']}, "
-                              f"{em} was committed instead where no end was due ({why})")]
+        return [_cause("H-k", f"the {say(c.st.get('path'), 'sampler')} produced {sv} at row "
+                              f"{row['row']}, and {em} was committed instead where no end was "
+                              f"due ({why})")]
     return []
 
 
@@ -471,23 +433,20 @@ def _batch_dependence(c: Ctx, what: str) -> str | None:
         why = f"; due rows were forced only when {pat['text']}" if pat and \
             pat["kind"] == "batch" else ""
         return (f"the violating step batched {size} requests (this one at position {pos}) and "
-                f"no due row at that place in a batch of {size} was forced{why}: batch "
-                "composition is not excluded")
+                f"no due row at that place in a batch of {size} was forced{why}")
     if what == "processed":
         ok = [s for s in c.steps if s.get("batch_size") == size and s.get("fast_path") is False
               and s.get("apply_called")]
         if ok:
             return None
-        return (f"the budgeted slot was skipped in every step with {size} requests: batch "
-                "composition is not excluded")
+        return f"the budgeted slot was skipped in every step with {size} requests"
     same = [s for s in c.steps if s.get("use_thinking_budget") and s.get("kernels_launched")
             and s.get("batch_size") == size]
     if same:
         return None
     return (f"no kernel launched in any step with {size} requests"
             + (", while launches happened in other batches" if any(
-                s.get("kernels_launched") for s in c.steps) else "")
-            + ": batch composition is not excluded")
+                s.get("kernels_launched") for s in c.steps) else ""))
 
 
 def _rule_sampling(c: Ctx) -> list[dict]:
@@ -507,15 +466,15 @@ def _rule_sampling(c: Ctx) -> list[dict]:
         if top is not None and top_v is not None and top_v >= FORCED and int(top) != due:
             return [_cause("H-d-column", f"apply forced row {row['row']} at the due column "
                                          f"{due}, but in {where} the +1e9 sits in column {top} "
-                                         f"({_fmt(top_v)}; {due} holds {_fmt(ds)}): moved "
+                                         f"({_fmt(top_v)}; {due} holds {_fmt(ds)}): it moved "
                                          "between apply and sampling", stage="sampling")]
         ident = row.get("sampled_is_biased")
         if ident is None:
             ident = row.get("returned_is_biased")
-        how = ("another storage than the one apply biased" if ident is False else
-               "the same storage: the +1e9 was overwritten after apply" if ident else
-               "storage unknown")
-        return [_cause("H-e", f"apply forced row {row['row']} (column {due} = "
+        how = ("it was another storage than the one apply biased" if ident is False else
+               "it was the same storage: the +1e9 was overwritten after apply" if ident else
+               "which storage it was is not recorded")
+        return [_cause("H-e", f"apply forced row {row['row']} (column {say(due)} = "
                               f"{_fmt(row.get('due_logit_after_apply'))}), but {where} held "
                               f"{_fmt(ds)} there — {how}")]
     sv = row.get("sampled_vllm")
@@ -523,7 +482,8 @@ def _rule_sampling(c: Ctx) -> list[dict]:
         return []
     if row.get("from_draft") is False:
         return [_cause("H-e-sample", f"row {row['row']} was forced in {where} ({_fmt(ds)} at "
-                                     f"{due}, its top-1 {row.get('sampled_top')}), yet the "
+                                     f"{say(due)}, its top-1 {say(row.get('sampled_top'))}), "
+                                     "yet the "
                                      f"{sampler} sampled {sv} from it (its own sample, not a "
                                      "draft)")]
     if row.get("from_draft"):
@@ -555,8 +515,8 @@ def _rule_commit(c: Ctx) -> list[dict]:
         return []
     sv, em = row.get("sampled_vllm"), row.get("emitted_token")
     if sv is not None and em is not None and int(sv) == c.due_token and int(em) != int(sv):
-        return [_cause("H-k", f"the {c.st.get('path')} produced {sv} at row {row['row']}, "
-                              f"but {em} was emitted")]
+        return [_cause("H-k", f"the {say(c.st.get('path'), 'sampler')} produced {sv} at row "
+                              f"{row['row']}, but {em} was emitted")]
     return []
 
 
@@ -579,7 +539,7 @@ def _forced(row: dict) -> bool:
 
 
 def _fmt(v) -> str:
-    return "?" if v is None else f"{v:.3g}"
+    return "an unrecorded value" if v is None else f"{v:.3g}"
 
 
 def _pattern(c: Ctx, what: str) -> dict | None:

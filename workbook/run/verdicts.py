@@ -5,8 +5,9 @@ the trace tables back (``records``: integers stay integers, JSON columns decoded
 from the catalogue (``cause``), one name from several causes (``single``: the cause, or
 ``ambiguous`` / ``unclassified`` — never a name by elimination), the automatic probes fed back
 (``with_probes``: a contradicting result refutes, positive evidence derived from the
-catalogue's predictions, ``pointed_by``) and the chain the notebooks and the report show
-(``chain_rows``).
+catalogue's predictions, ``pointed_by``; a cause that ``awaits`` a probe says its result:
+``settled``) and the chain the notebooks and the report show (``chain_rows``). Values in a
+sentence: ``say`` / ``markers_text`` (never None, NaN or a Python repr).
 
 Deliberately not here: any rule about what a stage must do (the constraint's module), the
 probes themselves (``workbook.run.probes``).
@@ -72,10 +73,80 @@ def as_int(v):
     return None if v is None else int(v)
 
 
+# ---- values said in a sentence (never None, NaN, a Python list or dict) -----------------------
+
+def say(v, missing: str = "not recorded") -> str:
+    """One value for a sentence: an integer without ".0", a list as "a, b" ("none" when
+    empty), a dict as "key value, ...", a float to 3 digits; ``missing`` for None / NaN."""
+    v = py(v)
+    if v is None:
+        return missing
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() else f"{v:.3g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{str(k).replace('_', ' ')} {say(x, missing)}"
+                         for k, x in v.items()) or "none"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(say(x, missing) for x in v) or "none"
+    return str(v)
+
+
+def markers_text(m) -> str:
+    """Marker ids as words: "start 368, end 369, natural end 369" (a multi-token marker's ids
+    joined by spaces); "not recorded" when absent."""
+    m = py(m)
+    if not m:
+        return "not recorded"
+    if not isinstance(m, dict):
+        return say(m)
+    return ", ".join(f"{str(k).replace('_', ' ')} " + (" ".join(say(t) for t in x) or "none"
+                                                       if isinstance(x, (list, tuple))
+                                                       else say(x))
+                     for k, x in m.items())
+
+
 def cause(hyp: str, saw: str, stage: str | None = None, **extra) -> dict:
     h = HYPOTHESES[hyp]
-    return {"hypothesis": hyp, "title": h.title, "stage": stage or h.stage, "saw": saw,
-            "confirm": h.confirm, **extra}
+    return settled({"hypothesis": hyp, "title": h.title, "stage": stage or h.stage, "saw": saw,
+                    "confirm": h.confirm, **extra})
+
+
+# a cause whose evidence leaves one question to a probe (``awaits``): the question and the
+# probe's name in a sentence
+PROBE_QUESTIONS = {"alone": ("the batch-of-one probe (the request re-sent alone)",
+                             "batch composition")}
+
+
+def settled(c: dict, probes: dict | None = None) -> dict:
+    """A cause that ``awaits`` a probe says that probe's result, not a fixed story: its
+    ``saw`` is the evidence (``seen``) followed by what the probe showed — confirmed (the
+    result the catalogue predicts for the cause), refuted (the opposite), or not run (the
+    question stays open, and says so)."""
+    probe = c.get("awaits")
+    if not probe:
+        return c
+    seen = c.get("seen") or c["saw"]
+    name, question = PROBE_QUESTIONS.get(probe, (f"the probe '{probe}'", "this cause"))
+    p = (probes or {}).get(probe) or {}
+    got = p.get("verdict")
+    want = HYPOTHESES[c["hypothesis"]].predicts.get(probe) if c["hypothesis"] in HYPOTHESES \
+        else None
+    if got in ("honored", "violated") and want in ("honored", "violated"):
+        tail = (f"{name} confirmed it: alone, the request was {got}" if got == want else
+                f"{name} refuted it: alone, the request was {got} as in the batch")
+        if probe != "alone":
+            tail = (f"{name} confirmed it ({got})" if got == want else
+                    f"{name} refuted it ({got}, where this cause predicts {want})")
+    elif got is not None or p.get("ran"):
+        tail = f"{question} is not excluded: {name} was {say(got, 'inconclusive')}"
+    elif p:
+        tail = (f"{question} is not excluded: {name} did not run "
+                f"({say(p.get('why'), 'no reason recorded')})")
+    else:
+        tail = f"{question} is not excluded: {name} has not run"
+    return {**c, "seen": seen, "saw": f"{seen}; {tail}"}
 
 
 def single(causes: list[dict]) -> str:
@@ -161,7 +232,7 @@ def with_probes(verdict: dict, probes: dict, namer=None) -> dict:
                  and hyp in pointed_by(n)]
         return confirmed, [n for n in contra if n not in again], again
 
-    causes = [dict(c) for c in v.get("causes") or []]
+    causes = [settled(dict(c), probes) for c in v.get("causes") or []]
     for c in causes:
         c["confirmed_by"], c["refuted_by"], again = judged(c["hypothesis"])
         if again:
@@ -183,8 +254,9 @@ def with_probes(verdict: dict, probes: dict, namer=None) -> dict:
             confirmed, refuted, _again = judged(hyp)
             if refuted:
                 continue
-            kept.append(cause(hyp, f"probe '{name}' ({p.get('switch')}): honored, while the "
-                                    "run itself was violated", from_probe=name,
+            switch = say(p.get("switch"), "its switch not recorded")
+            kept.append(cause(hyp, f"probe '{name}' ({switch}): honored, while the run "
+                                    "itself was violated", from_probe=name,
                                confirmed_by=confirmed, refuted_by=[]))
             have.add(hyp)
     v["refuted"] = [c for c in causes if c["refuted_by"]]
@@ -192,7 +264,7 @@ def with_probes(verdict: dict, probes: dict, namer=None) -> dict:
     (namer or name_from_causes)(v)
     if v["hypothesis"] == "unclassified" and v["refuted"]:
         v["reason"] = ("the probes refute every candidate (" + ", ".join(
-            f"{c['hypothesis']} by {c['refuted_by']}" for c in v["refuted"]) + "); " +
+            f"{c['hypothesis']} by {say(c['refuted_by'])}" for c in v["refuted"]) + "); " +
             (v.get("reason") or ""))
         v["summary"] = v["summary"].split(" — ")[0] + " — unclassified: " + v["reason"]
     v["chain"] = chain_rows(v)
