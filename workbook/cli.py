@@ -4,6 +4,10 @@
                      [--no-report] [--in-process] [--hide-code] [--no-notebook-html]
                      [--probes] [--[no-]progress]   # prints the finding, the report's path,
                                                     # then the folder
+    workbook run constraints [--only NAME] [--methods M ...] [--constraints C ...]
+                     [--batches B ...] [--set KEY=VALUE ...] [--out outputs] [--no-report]
+                                                    # a constraints grid (an environment
+                                                    # with study: constraints; workbook.run.grid)
     workbook validate ENV [--only NAME ...] [--set KEY=VALUE ...] [--platform cpu|gpu]
                                                     # the run's rules; start nothing
     workbook verify RUN_DIR                          # SHA256SUMS; exit 1 on any mismatch
@@ -71,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render each executed notebook to HTML without its code cells")
     r.add_argument("--no-notebook-html", action="store_true",
                    help="do not render the executed notebooks to HTML")
+    from workbook.run import grid
+
+    grid.add_arguments(r)
     v = sub.add_parser("validate", help="validate an environment's runs with the rules the run "
                                         "applies; start nothing")
     v.add_argument("env")
@@ -120,8 +127,20 @@ def cmd_run(args) -> int:
     from workbook import batch
     from workbook import report as rep
     from workbook.core import rundir
+    from workbook.run import grid
 
     overrides = dict(args.overrides)
+    chosen = [o for o in ("methods", "constraints", "batches") if getattr(args, o)]
+    if grid.is_grid(args.env):
+        if args.probes or args.timeout is not None:
+            raise ConfigError("--probes / --timeout are for notebook runs; a constraints grid "
+                              "takes --only, --methods, --constraints, --batches, --set")
+        return grid.command(args.env, overrides, only=args.only, methods=args.methods,
+                            constraints=args.constraints, batches=args.batches, out=args.out,
+                            report=None if args.no_report else rep.write)
+    if chosen:
+        raise ConfigError(f"--{chosen[0]} is for a constraints grid (an environment with "
+                          f"study: constraints); {args.env} is not one")
     if args.probes:
         overrides["probes"] = True
     env = batch.load_environment(args.env, overrides, notebooks=not args.in_process,
