@@ -113,3 +113,19 @@ def test_plan_errors_are_config_errors():
         G.plan("constraints", {"spec_method": "mtp"}, on_cpu=True)
     with pytest.raises(ConfigError, match="one grid per run"):
         G.plan("constraints", only=["constraints-mtp", "constraints-eagle"], on_cpu=True)
+
+
+def test_default_report_keeps_batches_and_grids_apart(tmp_path):
+    """`workbook report` without folders: the newest notebook batch of each hardware as the
+    batch, the newest grid run folder among the grids — a newer grid never hides the batch."""
+    from workbook import cli
+
+    made = []
+    for study in (None, "constraints"):
+        _, folder = rundir.new_run_dir(str(tmp_path), "cpu")
+        rundir.write_json(f"{folder}/{rundir.MANIFEST}", {"status": "ok", "runs": [],
+                                                          **({"study": study} if study else {})})
+        rundir.write_sums(folder)
+        made.append(folder)
+    assert cli._batch_folders(str(tmp_path)) == ([made[0]], [])
+    assert cli._latest_grids(str(tmp_path)) == [made[1]]

@@ -218,12 +218,36 @@ def _batch_folders(path: str) -> tuple[list[str], list[str]]:
         return [path], []
     found, skipped = [], []
     for group in [path] + subdirs(path):
-        batches = [d for d in subdirs(group) if os.path.exists(os.path.join(d, rundir.MANIFEST))]
+        batches = [d for d in subdirs(group) if os.path.exists(os.path.join(d, rundir.MANIFEST))
+                   and not _study(d)]
         done = [d for d in batches if rundir.finished(d)]
         skipped += [d for d in batches if d not in done and (not done or d > done[-1])]
         if done:
             found.append(done[-1])
     return found, skipped
+
+
+def _study(folder: str) -> str | None:
+    """The study a run folder holds (``constraints``: a grid, ``workbook.run.grid``), else None
+    (a batch of notebook runs)."""
+    from workbook.core import rundir
+
+    return (rundir.read_json(os.path.join(folder, rundir.MANIFEST), {}) or {}).get("study")
+
+
+def _latest_grids(root: str) -> list[str]:
+    """The newest finished constraints-grid run folder of each hardware under ``root``."""
+    from workbook.core import rundir
+
+    found = []
+    for hw in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        base = os.path.join(root, hw)
+        if not os.path.isdir(base):
+            continue
+        grids = [d for d in (os.path.join(base, x) for x in sorted(os.listdir(base)))
+                 if _study(d) == "constraints" and rundir.finished(d)]
+        found += grids[-1:]
+    return found
 
 
 def cmd_report(args) -> int:
@@ -248,9 +272,10 @@ def cmd_report(args) -> int:
         return 2
     try:
         # constraints grids: in the folders given, else under <out>/<hardware>/constraints-*/
+        # (and the newest grid run folder of each hardware: `workbook run constraints`)
         grid_paths = list(args.run_dirs) if args.run_dirs else [
             os.path.join(args.out, d) for d in sorted(os.listdir(args.out))
-            if os.path.isdir(os.path.join(args.out, d))]
+            if os.path.isdir(os.path.join(args.out, d))] + _latest_grids(args.out)
         path = report.write(run_dirs, args.output or report.default_path(args.out),
                             grid_paths=grid_paths)
     except report.NoRuns as e:

@@ -218,6 +218,9 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None, checks=None) -> RunC
     if cfg.probes:
         _check(cfg.trace, "probes=True needs trace=True (the probes confirm a cause the trace "
                           "named)")
+    _check(cfg.mode == "in-process" or (not cfg.row_check and cfg.constraint_fault == "none"),
+           "row_check / constraint_fault are installed in this process (workbook.hooks.install); "
+           "the vllm serve plugin does not install them: use mode='in-process'")
     if cfg.mode == "server" and cfg.zero_lm_head:
         raise ConfigError("zero_lm_head=True edits the model weights inside the engine: "
                           "use mode='in-process'")
