@@ -129,3 +129,12 @@ def test_default_report_keeps_batches_and_grids_apart(tmp_path):
         made.append(folder)
     assert cli._batch_folders(str(tmp_path)) == ([made[0]], [])
     assert cli._latest_grids(str(tmp_path)) == [made[1]]
+
+
+def test_validate_applies_the_grids_plan():
+    res = workbook("validate", "constraints", "--only", "fault-stop-not-trimmed")
+    assert res.returncode == 0, res.stderr
+    assert "ok  fault-stop-not-trimmed  (constraints grid: none, mtp; 1 constraint(s); single; " \
+           "constraint fault stop-not-trimmed)" in res.stdout
+    res = workbook("validate", "constraints", "--set", "num_spec_tokens=99")
+    assert res.returncode == 2 and "num_spec_tokens=99 must be in 1..16" in res.stderr

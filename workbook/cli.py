@@ -187,6 +187,15 @@ def cmd_validate(args) -> int:
     from workbook import batch
 
     on_cpu = None if args.platform is None else args.platform == "cpu"
+    from workbook.run import grid
+
+    if grid.is_grid(args.env):  # the grid's own plan: what `workbook run constraints` applies
+        for name in args.only or grid.entries(args.env):
+            p = grid.plan(args.env, dict(args.overrides), only=name, on_cpu=on_cpu)
+            print(f"ok  {name}  (constraints grid: {', '.join(p.methods)}; "
+                  f"{len(p.constraints)} constraint(s); {', '.join(p.batches)}"
+                  + (f"; constraint fault {p.fault})" if p.fault else ")"))
+        return 0
     env = batch.load_environment(args.env, dict(args.overrides), only=args.only, on_cpu=on_cpu)
     for spec in env.runs:
         print(f"ok  {spec.name}  ({os.path.relpath(spec.notebook)}, checks={spec.checks})")

@@ -93,6 +93,11 @@ def is_grid(env: str) -> bool:
     return _read(env)[1].get("study") == "constraints"
 
 
+def entries(env: str = ENV) -> list[str]:
+    """The names of the environment's entries (``--only`` takes one)."""
+    return [r.get("name") for r in _read(env)[1].get("runs") or [] if isinstance(r, dict)]
+
+
 def _names(value, known, what: str) -> list[str]:
     names = [value] if isinstance(value, str) else list(value)
     bad = [n for n in names if n not in known]
