@@ -65,6 +65,8 @@ def test_engines_are_the_environments_defaults_entry_and_set():
     (["--set", "constraint_fault=typo"], "constraint_fault='typo' is unknown; choose one of"),
     (["--set", "colour=red"], "--set: unknown parameter(s) ['colour']"),
     (["--set", "mode=server"], "mode='server': the grid reads every logits row"),
+    (["--set", "watch=true"], "the grid keeps no trace and no start-up watch"),
+    (["--set", "spec_method=mtp"], "--set spec_method: the grid chooses it per engine"),
 ])
 def test_bad_input_fails_before_an_engine_in_one_line(tmp_path, args, named):
     res = workbook("run", "constraints", *args, "--out", tmp_path)

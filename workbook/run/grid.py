@@ -1,28 +1,18 @@
 """The constraints grid as a study of the one pipeline: plan, engines, cells, run folder, command.
 
-``plan(env, overrides, only=..., methods=..., constraints=..., batches=...)`` turns
-``environments/constraints.yaml`` (its ``defaults``, the entry ``only`` names — its
-``method`` / ``constraint`` / ``batches`` / ``constraint_fault`` and RunConfig fields — and
-``--set``) into a ``Plan``: one ``RunConfig`` per engine (``Plan.config(method)``; ``none``
-first: the baseline the cases are derived from and the differential's reference). Every bad
-input — an unknown constraint, method, batch, entry or parameter, a value vLLM would reject —
-raises ``ConfigError`` naming it (and the valid ones) before any engine starts.
-
-``grid_of(plan, out)`` runs it: each engine starts through the pipeline's backends
-(``workbook.run.backends.BACKENDS``), each batch is sent under the hooks ``workbook.hooks.install``
-installs from the batch's configuration (``row_check``, ``constraint_fault``), and judged
-cell by cell (``workbook.run.constraints.judge_request``). With a constraint fault the
-differential's reference is always the healthy configuration: method ``none`` sends every batch
-once more without the fault (``grid["reference"]``); its faulted cells are still cells.
-``grid.json`` and ``evidence/<method>/<batch>.json`` are rewritten after every method
-(``workbook.core.rundir.write_json``), so a grid that stops keeps what it had.
-
-``execute(plan, out)`` is ``workbook run constraints``: a fresh run folder
-``<out>/<hardware>/<run-id>`` (never an existing one) with its manifest (status, one row per
-engine, the failure or the signal that stopped it) and ``SHA256SUMS``; ``command`` prints the
-counts and the folder; ``python -m workbook.run.grid`` (= ``python -m workbook.run.constraints``)
-is the same command. Not here: the cases and the judging (``workbook.run.constraints``),
-rendering (``workbook.report.constraints``).
+``plan(env, overrides, only=..., methods=..., constraints=..., batches=...)``: one ``RunConfig``
+per engine from ``environments/constraints.yaml`` (``defaults``, the entry ``only`` names, then
+``--set``); ``none`` first (the baseline the cases come from, the differential's reference). Bad
+input (unknown constraint, method, batch, entry or parameter; a value vLLM would reject) raises
+``ConfigError`` naming it before any engine starts. ``grid_of(plan, out)``: engines through the
+pipeline's backends, each batch under the hooks ``workbook.hooks.install`` installs from its
+configuration (``row_check``, ``constraint_fault``), cells judged by
+``workbook.run.constraints``; with a fault, ``none`` also sends every batch without it — the
+reference is the healthy configuration (``grid["reference"]``). ``grid.json`` and
+``evidence/<method>/<batch>.json`` are rewritten after every method. ``execute`` / ``command``:
+``workbook run constraints`` (= ``python -m workbook.run.grid`` / ``.constraints``), a fresh run
+folder (``workbook.core.rundir``) with its manifest and ``SHA256SUMS``; a stopped grid keeps what
+it had. Not here: cases and judging (``run.constraints``), rendering (``report.constraints``).
 """
 
 from __future__ import annotations
@@ -61,7 +51,9 @@ class Plan:
 
     @property
     def fault(self) -> str | None:
-        return None if self.base.constraint_fault == "none" else self.base.constraint_fault
+        """The fault injected into every engine (a constraint fault, else a budget fault)."""
+        return next((f for f in (self.base.constraint_fault, self.base.fault) if f != "none"),
+                    None)
 
     def config(self, method: str) -> RunConfig:
         return self.base.replace(spec_method=method)
@@ -142,6 +134,12 @@ def plan(env: str = ENV, overrides: dict | None = None, *, only=None, methods=No
     if base.mode != "in-process":
         raise ConfigError(f"mode={base.mode!r}: the grid reads every logits row and edits the "
                           "lm_head inside the engine; use mode='in-process'")
+    from workbook import hooks
+
+    if hooks.needs_pre_start(base) or base.trace:
+        raise ConfigError("the grid keeps no trace and no start-up watch (trace, watch, localize, "
+                          "sanitize, cpu_profile_run, sampler_warmup, start-up faults are for "
+                          "notebook runs: workbook run cpu)")
     if base.temperature != 0:
         raise ConfigError(f"temperature={base.temperature!r}: the grid's cases and its "
                           "differential are greedy; use temperature=0")
@@ -371,8 +369,9 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
                     baseline = baselines(eng)
                 got, ev = run_batches(eng, cfg, m, p.constraints, p.batches, baseline)
                 if m == "none" and p.fault:  # the reference: the healthy configuration
-                    ref, rev = run_batches(eng, cfg.replace(constraint_fault="none"), m,
-                                           p.constraints, p.batches, baseline)
+                    ref, rev = run_batches(eng, cfg.replace(constraint_fault="none",
+                                                            fault="none"),
+                                           m, p.constraints, p.batches, baseline)
                     ref_cells += ref
                     evidence["reference"] = rev
         except Exception as e:  # the method cannot start here: its message is the result
