@@ -359,32 +359,36 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
                     rundir.write_json(os.path.join(out, "evidence", m, f"{b}.json"), jsonable(e))
         return grid
 
-    for m in p.methods:
-        cfg = p.config(m)
-        t1, row = time.time(), {"method": m, "status": "ok"}
-        log = os.path.join(out, "logs", m) if out else None
-        try:
-            with Engine(cfg, log) as eng:
-                if baseline is None:
-                    baseline = baselines(eng)
-                got, ev = run_batches(eng, cfg, m, p.constraints, p.batches, baseline)
-                if m == "none" and p.fault:  # the reference: the healthy configuration
-                    ref, rev = run_batches(eng, cfg.replace(constraint_fault="none",
-                                                            fault="none"),
-                                           m, p.constraints, p.batches, baseline)
-                    ref_cells += ref
-                    evidence["reference"] = rev
-        except Exception as e:  # the method cannot start here: its message is the result
-            st, msg = ("method refused", str(e)) if isinstance(e, C.MethodRefused) \
-                else ("error", C.one_line(e))
-            got, ev = [C.Cell(c, m, b, st, msg) for c in p.constraints for b in p.batches], {}
-            row.update(status=st, message=msg)
-        cells += got
-        evidence[m] = ev
-        row["seconds"] = round(time.time() - t1, 1)
-        assemble("running")
-        if on_method:
-            on_method(row)
+    try:
+        for m in p.methods:
+            cfg = p.config(m)
+            t1, row = time.time(), {"method": m, "status": "ok"}
+            log = os.path.join(out, "logs", m) if out else None
+            try:
+                with Engine(cfg, log) as eng:
+                    if baseline is None:
+                        baseline = baselines(eng)
+                    got, ev = run_batches(eng, cfg, m, p.constraints, p.batches, baseline)
+                    if m == "none" and p.fault:  # the reference: the healthy configuration
+                        ref, rev = run_batches(eng, cfg.replace(constraint_fault="none",
+                                                                fault="none"),
+                                               m, p.constraints, p.batches, baseline)
+                        ref_cells += ref
+                        evidence["reference"] = rev
+            except Exception as e:  # the method cannot start here: its message is the result
+                st, msg = ("method refused", str(e)) if isinstance(e, C.MethodRefused) \
+                    else ("error", C.one_line(e))
+                got, ev = [C.Cell(c, m, b, st, msg) for c in p.constraints for b in p.batches], {}
+                row.update(status=st, message=msg)
+            cells += got
+            evidence[m] = ev
+            row["seconds"] = round(time.time() - t1, 1)
+            assemble("running")
+            if on_method:
+                on_method(row)
+    except BaseException:  # a signal, Ctrl-C: the grid keeps what it had
+        assemble("stopped")
+        raise
     return assemble("complete")
 
 
@@ -402,7 +406,7 @@ def run(methods=C.METHODS, constraints=C.CONSTRAINTS, *, out: str | None = None,
                    out)
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):  # not an Exception: no per-method handler swallows it
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
@@ -461,8 +465,10 @@ def execute(p: Plan, out: str = "outputs", *, report=None) -> tuple[str, dict]:
 def summary_lines(grid: dict) -> list[str]:
     cells = grid.get("cells", [])
     counts = Counter(c["status"] for c in cells)
+    if not cells:
+        return ["no cell finished (grid.json is rewritten as each method ends)"]
     lines = [f"{len(cells)} cells: " + ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
-             + (f" (constraint fault {grid['fault']}; reference: none without it)"
+             + (f" (fault {grid['fault']}; reference: none without it)"
                 if grid.get("fault") else "")]
     for c in cells:
         if c["status"] in ("violated", "error", "method refused"):
