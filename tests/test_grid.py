@@ -140,3 +140,23 @@ def test_validate_applies_the_grids_plan():
            "constraint fault stop-not-trimmed)" in res.stdout
     res = workbook("validate", "constraints", "--set", "num_spec_tokens=99")
     assert res.returncode == 2 and "num_spec_tokens=99 must be in 1..16" in res.stderr
+
+
+def test_hooks_install_the_row_check_and_the_constraint_fault_from_the_configuration():
+    """What the grid asks of a batch's configuration, ``workbook.hooks.install`` installs (no
+    engine: the hooks patch vLLM's classes) and the backend's ``stop`` removes."""
+    from workbook import hooks
+    from workbook.core.config import RunConfig
+    from workbook.vllm import env as wb_env
+
+    wb_env.prepare_process(RunConfig())  # before vLLM is imported (the Triton shim)
+    cfg = RunConfig(row_check=True, constraint_fault="gate-off", trace=False)
+    installed, tracer = hooks.install(cfg)
+    try:
+        assert tracer is None and hooks.row_check(installed) is not None
+        assert [getattr(h, "name", None) for h in installed][0] == "constraint-fault:gate-off"
+        assert all(getattr(h, "installed", True) for h in installed)
+    finally:
+        for h in reversed(installed):
+            h.remove()
+    assert hooks.row_check(hooks.install(RunConfig(trace=False))[0]) is None
