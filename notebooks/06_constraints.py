@@ -50,12 +50,15 @@ from IPython.display import HTML, Markdown, display
 
 from workbook.report import constraints as section
 from workbook.run import constraints as grid_run
+from workbook.run import grid as study
 
 chosen = list(grid_run.CONSTRAINTS) if constraint == "all" else [constraint]
 methods = ["none"] if method == "none" else ["none", method]
 out = outdir or tempfile.mkdtemp(prefix="workbook-constraints-")
-grid = grid_run.run(methods, chosen, out=out, batches=batches, k=num_spec_tokens,
-                    fault=None if constraint_fault == "none" else constraint_fault)
+# engines from environments/constraints.yaml's defaults (workbook.run.grid), as `workbook run
+# constraints` runs them; with a constraint fault the reference (none) runs without it
+grid = study.run(methods, chosen, out=out, batches=batches, k=num_spec_tokens,
+                 fault=None if constraint_fault == "none" else constraint_fault)
 print(f"grid and row evidence: {out}")
 
 # %% [markdown]

@@ -10,6 +10,7 @@ import pytest
 from workbook.core import contracts
 from workbook.hooks import constraint_faults
 from workbook.run import constraints as C
+from workbook.run import grid as G
 
 # faults whose request binds on the zeroed lm_head with MTP drafts accepted (every fault of the
 # catalogue; its case: the grid case of the contract it breaks)
@@ -33,7 +34,7 @@ FAULT_AT = {"grammar-skipped-once": (0, 0, 0),
 def engine():
     from workbook.vllm import engine as vengine
 
-    eng = vengine.start(C.config_for("mtp"))
+    eng = vengine.start(G.config_for("mtp"))
     yield eng
     eng.shutdown()
 
@@ -182,7 +183,7 @@ def test_structured_output_judged_on(method):
     </think> there (vLLM #44297 / #44993's boundary)."""
     from workbook.vllm import engine as vengine
 
-    eng = vengine.start(C.config_for(method))
+    eng = vengine.start(G.config_for(method))
     try:
         got = _structured_cells(eng)
         end_id = eng.tokenizer.convert_tokens_to_ids("</think>")

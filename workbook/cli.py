@@ -4,6 +4,10 @@
                      [--no-report] [--in-process] [--hide-code] [--no-notebook-html]
                      [--probes] [--[no-]progress]   # prints the finding, the report's path,
                                                     # then the folder
+    workbook run constraints [--only NAME] [--methods M ...] [--constraints C ...]
+                     [--batches B ...] [--set KEY=VALUE ...] [--out outputs] [--no-report]
+                                                    # a constraints grid (an environment
+                                                    # with study: constraints; workbook.run.grid)
     workbook validate ENV [--only NAME ...] [--set KEY=VALUE ...] [--platform cpu|gpu]
                                                     # the run's rules; start nothing
     workbook verify RUN_DIR                          # SHA256SUMS; exit 1 on any mismatch
@@ -71,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render each executed notebook to HTML without its code cells")
     r.add_argument("--no-notebook-html", action="store_true",
                    help="do not render the executed notebooks to HTML")
+    from workbook.run import grid
+
+    grid.add_arguments(r)
     v = sub.add_parser("validate", help="validate an environment's runs with the rules the run "
                                         "applies; start nothing")
     v.add_argument("env")
@@ -120,8 +127,20 @@ def cmd_run(args) -> int:
     from workbook import batch
     from workbook import report as rep
     from workbook.core import rundir
+    from workbook.run import grid
 
     overrides = dict(args.overrides)
+    chosen = [o for o in ("methods", "constraints", "batches") if getattr(args, o)]
+    if grid.is_grid(args.env):
+        if args.probes or args.timeout is not None:
+            raise ConfigError("--probes / --timeout are for notebook runs; a constraints grid "
+                              "takes --only, --methods, --constraints, --batches, --set")
+        return grid.command(args.env, overrides, only=args.only, methods=args.methods,
+                            constraints=args.constraints, batches=args.batches, out=args.out,
+                            report=None if args.no_report else rep.write)
+    if chosen:
+        raise ConfigError(f"--{chosen[0]} is for a constraints grid (an environment with "
+                          f"study: constraints); {args.env} is not one")
     if args.probes:
         overrides["probes"] = True
     env = batch.load_environment(args.env, overrides, notebooks=not args.in_process,
@@ -168,6 +187,15 @@ def cmd_validate(args) -> int:
     from workbook import batch
 
     on_cpu = None if args.platform is None else args.platform == "cpu"
+    from workbook.run import grid
+
+    if grid.is_grid(args.env):  # the grid's own plan: what `workbook run constraints` applies
+        for name in args.only or grid.entries(args.env):
+            p = grid.plan(args.env, dict(args.overrides), only=name, on_cpu=on_cpu)
+            print(f"ok  {name}  (constraints grid: {', '.join(p.methods)}; "
+                  f"{len(p.constraints)} constraint(s); {', '.join(p.batches)}"
+                  + (f"; constraint fault {p.fault})" if p.fault else ")"))
+        return 0
     env = batch.load_environment(args.env, dict(args.overrides), only=args.only, on_cpu=on_cpu)
     for spec in env.runs:
         print(f"ok  {spec.name}  ({os.path.relpath(spec.notebook)}, checks={spec.checks})")
@@ -199,12 +227,36 @@ def _batch_folders(path: str) -> tuple[list[str], list[str]]:
         return [path], []
     found, skipped = [], []
     for group in [path] + subdirs(path):
-        batches = [d for d in subdirs(group) if os.path.exists(os.path.join(d, rundir.MANIFEST))]
+        batches = [d for d in subdirs(group) if os.path.exists(os.path.join(d, rundir.MANIFEST))
+                   and not _study(d)]
         done = [d for d in batches if rundir.finished(d)]
         skipped += [d for d in batches if d not in done and (not done or d > done[-1])]
         if done:
             found.append(done[-1])
     return found, skipped
+
+
+def _study(folder: str) -> str | None:
+    """The study a run folder holds (``constraints``: a grid, ``workbook.run.grid``), else None
+    (a batch of notebook runs)."""
+    from workbook.core import rundir
+
+    return (rundir.read_json(os.path.join(folder, rundir.MANIFEST), {}) or {}).get("study")
+
+
+def _latest_grids(root: str) -> list[str]:
+    """The newest finished constraints-grid run folder of each hardware under ``root``."""
+    from workbook.core import rundir
+
+    found = []
+    for hw in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        base = os.path.join(root, hw)
+        if not os.path.isdir(base):
+            continue
+        grids = [d for d in (os.path.join(base, x) for x in sorted(os.listdir(base)))
+                 if _study(d) == "constraints" and rundir.finished(d)]
+        found += grids[-1:]
+    return found
 
 
 def cmd_report(args) -> int:
@@ -229,9 +281,10 @@ def cmd_report(args) -> int:
         return 2
     try:
         # constraints grids: in the folders given, else under <out>/<hardware>/constraints-*/
+        # (and the newest grid run folder of each hardware: `workbook run constraints`)
         grid_paths = list(args.run_dirs) if args.run_dirs else [
             os.path.join(args.out, d) for d in sorted(os.listdir(args.out))
-            if os.path.isdir(os.path.join(args.out, d))]
+            if os.path.isdir(os.path.join(args.out, d))] + _latest_grids(args.out)
         path = report.write(run_dirs, args.output or report.default_path(args.out),
                             grid_paths=grid_paths)
     except report.NoRuns as e:

@@ -3,6 +3,8 @@
 An environment file holds::
 
     hardware: cpu                      # outputs/<hardware>/...; default: the file's stem
+    study: constraints                 # optional: the runs are constraints grids
+                                       # (workbook.run.grid), not notebooks
     notebook: notebooks/01_reproduce.py
     checks: [A]                        # deterministic checks (workbook.run.request), default none
     timeout: 600                       # seconds per run (papermill cell timeout + a hard kill)
@@ -41,7 +43,7 @@ from workbook.core.config import ConfigError, RunConfig, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESERVED = ("name", "notebook", "checks", "timeout", "description")
-TOP_KEYS = ("hardware", "notebook", "checks", "timeout", "kernel", "env", "install",
+TOP_KEYS = ("study", "hardware", "notebook", "checks", "timeout", "kernel", "env", "install",
             "description", "defaults", "runs")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 PLACEHOLDER_RE = re.compile(r"^<.*>$", re.S)

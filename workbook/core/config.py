@@ -24,11 +24,13 @@ from typing import Any
 SPEC_METHODS = ("none", "mtp", "eagle", "eagle3", "ngram", "draft_model")
 RUNNERS = ("v2", "v1", "auto")
 MODES = ("in-process", "server")
-from workbook.core import models
+from workbook.core import constraint_fault_catalogue, models
 from workbook.core.hypotheses import FAULT_CHOICES as FAULTS
 from workbook.core.hypotheses import FAULTS as FAULT_DEFS, PROFILE_FAULTS
 
 LOCALIZE = ("none", "module", "op")
+# the constraint faults (``workbook.core.constraint_fault_catalogue``)
+CONSTRAINT_FAULTS = ("none", *constraint_fault_catalogue.FAULTS)
 CHECK_NAMES = ("A", "B")  # the deterministic checks (workbook.run.request, docs/facts.md)
 
 
@@ -73,6 +75,8 @@ class RunConfig:
     fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults)
     guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
     trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
+    row_check: bool = False  # keep every logits row's contract columns, raw and processed (workbook.hooks.rowcheck; the constraints grid)
+    constraint_fault: str = "none"  # inject one constraint fault (workbook.hooks.constraint_faults)
     probes: bool = False  # after a violation, re-run the request with one switch per remaining cause (batch of 1, markers re-uploaded, guard on ...; in-process) and feed the results back into the verdict
     # start-up watch (issue #13: workbook.hooks.watch)
     watch: bool = False  # snapshot ThinkingBudgetState's device tensors at every start-up phase and step
@@ -167,6 +171,9 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None, checks=None) -> RunC
     _check(cfg.runner in RUNNERS, f"runner={cfg.runner!r} is unknown; choose one of {RUNNERS}")
     _check(cfg.mode in MODES, f"mode={cfg.mode!r} is unknown; choose one of {MODES}")
     _check(cfg.fault in FAULTS, f"fault={cfg.fault!r} is unknown; choose one of {FAULTS}")
+    _check(cfg.constraint_fault in CONSTRAINT_FAULTS,
+           f"constraint_fault={cfg.constraint_fault!r} is unknown; choose one of "
+           f"{CONSTRAINT_FAULTS}")
     _check(isinstance(cfg.thinking_token_budget, int) and cfg.thinking_token_budget >= -1,
            f"thinking_token_budget={cfg.thinking_token_budget!r} must be an integer >= -1 "
            "(-1 means no budget)")
@@ -206,6 +213,9 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None, checks=None) -> RunC
     if cfg.probes:
         _check(cfg.trace, "probes=True needs trace=True (the probes confirm a cause the trace "
                           "named)")
+    _check(cfg.mode == "in-process" or (not cfg.row_check and cfg.constraint_fault == "none"),
+           "row_check / constraint_fault are installed in this process (workbook.hooks.install); "
+           "the vllm serve plugin does not install them: use mode='in-process'")
     if cfg.mode == "server" and cfg.zero_lm_head:
         raise ConfigError("zero_lm_head=True edits the model weights inside the engine: "
                           "use mode='in-process'")

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 
 def install(cfg, engine=None, *, trace_dir: str | None = None):
-    """Install ``cfg``'s fault, guard and tracer; returns (patch sets, tracer or None).
-    A start-up fault (``before_start``) is not installed here: ``pre_start`` did."""
+    """Install ``cfg``'s fault, constraint fault, guard, row check and tracer; returns (patch
+    sets, tracer or None); the row check, when asked for, is among the patch sets
+    (``row_check(hooks)`` finds it). A start-up fault (``before_start``) is not installed
+    here: ``pre_start`` did."""
     from workbook.core.hypotheses import FAULTS
 
     hooks = []
@@ -30,16 +32,31 @@ def install(cfg, engine=None, *, trace_dir: str | None = None):
         from workbook.hooks import faults
 
         hooks.append(faults.inject(cfg.fault, engine=engine))
+    if getattr(cfg, "constraint_fault", "none") != "none":
+        from workbook.hooks import constraint_faults
+
+        hooks.append(constraint_faults.inject(cfg.constraint_fault))
     if cfg.guard:
         from workbook.hooks import guard
 
         hooks.append(guard.install())
+    if getattr(cfg, "row_check", False):
+        from workbook.hooks.rowcheck import RowCheck
+
+        hooks.append(RowCheck().install())
     if cfg.trace:
         from workbook.hooks.tracer import Tracer
 
         tracer = Tracer(flush_dir=trace_dir).install()
         hooks.append(tracer)
     return hooks, tracer
+
+
+def row_check(hooks):
+    """The row check among ``install``'s patch sets (None when the run asked for none)."""
+    from workbook.hooks.rowcheck import RowCheck
+
+    return next((h for h in hooks if isinstance(h, RowCheck)), None)
 
 
 def needs_pre_start(cfg) -> bool:

@@ -531,6 +531,14 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
     """The page over ``batches``; ``base``: the report's folder (for relative links);
     ``grids``: constraints grids (``constraints_section.load``) — a section when any."""
     runs = [r for b in batches for r in b.runs]
+    if not runs and grids:  # a constraints grid's run folder (workbook.run.grid): its grid
+        page = Page(constraints_section.TITLE)
+        page.h(1, page.title)
+        page.p(f"Generated {dt.datetime.now().astimezone().isoformat(timespec='seconds')} from "
+               f"{len(grids)} constraints grid(s).", "note")
+        page.raw(constraints_section.finding_html(grids))
+        page.raw(constraints_section.section_html(grids))
+        return page.render()
     if not runs:
         raise NoRuns("no runs in " + ", ".join(b.folder for b in batches))
     for r in runs:

@@ -4,9 +4,10 @@ per method, judged row by row (evidence ``workbook.hooks.rowcheck``, judged by
 (``contracts.check_output``) and against the same greedy request without speculation (the
 differential).
 
-``run(methods, constraints, out=...)`` starts one in-process engine per method (the tiny models
-of ``workbook.core.models``; ``none`` first: the differential's reference and the baseline the
-cases are derived from) and sends, per method:
+The grid itself — one engine per method, started through the pipeline's backends from
+``environments/constraints.yaml`` (``none`` first: the differential's reference and the baseline
+the cases are derived from), its run folder and its command — is ``workbook.run.grid``; this
+module holds the cases and the judging. Per method, the grid sends:
 
 - ``single``        each constraint alone (a batch of one) with the target ``lm_head`` zeroed,
                     so every logit is 0, the drafter agrees and drafts are accepted (draft rows
@@ -61,10 +62,11 @@ tokens are accepted within one step). The structured cases' prompts hold the gra
 continuation (``PROMPT_TEXT``) so ngram drafts it; the plain ``structured_output`` prompt ends
 the reasoning (``NO_THINKING``), so the grammar binds from the first token.
 
-Files under ``out``: ``grid.json`` (cells, the version, the methods run), ``evidence/<method>/
-<batch>.json`` (per request: registration, every row's kept columns raw/processed, breaches,
-the prompt-logprob rows).
-Bad constraint parameters fail before any engine starts (``contracts.validate``).
+The grid's files (``workbook.run.grid``): ``grid.json`` (cells, the version, the methods run),
+``evidence/<method>/<batch>.json`` (per request: registration, every row's kept columns
+raw/processed, breaches, the prompt-logprob rows). Bad constraint parameters fail before any
+engine starts (``validate_case``). ``python -m workbook.run.constraints`` is
+``python -m workbook.run.grid``.
 
 Not here: the contracts (``workbook.core.contracts``), the evidence hooks
 (``workbook.hooks.rowcheck``), the faults (``workbook.hooks.constraint_faults``), rendering
@@ -75,9 +77,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -124,13 +123,6 @@ def validate_case(name: str, kw: dict, vocab_size: int) -> None:
     d["bad_words"] = [(0,)] * len(words)
     d.pop("include_stop_str_in_output", None)
     contracts.validate(contracts.Params.of(d), vocab_size)
-
-
-def config_for(method: str, k: int = 3, model: str = "tiny-mimo-mtp") -> RunConfig:
-    if method not in METHODS:
-        raise ConfigError(f"method {method!r} is unknown; known: {list(METHODS)}")
-    return RunConfig(model=model, spec_method=method, num_spec_tokens=k, max_num_seqs=16,
-                     max_tokens=16, thinking_token_budget=-1, trace=False)
 
 
 @dataclass
@@ -186,21 +178,27 @@ def sampling_params(kw: dict, max_tokens: int = 16):
 
 
 def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
-              fault: str | None = None, scale: float | None = None
+              fault: str | None = None, scale: float | None = None, cfg=None
               ) -> tuple[dict[str, Cell], dict]:
-    """Send ``cases`` (name -> SamplingParams keywords) as one batch under the row check
-    (``zero_head``: the lm_heads zeroed; ``scale``: multiplied by it); returns the cells
-    (method / batch filled by the caller) and the evidence."""
-    from workbook.hooks import constraint_faults, rowcheck
+    """Send ``cases`` (name -> SamplingParams keywords) as one batch on ``engine`` under the
+    hooks of ``cfg`` (default: the grid's plain configuration) with the row check on and
+    ``fault`` (a constraint fault; default ``cfg.constraint_fault``), installed and removed
+    by the in-process backend (``workbook.hooks.install``, as for any run); ``zero_head``: the
+    lm_heads zeroed, ``scale``: multiplied by it. Returns the cells (method filled by the
+    caller) and the evidence, judged by ``workbook.run.rowjudge``."""
+    from workbook import hooks
     from workbook.run import request as rq
     from workbook.run import rowjudge
+    from workbook.run.backends import BACKENDS
 
+    cfg = (cfg or RunConfig(trace=False, thinking_token_budget=-1)).replace(
+        row_check=True, constraint_fault=fault or (cfg.constraint_fault if cfg else "none"))
     llm, tok = engine.llm, engine.tokenizer
     cells: dict[str, Cell] = {}
     prompts, sps, names = [], [], []
     for name, kw in cases.items():
         try:
-            sps.append(sampling_params(kw))
+            sps.append(sampling_params(kw, cfg.max_tokens))
         except Exception as e:  # vLLM refused the parameter itself
             cells[name] = Cell(name, "", batch, "refused", _msg(e))
             continue
@@ -211,25 +209,20 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
         return cells, evidence
     head = rq.zeroed_lm_head(engine) if zero_head else rq.scaled_lm_head(engine, scale) \
         if scale else contextlib.nullcontext()
-    fps = None
+    backend = BACKENDS["in-process"](cfg, engine=engine)
     with head:
-        rc = rowcheck.RowCheck()
+        backend.start()
         try:
-            if fault:
-                fps = constraint_faults.inject(fault)
-            rc.install()
-            try:
-                outs = llm.generate(prompts, sps, use_tqdm=False)
-            except Exception as e:
-                msg = _msg(e)
-                status = "refused" if _is_refusal(e) else "error"
-                for n in names:
-                    cells[n] = Cell(n, "", batch, status, msg)
-                return cells, {"error": msg}
+            rc = hooks.row_check(backend.hooks)
+            outs = llm.generate(prompts, sps, use_tqdm=False)
+        except Exception as e:
+            msg = _msg(e)
+            status = "refused" if _is_refusal(e) else "error"
+            for n in names:
+                cells[n] = Cell(n, "", batch, status, msg)
+            return cells, {"error": msg}
         finally:
-            rc.remove()
-            if fps is not None:
-                fps.remove()
+            backend.stop()
     by_prompt = {tuple(p): r for r, p in rc.prompts.items()}
     labels = {by_prompt.get(tuple(o.prompt_token_ids or ())): n for n, o in zip(names, outs)}
     verdicts = rowjudge.judge(rc, {r: f"{r} ({n})" for r, n in labels.items()})
@@ -460,14 +453,14 @@ class MethodRefused(Exception):
     Runner V2 does not yet support ..."): every cell of the method is ``method refused``."""
 
 
-def _is_refusal(e: Exception) -> bool:
+def is_refusal(e: Exception) -> bool:
     """vLLM's own validation: ``VLLMValidationError`` (not a ValueError), ValueError,
     NotImplementedError and pydantic's ValidationError (a ValueError) of its config classes."""
     return type(e).__name__ == "VLLMValidationError" or isinstance(e, (ValueError,
                                                                         NotImplementedError))
 
 
-def _msg(e: Exception) -> str:
+def one_line(e: Exception) -> str:
     """The exception as one line: every line of its message (pydantic puts the reason on the
     second one), without pydantic's ``[type=..., input_value=...]`` echo and its links."""
     lines = [ln.split(" [type=")[0].strip() for ln in str(e).splitlines()]
@@ -475,83 +468,25 @@ def _msg(e: Exception) -> str:
     return f"{type(e).__name__}: {' — '.join(lines)}"[:400]
 
 
+_is_refusal, _msg = is_refusal, one_line  # the names run_batch / judge_request use
+
+
 def _jsonable(x):
     return json.loads(json.dumps(x, default=str))
 
 
-def run_method(method: str, constraints: list[str], baseline: dict | None, *,
-               batches=BATCHES, fault: str | None = None, k: int = 3,
-               log: str | None = None) -> tuple[list[Cell], dict, dict]:
-    """One engine for ``method``; every batch; returns the cells, the evidence and the
-    baselines the cases are derived from (the unconstrained greedy output per lm_head:
-    ``natural``, ``zero``, ``scaled``), derived here when ``None`` (method ``none``: the
-    grid passes them on to every other method)."""
-    from workbook.run import request as rq
-    from workbook.vllm import engine as vengine
-
-    cfg = config_for(method, k)
-    try:
-        eng = vengine.start(cfg, log)
-    except Exception as e:
-        if _is_refusal(e):
-            raise MethodRefused(_msg(e)) from e
-        raise
-    try:
-        tok = eng.tokenizer
-        if baseline is None:
-            baseline = {}
-            for name, head in (("natural", contextlib.nullcontext()),
-                               ("zero", rq.zeroed_lm_head(eng)),
-                               ("scaled", rq.scaled_lm_head(eng, SCALE))):
-                with head:
-                    baseline[name] = [int(t) for t in eng.llm.generate(
-                        [{"prompt_token_ids": prompt_for(tok, "nothing")}],
-                        sampling_params({}), use_tqdm=False)[0].outputs[0].token_ids]
-        decode = lambda ids: tok.decode(ids)
-        cells, evidence = [], {}
-        for batch in batches:
-            zero = batch in ("single", "mixed")
-            scale = SCALE if batch == "mixed-scaled" else None
-            base = baseline["zero" if zero else "scaled" if scale else "natural"]
-            cases = {c: case_kwargs(c, base, decode) for c in constraints}
-            if batch == "single":
-                for c in constraints:
-                    got, ev = run_batch(eng, {c: cases[c]}, zero_head=zero, batch=batch,
-                                        fault=fault)
-                    cells += _fill(got, method)
-                    evidence.setdefault(batch, {}).update(ev)
-            else:
-                refused = {cl.constraint for cl in cells if cl.status == "refused"}
-                ok = {c: kw for c, kw in cases.items() if c not in refused}
-                got, ev = run_batch(eng, ok, zero_head=zero, batch=batch, fault=fault,
-                                    scale=scale)
-                cells += _fill(got, method)
-                cells += [Cell(c, method, batch, "refused", next(
-                    cl.message for cl in cells if cl.constraint == c and cl.status == "refused"))
-                    for c in cases if c in refused]
-                evidence[batch] = ev
-        return cells, evidence, baseline
-    finally:
-        eng.shutdown()
-        del eng
-        import gc
-
-        gc.collect()
-
-
-def _fill(cells: dict[str, Cell], method: str) -> list[Cell]:
-    for c in cells.values():
-        c.method = method
-    return list(cells.values())
-
-
-def differential(cells: list[Cell], evidence: dict) -> None:
-    """Fill each spec cell's ``differential`` against method ``none``'s same request."""
-    ref = {(c.constraint, c.batch): c for c in cells if c.method == "none"}
+def differential(cells: list[Cell], evidence: dict, reference: list[Cell] | None = None
+                 ) -> None:
+    """Fill each spec cell's ``differential`` against method ``none``'s same request: the
+    cells of ``reference`` (the healthy configuration's, when the grid injects a constraint
+    fault), else the grid's own ``none`` cells."""
+    ref = {(c.constraint, c.batch): c for c in (cells if reference is None else reference)
+           if c.method == "none"}
     for c in cells:
         r = ref.get((c.constraint, c.batch))
         if c.method == "none" or r is None or not c.output or not r.output:
             continue
+        c.differential = None  # filled afresh (the grid refills it as methods finish)
         if c.prompt_logprobs is not None or r.prompt_logprobs is not None:
             _prompt_differential(c, r)
         i = contracts.first_divergence(c.output, r.output)
@@ -599,51 +534,6 @@ def _emitted_at(ev: dict, i: int) -> dict:
     return {}
 
 
-def run(methods=METHODS, constraints=CONSTRAINTS, *, out: str | None = None,
-        batches=BATCHES, fault: str | None = None, k: int = 3) -> dict:
-    """The grid (``grid.json`` under ``out`` when given)."""
-    from workbook.core.models import VOCAB
-
-    constraints = list(constraints)
-    for c in constraints:  # bad input fails here, before any engine starts
-        validate_case(c, case_kwargs(c, [0, 1], lambda ids: "x"), VOCAB)
-    methods = list(methods)
-    if "none" in methods:
-        methods.remove("none")
-    methods = ["none"] + methods  # the reference and the baseline first
-    cells: list[Cell] = []
-    evidence: dict = {}
-    baseline = None
-    t0 = time.time()
-    for m in methods:
-        log = os.path.join(out, "logs", f"vllm-{m}.log") if out else None
-        try:
-            got, ev, baseline = run_method(m, constraints, baseline, batches=batches,
-                                           fault=fault, k=k, log=log)
-        except Exception as e:  # the method cannot start here: its message is the result
-            st, msg = ("method refused", str(e)) if isinstance(e, MethodRefused) \
-                else ("error", _msg(e))
-            got, ev = [Cell(c, m, b, st, msg) for c in constraints for b in batches], {}
-        cells += got
-        evidence[m] = ev
-    differential(cells, evidence)
-    import vllm  # only now: importing vLLM before the engine's environment breaks Triton's interpreter
-
-    grid = {"vllm_version": vllm.__version__, "methods": methods, "batches": list(batches),
-            "constraints": constraints, "fault": fault, "seconds": round(time.time() - t0, 1),
-            "cells": [c.to_dict() for c in cells]}
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "grid.json"), "w") as f:
-            json.dump(grid, f, indent=1, default=str)
-        for m, ev in evidence.items():
-            os.makedirs(os.path.join(out, "evidence", m), exist_ok=True)
-            for b, e in ev.items():
-                with open(os.path.join(out, "evidence", m, f"{b}.json"), "w") as f:
-                    json.dump(_jsonable(e), f, default=str)
-    return grid
-
-
 def reproducer(cell: dict, grid: dict) -> str:
     """A few lines that send the violating request again (in-process, the tiny model)."""
     kw = cell.get("kwargs") or {}
@@ -653,9 +543,9 @@ def reproducer(cell: dict, grid: dict) -> str:
     return (f"# vLLM {grid.get('vllm_version')}: {cell['constraint']} with {cell['method']}, "
             f"batch {cell.get('batch')} (sent alone here)\n"
             f"import contextlib\n"
-            f"from workbook.run import constraints as C, request as rq\n"
+            f"from workbook.run import constraints as C, grid as G, request as rq\n"
             f"from workbook.vllm import engine as E\n"
-            f"eng = E.start(C.config_for({cell['method']!r}))\n"
+            f"eng = E.start(G.config_for({cell['method']!r}))\n"
             f"sp = C.sampling_params({kw!r})\n"
             f"with {head}:\n"
             f"    out = eng.llm.generate([{{'prompt_token_ids': C.prompt_for(eng.tokenizer, "
@@ -664,35 +554,7 @@ def reproducer(cell: dict, grid: dict) -> str:
             f"# found: {cell['first'] and cell['first']['what']}")
 
 
-def main(argv=None) -> int:
-    import argparse
+if __name__ == "__main__":  # python -m workbook.run.constraints: the grid's command
+    import runpy
 
-    ap = argparse.ArgumentParser(description="constraint x method grid (workbook.run.constraints)")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS))
-    ap.add_argument("--constraints", nargs="+", default=list(CONSTRAINTS))
-    ap.add_argument("--batches", nargs="+", default=list(BATCHES))
-    ap.add_argument("--fault", default=None)
-    ap.add_argument("-k", type=int, default=3)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
-    try:
-        grid = run(a.methods, a.constraints, out=a.out, batches=a.batches, fault=a.fault, k=a.k)
-    except (ConfigError, contracts.ContractError) as e:
-        print(f"error: {e}")
-        return 2
-    cells = grid.get("cells", [])
-    counts = Counter(c["status"] for c in cells)
-    print(f"{len(cells)} cells: " + ", ".join(f"{n} {st}" for st, n in sorted(counts.items())))
-    for c in cells:
-        if c["status"] in ("violated", "error"):
-            first = c.get("first") or {}
-            where = (f" at step {first.get('step')} row {first.get('row')}: {first.get('what')}"
-                     if first else f": {c.get('message')}")
-            print(f"  {c['status']}: {c['constraint']} / {c['method']} / {c['batch']}{where}")
-    print(f"grid: {os.path.join(a.out, 'grid.json')} (the HTML report's constraints section "
-          f"shows it: `workbook report` over a batch folder with the grid in it)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    runpy.run_module("workbook.run.grid", run_name="__main__", alter_sys=True)

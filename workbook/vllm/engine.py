@@ -278,3 +278,12 @@ def shared(cfg: RunConfig, log: str | None = None) -> Engine:
     if key not in _SHARED:
         _SHARED[key] = start(cfg, log)
     return _SHARED[key]
+
+
+def release(cfg: RunConfig) -> None:
+    """Shut down and forget the shared engine of ``cfg`` (``shared``), if one was started: a
+    study that starts one engine per configuration in turn (the constraints grid) keeps one
+    alive at a time."""
+    eng = _SHARED.pop(engine_key(cfg), None)
+    if eng is not None:
+        eng.shutdown()

@@ -5,10 +5,10 @@ Method none, or 0.32's trimming (OutputProcessor._trim_surplus_tokens), gives [0
 import sys
 
 from workbook.core import contracts
-from workbook.run import constraints as C, request as rq
+from workbook.run import constraints as C, grid as G, request as rq
 from workbook.vllm import engine as E
 
-eng = E.start(C.config_for(sys.argv[1] if len(sys.argv) > 1 else "mtp"))  # tiny-mimo-mtp, k=3
+eng = E.start(G.config_for(sys.argv[1] if len(sys.argv) > 1 else "mtp"))  # tiny-mimo-mtp, k=3
 from vllm import SamplingParams  # after the engine's environment (Triton's interpreter on CPU)
 
 sp = SamplingParams(temperature=0, max_tokens=12, stop=["!!!"], logprobs=1)  # token 0 is "!"

@@ -10,13 +10,14 @@ import sys
 
 from workbook.core import contracts
 from workbook.run import constraints as C
+from workbook.run import grid as G
 from workbook.run import request as rq
 from workbook.vllm import engine as vengine
 
 out, methods = sys.argv[1], sys.argv[2:]
 res = {}
 for m in methods:
-    eng = vengine.start(C.config_for(m))
+    eng = vengine.start(G.config_for(m))
     try:
         with rq.scaled_lm_head(eng, 1e5):
             sp = C.sampling_params({})

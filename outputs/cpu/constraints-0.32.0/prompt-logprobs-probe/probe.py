@@ -1,12 +1,13 @@
 """Hand probe: prompt_logprobs, stop strings, penalties per method (one engine)."""
 import json, sys, contextlib, dataclasses
 from workbook.run import constraints as C
+from workbook.run import grid as G
 from workbook.run import request as rq
 from workbook.vllm import engine as E
 
 method, out = sys.argv[1], sys.argv[2]
 mnbt = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-cfg = C.config_for(method)
+cfg = G.config_for(method)
 if mnbt:
     cfg = dataclasses.replace(cfg, engine_kwargs={"max_num_batched_tokens": mnbt})
 eng = E.start(cfg)

@@ -1,0 +1,162 @@
+"""The constraints grid as a study of the one pipeline (``workbook.run.grid``), without an engine:
+its engines' configurations come from ``environments/constraints.yaml`` (defaults honored, the
+entry's cells, ``--set``), bad input fails before any engine starts with one line naming it
+(rc 2, no traceback), the differential's reference is the healthy configuration, and
+``workbook report DIR`` renders a grid's run folder. The engine path: tests/test_constraints.py
+(its engines are ``grid.config_for``'s)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workbook.core import rundir
+from workbook.core.config import CONSTRAINT_FAULTS, ConfigError
+from workbook.run import constraints as C
+from workbook.run import grid as G
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def workbook(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workbook.cli", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_constraint_fault_names_are_the_hooks():
+    from workbook.hooks import constraint_faults
+
+    assert set(CONSTRAINT_FAULTS) == {"none", *constraint_faults.FAULTS}
+
+
+def test_engines_are_the_environments_defaults_entry_and_set():
+    raw = yaml.safe_load((REPO / "environments" / "constraints.yaml").read_text())
+    p = G.plan("constraints", {"num_spec_tokens": 2}, only="fault-bias-target-row-only",
+               on_cpu=True)
+    cfg = p.config("mtp")
+    for k, v in raw["defaults"].items():
+        if k != "num_spec_tokens":
+            assert getattr(cfg, k) == v, k
+    assert cfg.num_spec_tokens == 2 and cfg.spec_method == "mtp"
+    assert (p.methods, p.constraints, p.batches, p.fault) == (
+        ["none", "mtp"], ["allowed_token_ids"], ["single"], "bias-target-row-only")
+    # no entry: every method (none first), constraint and batch; the command line narrows it
+    full = G.plan("constraints", on_cpu=True)
+    assert full.methods == list(C.METHODS) and full.constraints == list(C.CONSTRAINTS)
+    assert full.batches == list(C.BATCHES) and full.fault is None
+    assert G.plan("constraints", methods=["ngram"], batches=["mixed"],
+                  on_cpu=True).methods == ["none", "ngram"]
+    # the helper the engine tests start from is the same configuration
+    assert G.config_for("eagle") == full.config("eagle").replace(num_spec_tokens=3)
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--methods", "medusa"], "method 'medusa' is unknown; known: none, mtp"),
+    (["--constraints", "top_q"], "constraint 'top_q' is unknown; known: thinking_token_budget"),
+    (["--batches", "huge"], "batch 'huge' is unknown; known: single, mixed"),
+    (["--only", "nope"], "--only 'nope': no such run"),
+    (["--set", "num_spec_tokens=0"], "num_spec_tokens=0 must be in 1..16"),
+    (["--set", "max_tokens=4096"], "max_tokens=4096 must be below max_model_len=1024"),
+    (["--set", "constraint_fault=typo"], "constraint_fault='typo' is unknown; choose one of"),
+    (["--set", "colour=red"], "--set: unknown parameter(s) ['colour']"),
+    (["--set", "mode=server"], "mode='server': the grid reads every logits row"),
+    (["--set", "watch=true"], "the grid keeps no trace and no start-up watch"),
+    (["--set", "spec_method=mtp"], "--set spec_method: the grid chooses it per engine"),
+])
+def test_bad_input_fails_before_an_engine_in_one_line(tmp_path, args, named):
+    res = workbook("run", "constraints", *args, "--out", tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert named in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not res.stdout
+    assert not any(tmp_path.iterdir())  # no run folder: nothing started
+
+
+def test_grid_options_only_for_a_grid(tmp_path):
+    env = tmp_path / "plain.yaml"
+    env.write_text(yaml.safe_dump({"hardware": "hw", "runs": [{"name": "a"}]}))
+    res = workbook("run", env, "--methods", "mtp", "--out", tmp_path)
+    assert res.returncode == 2 and "--methods is for a constraints grid" in res.stderr
+
+
+def test_reference_is_the_healthy_configuration():
+    """With a constraint fault the differential compares against the healthy none, never
+    against the faulted none cells (which are judged as cells)."""
+    faulted_none = C.Cell("stop", "none", "single", "violated", output=[1, 9, 9])
+    spec = C.Cell("stop", "mtp", "single", "violated", output=[1, 9, 9])
+    healthy = C.Cell("stop", "none", "single", "holds", output=[1, 2])
+    C.differential([faulted_none, spec], {}, reference=[healthy])
+    assert spec.differential["identical"] is False and spec.differential["out_index"] == 1
+    assert spec.differential["reference_token"] == 2 and faulted_none.differential is None
+    C.differential([faulted_none, spec], {})  # without a reference: the grid's own none
+    assert spec.differential["identical"] is True
+
+
+def test_report_renders_a_grid_folder(tmp_path):
+    grid = json.loads((REPO / "outputs" / "cpu" / "constraints-0.32.0" / "grid.json").read_text())
+    run_id, folder = rundir.new_run_dir(str(tmp_path), "cpu")
+    rundir.write_json(f"{folder}/{rundir.MANIFEST}", {"study": "constraints", "run_id": run_id,
+                                                      "status": "ok", "runs": []})
+    rundir.write_json(f"{folder}/grid.json", grid)
+    rundir.write_sums(folder)
+    out = tmp_path / "r.html"
+    res = workbook("report", folder, "-o", out)
+    assert res.returncode == 0, res.stderr
+    text = out.read_text()
+    assert "Constraints under speculative decoding" in text and "stop_strings" in text
+
+
+def test_plan_errors_are_config_errors():
+    with pytest.raises(ConfigError, match="spec_method"):
+        G.plan("constraints", {"spec_method": "mtp"}, on_cpu=True)
+    with pytest.raises(ConfigError, match="one grid per run"):
+        G.plan("constraints", only=["constraints-mtp", "constraints-eagle"], on_cpu=True)
+
+
+def test_default_report_keeps_batches_and_grids_apart(tmp_path):
+    """`workbook report` without folders: the newest notebook batch of each hardware as the
+    batch, the newest grid run folder among the grids — a newer grid never hides the batch."""
+    from workbook import cli
+
+    made = []
+    for study in (None, "constraints"):
+        _, folder = rundir.new_run_dir(str(tmp_path), "cpu")
+        rundir.write_json(f"{folder}/{rundir.MANIFEST}", {"status": "ok", "runs": [],
+                                                          **({"study": study} if study else {})})
+        rundir.write_sums(folder)
+        made.append(folder)
+    assert cli._batch_folders(str(tmp_path)) == ([made[0]], [])
+    assert cli._latest_grids(str(tmp_path)) == [made[1]]
+
+
+def test_validate_applies_the_grids_plan():
+    res = workbook("validate", "constraints", "--only", "fault-stop-not-trimmed")
+    assert res.returncode == 0, res.stderr
+    assert "ok  fault-stop-not-trimmed  (constraints grid: none, mtp; 1 constraint(s); single; " \
+           "constraint fault stop-not-trimmed)" in res.stdout
+    res = workbook("validate", "constraints", "--set", "num_spec_tokens=99")
+    assert res.returncode == 2 and "num_spec_tokens=99 must be in 1..16" in res.stderr
+
+
+def test_hooks_install_the_row_check_and_the_constraint_fault_from_the_configuration():
+    """What the grid asks of a batch's configuration, ``workbook.hooks.install`` installs (no
+    engine: the hooks patch vLLM's classes) and the backend's ``stop`` removes."""
+    from workbook import hooks
+    from workbook.core.config import RunConfig
+    from workbook.vllm import env as wb_env
+
+    wb_env.prepare_process(RunConfig())  # before vLLM is imported (the Triton shim)
+    cfg = RunConfig(row_check=True, constraint_fault="gate-off", trace=False)
+    installed, tracer = hooks.install(cfg)
+    try:
+        assert tracer is None and hooks.row_check(installed) is not None
+        assert [getattr(h, "name", None) for h in installed][0] == "constraint-fault:gate-off"
+        assert all(getattr(h, "installed", True) for h in installed)
+    finally:
+        for h in reversed(installed):
+            h.remove()
+    assert hooks.row_check(hooks.install(RunConfig(trace=False))[0]) is None

@@ -1,0 +1,513 @@
+"""The constraints grid as a study of the one pipeline: plan, engines, cells, run folder, command.
+
+``plan(env, overrides, only=..., methods=..., constraints=..., batches=...)``: one ``RunConfig``
+per engine from ``environments/constraints.yaml`` (``defaults``, the entry ``only`` names, then
+``--set``); ``none`` first (the baseline the cases come from, the differential's reference). Bad
+input (unknown constraint, method, batch, entry or parameter; a value vLLM would reject) raises
+``ConfigError`` naming it before any engine starts. ``grid_of(plan, out)``: engines through the
+pipeline's backends, each batch under the hooks ``workbook.hooks.install`` installs from its
+configuration (``row_check``, ``constraint_fault``), cells judged by
+``workbook.run.constraints``; with a fault, ``none`` also sends every batch without it — the
+reference is the healthy configuration (``grid["reference"]``). ``grid.json`` and
+``evidence/<method>/<batch>.json`` are rewritten after every method. ``execute`` / ``command``:
+``workbook run constraints`` (= ``python -m workbook.run.grid`` / ``.constraints``), a fresh run
+folder (``workbook.core.rundir``) with its manifest and ``SHA256SUMS``; a stopped grid keeps what
+it had. Not here: cases and judging (``run.constraints``), rendering (``report.constraints``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from workbook.core import contracts, rundir
+from workbook.core.config import ConfigError, RunConfig, installed_vllm_version, validate
+from workbook.run import constraints as C
+
+ENV = "constraints"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENTRY_KEYS = ("name", "description", "method", "constraint", "batches")
+# request fields the grid never reads (its requests are its cases): --set of one is an error
+UNUSED = ("thinking_token_budget", "prompt", "top_p", "top_k", "ignore_eos", "enable_thinking",
+          "preserve_thinking", "zero_lm_head", "probes", "spec_method")
+
+
+@dataclass
+class Plan:
+    base: RunConfig  # defaults + the entry + --set; spec_method is each engine's own
+    methods: list[str]  # "none" first
+    constraints: list[str]
+    batches: list[str]
+    name: str = "grid"  # the entry's name, else "grid" (the defaults)
+    env_path: str = ""
+    hardware: str = "cpu"
+
+    @property
+    def fault(self) -> str | None:
+        """The fault injected into every engine (a constraint fault, else a budget fault)."""
+        return next((f for f in (self.base.constraint_fault, self.base.fault) if f != "none"),
+                    None)
+
+    def config(self, method: str) -> RunConfig:
+        return self.base.replace(spec_method=method)
+
+
+def find(env: str) -> str:
+    if os.path.isfile(env):
+        return os.path.abspath(env)
+    for root in (os.getcwd(), REPO):
+        p = os.path.join(root, "environments", f"{env}.yaml")
+        if os.path.isfile(p):
+            return p
+    raise ConfigError(f"no environment {env!r}: neither a file nor environments/{env}.yaml")
+
+
+def _read(env: str) -> tuple[str, dict]:
+    import yaml
+
+    path = find(env)
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return path, raw
+
+
+def is_grid(env: str) -> bool:
+    """Whether environment ``env`` is a constraints study (``study: constraints``)."""
+    return _read(env)[1].get("study") == "constraints"
+
+
+def entries(env: str = ENV) -> list[str]:
+    """The names of the environment's entries (``--only`` takes one)."""
+    return [r.get("name") for r in _read(env)[1].get("runs") or [] if isinstance(r, dict)]
+
+
+def _names(value, known, what: str) -> list[str]:
+    names = [value] if isinstance(value, str) else list(value)
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ConfigError(f"{what} {bad[0]!r} is unknown; known: {', '.join(known)}")
+    return names
+
+
+def plan(env: str = ENV, overrides: dict | None = None, *, only=None, methods=None,
+         constraints=None, batches=None, on_cpu: bool | None = None) -> Plan:
+    """The grid ``env`` (+ the entry ``only`` names, + ``overrides``) asks for; ``methods`` /
+    ``constraints`` / ``batches`` replace the entry's. ``ConfigError`` for any bad input."""
+    path, raw = _read(env)
+    overrides = dict(overrides or {})
+    fields = set(RunConfig.field_names())
+    runs = [r for r in raw.get("runs") or [] if isinstance(r, dict)]
+    names = [r.get("name") for r in runs]
+    only = [only] if isinstance(only, str) else list(only or [])
+    if len(only) > 1:
+        raise ConfigError(f"--only {only}: one grid per run, name one entry; runs: {names}")
+    if only and only[0] not in names:
+        raise ConfigError(f"--only {only[0]!r}: no such run in {path}; runs: {names}")
+    entry = runs[names.index(only[0])] if only else {}
+    defaults = dict(raw.get("defaults") or {})
+    for where, d, allowed in (("defaults", defaults, fields),
+                              (f"run {entry.get('name')!r}", entry, fields | set(ENTRY_KEYS)),
+                              ("--set", overrides, fields)):
+        bad = sorted(set(d) - allowed)
+        if bad:
+            raise ConfigError(f"{where}: unknown parameter(s) {bad}; known: {sorted(allowed)}")
+    unused = [k for k in overrides if k in UNUSED]
+    if unused:
+        raise ConfigError(f"--set {unused[0]}: the grid chooses it per engine (use --methods)"
+                          if unused[0] == "spec_method" else f"--set {unused[0]}: the grid "
+                          "does not use it (its requests are its cases: "
+                          "workbook.run.constraints.case_kwargs)")
+    merged = {**defaults, **{k: v for k, v in entry.items() if k in fields}, **overrides}
+    try:
+        base = RunConfig.from_dict(merged)
+    except TypeError as e:
+        raise ConfigError(str(e)) from None
+    if base.mode != "in-process":
+        raise ConfigError(f"mode={base.mode!r}: the grid reads every logits row and edits the "
+                          "lm_head inside the engine; use mode='in-process'")
+    from workbook import hooks
+
+    if hooks.needs_pre_start(base) or base.trace:
+        raise ConfigError("the grid keeps no trace and no start-up watch (trace, watch, localize, "
+                          "sanitize, cpu_profile_run, sampler_warmup, start-up faults are for "
+                          "notebook runs: workbook run cpu)")
+    if base.temperature != 0:
+        raise ConfigError(f"temperature={base.temperature!r}: the grid's cases and its "
+                          "differential are greedy; use temperature=0")
+    if methods is None:
+        methods = [entry["method"]] if entry.get("method") else list(C.METHODS)
+    methods = _names(methods, C.METHODS, "method")
+    methods = ["none"] + [m for m in dict.fromkeys(methods) if m != "none"]
+    if constraints is None:
+        c = entry.get("constraint", "all")
+        constraints = list(C.CONSTRAINTS) if c == "all" else c
+    constraints = list(dict.fromkeys(_names(constraints, C.CONSTRAINTS, "constraint")))
+    if batches is None:
+        batches = entry.get("batches", list(C.BATCHES))
+    batches = list(dict.fromkeys(_names(batches, C.BATCHES, "batch")))
+    from workbook.core.models import VOCAB
+
+    for c in constraints:
+        try:
+            C.validate_case(c, C.case_kwargs(c, [0, 1], lambda ids: "x"), VOCAB)
+        except contracts.ContractError as e:
+            raise ConfigError(f"constraint {c!r}: {e}") from None
+    if on_cpu is None:
+        from workbook.vllm import env as wenv
+
+        on_cpu = wenv.on_cpu()
+    validate(base.replace(spec_method="none"), on_cpu=on_cpu)
+    for m in methods:
+        try:
+            validate(base.replace(spec_method=m), on_cpu=on_cpu)
+        except ConfigError as e:
+            raise ConfigError(f"method {m!r}: {e}") from None
+    hardware = str(raw.get("hardware") or os.path.splitext(os.path.basename(path))[0])
+    return Plan(base, methods, constraints, batches, name=entry.get("name", "grid"),
+                env_path=path, hardware=hardware)
+
+
+def config_for(method: str, k: int = 3, model: str | None = None) -> RunConfig:
+    """The engine configuration of ``method`` in the grid: ``environments/constraints.yaml``'s
+    defaults with ``num_spec_tokens=k`` (and ``model`` when given)."""
+    over = {"num_spec_tokens": k, **({"model": model} if model else {})}
+    return plan(ENV, over, methods=[method], constraints=[], batches=[]).config(method)
+
+
+# ---------------------------------------------------------------- one batch, one engine
+
+def jsonable(x):
+    return json.loads(json.dumps(x, default=str))
+
+
+def send_batch(eng, cfg: RunConfig, cases: dict[str, dict], *, batch: str, zero_head: bool,
+               scale: float | None = None) -> tuple[dict, dict]:
+    """``cases`` as one batch on engine ``eng`` under the hooks ``cfg`` asks for (the row
+    check on; ``constraint_fault``): ``constraints.run_batch``, the one sender."""
+    return C.run_batch(eng, cases, zero_head=zero_head, batch=batch, scale=scale, cfg=cfg)
+
+
+def baselines(eng) -> dict[str, list[int]]:
+    """The unconstrained greedy output per lm_head (``natural``, ``zero``, ``scaled``): what
+    the cases are derived from (``constraints.case_kwargs``)."""
+    from workbook.run import request as rq
+
+    out = {}
+    for name, head in (("natural", contextlib.nullcontext()), ("zero", rq.zeroed_lm_head(eng)),
+                       ("scaled", rq.scaled_lm_head(eng, C.SCALE))):
+        with head:
+            out[name] = [int(t) for t in eng.llm.generate(
+                [{"prompt_token_ids": C.prompt_for(eng.tokenizer, "nothing")}],
+                C.sampling_params({}), use_tqdm=False)[0].outputs[0].token_ids]
+    return out
+
+
+def run_batches(eng, cfg: RunConfig, method: str, constraints, batches, baseline: dict
+                ) -> tuple[list, dict]:
+    """Every batch of one method on its engine: ``single`` one request per constraint, the
+    others one batch of every constraint ``single`` did not see refused."""
+    decode = lambda ids: eng.tokenizer.decode(ids)
+    cells: list = []
+    evidence: dict = {}
+    for batch in batches:
+        zero = batch in ("single", "mixed")
+        scale = C.SCALE if batch == "mixed-scaled" else None
+        base = baseline["zero" if zero else "scaled" if scale else "natural"]
+        cases = {c: C.case_kwargs(c, base, decode) for c in constraints}
+        if batch == "single":
+            for c in constraints:
+                got, ev = send_batch(eng, cfg, {c: cases[c]}, batch=batch, zero_head=zero)
+                cells += _fill(got, method)
+                evidence.setdefault(batch, {}).update(ev)
+            continue
+        refused = {cl.constraint: cl.message for cl in cells if cl.status == "refused"}
+        ok = {c: kw for c, kw in cases.items() if c not in refused}
+        got, ev = send_batch(eng, cfg, ok, batch=batch, zero_head=zero, scale=scale)
+        cells += _fill(got, method)
+        cells += [C.Cell(c, method, batch, "refused", refused[c]) for c in cases if c in refused]
+        evidence[batch] = ev
+    return cells, evidence
+
+
+def _fill(cells: dict, method: str) -> list:
+    for c in cells.values():
+        c.method = method
+    return list(cells.values())
+
+
+@dataclass
+class Engine:
+    """One method's engine, started through the pipeline's backend (no hooks of its own)."""
+
+    cfg: RunConfig
+    log_dir: str | None = None
+    backend: object = None
+    timings: dict = field(default_factory=dict)
+
+    def __enter__(self):
+        from workbook.run.backends import BACKENDS
+
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+        quiet = self.cfg.replace(row_check=False, constraint_fault="none", fault="none",
+                                 guard=False, trace=False)
+        self.backend = BACKENDS[quiet.mode](quiet, outdir=self.log_dir)
+        try:
+            self.backend.start()
+        except Exception as e:
+            if C.is_refusal(e):
+                raise C.MethodRefused(C.one_line(e)) from e
+            raise
+        return self.backend.engine
+
+    def __exit__(self, *exc):
+        from workbook.vllm import engine as vengine
+
+        self.backend.stop()
+        vengine.release(self.backend.cfg)
+        gc.collect()
+        return False
+
+
+# ---------------------------------------------------------------- the grid
+
+def _version() -> str:
+    v = getattr(sys.modules.get("vllm"), "__version__", None)
+    return str(v) if v else ".".join(map(str, installed_vllm_version() or ()))
+
+
+def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
+    """Run plan ``p``; ``grid.json`` and ``evidence/`` under ``out`` after every method.
+    ``on_method(row)``: each engine's row (method, status, seconds, message) as it ends."""
+    cells: list = []
+    ref_cells: list = []
+    evidence: dict = {}
+    baseline = None
+    t0 = time.time()
+
+    def assemble(status: str) -> dict:
+        ref = ref_cells if p.fault else None
+        C.differential(cells, evidence, reference=ref)
+        grid = {"vllm_version": _version(), "methods": p.methods, "batches": p.batches,
+                "constraints": p.constraints, "fault": p.fault, "run": p.name,
+                "config": p.base.to_dict(), "status": status,
+                "seconds": round(time.time() - t0, 1), "cells": [c.to_dict() for c in cells]}
+        if p.fault:
+            grid["reference"] = {"method": "none", "fault": None,
+                                 "cells": [c.to_dict() for c in ref_cells]}
+        if out:
+            os.makedirs(out, exist_ok=True)
+            rundir.write_json(os.path.join(out, "grid.json"), grid)
+            for m, ev in evidence.items():
+                os.makedirs(os.path.join(out, "evidence", m), exist_ok=True)
+                for b, e in ev.items():
+                    rundir.write_json(os.path.join(out, "evidence", m, f"{b}.json"), jsonable(e))
+        return grid
+
+    try:
+        for m in p.methods:
+            cfg = p.config(m)
+            t1, row = time.time(), {"method": m, "status": "ok"}
+            log = os.path.join(out, "logs", m) if out else None
+            try:
+                with Engine(cfg, log) as eng:
+                    if baseline is None:
+                        baseline = baselines(eng)
+                    got, ev = run_batches(eng, cfg, m, p.constraints, p.batches, baseline)
+                    if m == "none" and p.fault:  # the reference: the healthy configuration
+                        ref, rev = run_batches(eng, cfg.replace(constraint_fault="none",
+                                                                fault="none"),
+                                               m, p.constraints, p.batches, baseline)
+                        ref_cells += ref
+                        evidence["reference"] = rev
+            except Exception as e:  # the method cannot start here: its message is the result
+                st, msg = ("method refused", str(e)) if isinstance(e, C.MethodRefused) \
+                    else ("error", C.one_line(e))
+                got, ev = [C.Cell(c, m, b, st, msg) for c in p.constraints for b in p.batches], {}
+                row.update(status=st, message=msg)
+            cells += got
+            evidence[m] = ev
+            row["seconds"] = round(time.time() - t1, 1)
+            assemble("running")
+            if on_method:
+                on_method(row)
+    except BaseException:  # a signal, Ctrl-C: the grid keeps what it had
+        assemble("stopped")
+        raise
+    return assemble("complete")
+
+
+def run(methods=C.METHODS, constraints=C.CONSTRAINTS, *, out: str | None = None,
+        batches=C.BATCHES, fault: str | None = None, k: int | None = None,
+        overrides: dict | None = None) -> dict:
+    """The grid of ``methods`` x ``constraints`` x ``batches`` on the environment's defaults
+    (+ ``overrides``, ``k``, ``fault``), written into ``out`` itself (a notebook's folder)."""
+    over = dict(overrides or {})
+    if k is not None:
+        over["num_spec_tokens"] = k
+    if fault:
+        over["constraint_fault"] = fault
+    return grid_of(plan(ENV, over, methods=methods, constraints=constraints, batches=batches),
+                   out)
+
+
+class Interrupted(BaseException):  # not an Exception: no per-method handler swallows it
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def execute(p: Plan, out: str = "outputs", *, report=None) -> tuple[str, dict]:
+    """Plan ``p`` into a fresh run folder under ``out``; returns (folder, manifest).
+    ``report(run_dirs, path)`` (the layer above passes ``workbook.report.write``) writes
+    ``report.html`` before ``SHA256SUMS``."""
+    run_id, run_dir = rundir.new_run_dir(os.path.abspath(out), p.hardware)
+    rel = os.path.relpath(p.env_path, REPO)
+    manifest = {"study": "constraints", "environment": os.path.splitext(
+        os.path.basename(p.env_path))[0], "environment_file": p.env_path if rel.startswith("..")
+        else rel, "environment_sha256": rundir.file_sha256(p.env_path), "hardware": p.hardware,
+        "run_id": run_id, "run": p.name, "started": rundir.now(), "finished": None,
+        "status": "running", "argv": sys.argv, "methods": p.methods,
+        "constraints": p.constraints, "batches": p.batches, "constraint_fault": p.fault,
+        "config": p.base.to_dict(), "engines": [], "runs": []}
+    path = os.path.join(run_dir, rundir.MANIFEST)
+    rundir.write_json(path, manifest)
+
+    def on_method(row):
+        manifest["engines"].append(row)
+        rundir.write_json(path, manifest)
+
+    def stop(signum, frame):
+        raise Interrupted(signum)
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        grid = grid_of(p, run_dir, on_method=on_method)
+        manifest["status"] = "ok"
+        manifest["counts"] = dict(Counter(c["status"] for c in grid["cells"]))
+    except (KeyboardInterrupt, Interrupted) as e:
+        name = e.args[0] if isinstance(e, Interrupted) else "SIGINT"
+        done = {r["method"] for r in manifest["engines"]}
+        manifest.update(status="interrupted", interrupted={
+            "signal": name, "method": next((m for m in p.methods if m not in done), None),
+            "at": rundir.now()})
+    except Exception as e:
+        manifest.update(status="failed", failure={"ename": type(e).__name__,
+                                                  "evalue": str(e)[:2000]})
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        manifest["finished"] = rundir.now()
+        rundir.write_json(path, manifest)
+    if report is not None and manifest["status"] != "interrupted":
+        try:
+            report([run_dir], os.path.join(run_dir, rundir.REPORT))
+        except Exception as e:  # the checksums come first
+            print(f"workbook: the report failed: {type(e).__name__}: {e}", file=sys.stderr)
+    rundir.write_sums(run_dir)
+    return run_dir, manifest
+
+
+def summary_lines(grid: dict) -> list[str]:
+    cells = grid.get("cells", [])
+    counts = Counter(c["status"] for c in cells)
+    if not cells:
+        return ["no cell finished (grid.json is rewritten as each method ends)"]
+    lines = [f"{len(cells)} cells: " + ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
+             + (f" (fault {grid['fault']}; reference: none without it)"
+                if grid.get("fault") else "")]
+    for c in cells:
+        if c["status"] in ("violated", "error", "method refused"):
+            first = c.get("first") or {}
+            where = (f" at step {first.get('step')} row {first.get('row')} "
+                     f"({first.get('stage')}): {first.get('what')}" if first
+                     else f": {c.get('message')}")
+            lines.append(f"  {c['status']}: {c['constraint']} / {c['method']} / "
+                         f"{c['batch']}{where}")
+    return lines
+
+
+def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods=None,
+            constraints=None, batches=None, out: str = "outputs", report=None) -> int:
+    """``workbook run constraints``: plan (bad input: ``ConfigError``, nothing started), run,
+    print the counts, the violations, the report and — last — the run folder. Exit 0 when the
+    grid ran (violations are findings), 1 when it failed, 128 + N when signal N stopped it."""
+    p = plan(env, overrides, only=only, methods=methods, constraints=constraints,
+             batches=batches)
+    entry = "" if p.name == "grid" else f" {p.name}"
+    print(f"constraints grid{entry}: methods {', '.join(p.methods)}; "
+          f"{len(p.constraints)} constraint(s); batches {', '.join(p.batches)}"
+          + (f"; constraint fault {p.fault}" if p.fault else ""), flush=True)
+    run_dir, manifest = execute(p, out, report=report)
+    grid = rundir.read_json(os.path.join(run_dir, "grid.json"), {}) or {}
+    print("\n".join(summary_lines(grid)))
+    if os.path.exists(os.path.join(run_dir, rundir.REPORT)):
+        print(f"report: {os.path.join(run_dir, rundir.REPORT)}")
+    st = manifest["status"]
+    if st == "interrupted":
+        sig = manifest["interrupted"]["signal"]
+        print(f"workbook: interrupted by {sig}; the run folder keeps what it had (manifest, "
+              f"grid.json, SHA256SUMS): {run_dir}", file=sys.stderr)
+        print(run_dir)
+        return 128 + int(getattr(signal, sig, signal.SIGINT))
+    if st == "failed":
+        f = manifest["failure"]
+        print(f"workbook: the grid failed: {f['ename']}: {f['evalue'][:300]}", file=sys.stderr)
+    print(run_dir)
+    return 0 if st == "ok" else 1
+
+
+def add_arguments(ap) -> None:
+    """The grid's own options (``workbook run constraints`` and ``python -m``)."""
+    ap.add_argument("--methods", nargs="+", metavar="METHOD",
+                    help=f"constraints grid: the methods ({', '.join(C.METHODS)}; none always "
+                         "runs: the reference)")
+    ap.add_argument("--constraints", nargs="+", metavar="NAME",
+                    help="constraints grid: the constraints (default: the entry's, else all)")
+    ap.add_argument("--batches", nargs="+", metavar="BATCH",
+                    help=f"constraints grid: the batches ({', '.join(C.BATCHES)})")
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    import yaml
+
+    def pair(text):
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"--set wants KEY=VALUE, got {text!r}")
+        return key.strip(), yaml.safe_load(value)
+
+    ap = argparse.ArgumentParser(prog="python -m workbook.run.grid",
+                                 description="the constraints grid (= workbook run constraints)")
+    ap.add_argument("env", nargs="?", default=ENV)
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="the environment's entry")
+    ap.add_argument("--set", dest="overrides", action="append", type=pair, default=[],
+                    metavar="KEY=VALUE")
+    ap.add_argument("--fault", help="constraint_fault (= --set constraint_fault=NAME)")
+    ap.add_argument("-k", type=int, help="num_spec_tokens (= --set num_spec_tokens=K)")
+    ap.add_argument("--out", default="outputs", help="output root (default: outputs)")
+    add_arguments(ap)
+    a = ap.parse_args(argv)
+    over = dict(a.overrides)
+    over.update({k: v for k, v in (("constraint_fault", a.fault), ("num_spec_tokens", a.k))
+                 if v is not None})
+    try:
+        return command(a.env, over, only=a.only, methods=a.methods, constraints=a.constraints,
+                       batches=a.batches, out=a.out)
+    except ConfigError as e:
+        print(f"workbook: configuration error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
