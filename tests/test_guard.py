@@ -191,6 +191,122 @@ def test_kernel_matches_vllm_forcing(markers, seed):
     assert fixed_total.tolist() == [3 + total_fixed]
 
 
+def _rule_taken_back(hist, row, b, markers, forced, unforced_argmax, greedy):
+    """The row as kept by the one budget rule (``budget.row_truth``) in both directions: the
+    due end forced where the budget binds; where it does not, an end the forcing put at
+    position j (``forced[j]``) replaced, in a greedy row, by ``unforced_argmax[j]``."""
+    for j, tok in enumerate(row):
+        truth = budget_rule.row_truth(hist + row[:j], [], 0, b, markers)
+        if truth.due:
+            if tok != truth.token:
+                return row[:j] + [truth.token], 1, 0
+        elif greedy and forced[j] and unforced_argmax[j] != tok:
+            return row[:j] + [unforced_argmax[j]], 1, 1
+    return list(row), 0, 0
+
+
+@pytest.mark.parametrize("markers", sorted(MARKERS))
+@pytest.mark.parametrize("seed", range(3))
+def test_kernel_takes_back_an_end_forced_where_not_due(markers, seed):
+    """The other direction, no engine: rows whose logits were forced at an end id where the
+    budget does not bind (early, into a request without a budget, after reasoning ended) get
+    the argmax of the row without the forcing (greedy rows; ties to the lowest column, across
+    vocabulary blocks); due rows, ends the model chose itself (no forcing bias) and sampled
+    rows are left as the rule says. Expected values from ``budget.row_truth``."""
+    import torch
+
+    from workbook.hooks.guard_kernel import BLOCK_V, TakeBack
+
+    start, nat, end = MARKERS[markers]
+    m = Markers(start, end, nat)
+    rng = random.Random(seed * 7 + len(markers))
+    vocab, k1, num_reqs, max_slots = 2 * BLOCK_V + 37, 4, 6, 8
+    tail_len = max(len(start) - 1, len(nat) - 1, len(end) - 1, 1)
+    slots = rng.sample(range(max_slots), num_reqs)
+    gen = torch.Generator().manual_seed(seed)
+    cu, logits, pre_all, rows, hists, budgets, greedy, want = [0], [], [], [], [], [], [], []
+    forced_any = taken_any = 0
+    for i in range(num_reqs):
+        h = [rng.choice([0, 2, 4, 8]) for _ in range(rng.randint(1, 4))] + start + \
+            [0] * rng.randint(0, 3)
+        if i % 3 == 2:  # reasoning ended before this step
+            h += nat + [0] * rng.randint(0, 2)
+        b = None if i % 3 == 1 else rng.randint(len(h), len(h) + 6) if i % 3 == 0 else \
+            rng.randint(0, 3)
+        g = i != 5
+        n = rng.randint(1, k1)
+        lg = torch.randn((n, vocab), generator=gen)
+        best = [int(x) for x in lg.argmax(-1)]
+        hit = rng.randrange(0, 3)  # the unforced best column: block 0, 1 or 2
+        for j in range(n):
+            col = hit * BLOCK_V + rng.randrange(0, 30)
+            lg[j, col] = lg[j].max() + 1.0
+            if rng.random() < 0.5:  # a tie: the lower column wins
+                lg[j, col + 1] = lg[j, col]
+            best[j] = col
+        pre = lg[:, list(end)].clone()
+        row, forced = [], []
+        for j in range(n):
+            if rng.random() < 0.6:  # vLLM forced an end here, due or not
+                e = rng.choice(end)
+                lg[j, e] = 1e9
+                row.append(e)
+                forced.append(True)
+            elif rng.random() < 0.2:  # the model's own end (no forcing bias)
+                e = rng.choice(end)
+                lg[j, e] = lg[j].max() + 2.0
+                row.append(e)
+                forced.append(False)
+            else:
+                row.append(best[j])
+                forced.append(False)
+        w = _rule_taken_back(h, row, b, m, forced, best, g)
+        forced_any += any(forced)
+        taken_any += w[2]
+        cu.append(cu[-1] + n)
+        logits.append(lg)
+        pre_all.append(pre)
+        rows.append(row)
+        hists.append(h)
+        budgets.append(b)
+        greedy.append(int(g))
+        want.append(w)
+    sampled = torch.full((num_reqs, k1), 7, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        sampled[i, :len(r)] = torch.tensor(r)
+    num_sampled = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    num_rejected = torch.tensor([k1 - len(r) for r in rows], dtype=torch.int32)
+    budget = torch.full((max_slots,), -1, dtype=torch.int32)
+    count = torch.full((max_slots,), -1, dtype=torch.int32)
+    tail = torch.full((max_slots, tail_len), -1, dtype=torch.int32)
+    for i, s in enumerate(slots):
+        if budgets[i] is not None:
+            budget[s] = budgets[i]
+            count[s] = guard.reasoning_count(hists[i], m)
+            tail[s] = torch.tensor(([-1] * tail_len + hists[i])[-tail_len:], dtype=torch.int32)
+    fixed_rows = torch.zeros(num_reqs, dtype=torch.int32)
+    fixed_total = torch.zeros(1, dtype=torch.int32)
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    tb = TakeBack(torch.cat(logits), torch.cat(pre_all).to(torch.float32), i32(cu))
+    out = guard.launch_guard_kernel(sampled, num_sampled, num_rejected, i32(slots), budget,
+                                    count, tail, fixed_rows, fixed_total, i32(start), i32(nat),
+                                    i32(end), take_back=tb, greedy=greedy)
+    echo = out["echo"]
+    for i, s in enumerate(slots):
+        kept, nfix, ntaken = want[i]
+        got = sampled[i, :int(num_sampled[i])].tolist()
+        assert got == kept, (i, hists[i], rows[i], budgets[i], greedy[i])
+        assert int(num_rejected[i]) == k1 - len(kept)
+        assert int(echo[i, guard.E_FIXED]) == nfix and int(echo[i, guard.E_TAKEN]) == ntaken
+        if budgets[i] is None:  # a request without a budget keeps its device state
+            assert int(count[s]) == -1
+        else:
+            assert int(count[s]) == guard.reasoning_count(hists[i] + kept, m)
+    assert int(out["repairs"]) == 0
+    assert fixed_total.tolist() == [sum(w[1] for w in want)]
+    assert forced_any > 0 and taken_any > 0, (forced_any, taken_any)
+
+
 @pytest.mark.parametrize("history,expected", [
     ([5, 1, 0, 0], 2),  # two reasoning tokens after <think>
     ([5, 1], 0),

@@ -116,9 +116,9 @@ import torch
 
 from workbook.core import budget
 from workbook.hooks.guard_kernel import (  # noqa: F401  (launch* re-exported: tests, benchmarks)
-    E_FIXED, E_KEPT, E_REPAIRED, E_TOKENS, F_BUDGET, F_COUNT, F_TAIL, LOG_W, T_BUDGET, T_COUNT,
-    T_CURRENT, T_SLOT, T_TAIL, _new_replica, _replica_views, budget_markers, launch,
-    launch_guard_kernel)
+    E_FIXED, E_KEPT, E_REPAIRED, E_TAKEN, E_TOKENS, F_BUDGET, F_COUNT, F_TAIL, LOG_W, T_BUDGET,
+    T_COUNT, T_CURRENT, T_SLOT, T_TAIL, TakeBack, _new_replica, _replica_views, budget_markers,
+    launch, launch_guard_kernel)
 from workbook.vllm.patching import PatchSet
 
 ATTR = "_workbook_guard"  # GuardState lives on the runner instance under this name
@@ -128,6 +128,7 @@ LOG_N = 4096  # repair-log entries kept on the device; more are counted (``repai
 
 _patch_set: PatchSet | None = None
 _generation = 0  # bumped on every install(): state staged under an older install is dropped
+_sampling: "GuardState | None" = None  # the state whose runner's ``sample`` is running
 
 
 # ----------------------------------------------------------------------------------------------
@@ -210,6 +211,7 @@ class GuardState:
         self.log = torch.zeros((LOG_N, LOG_W), dtype=i32, device=d)
         self.echo = torch.zeros((n, E_TOKENS + 1), dtype=i32, device=d)
         self._no_fix = torch.zeros(1, dtype=i32, device=d)  # last_fixed of a skipped step
+        self._end_cols = torch.tensor(self.end_ids or [0], dtype=torch.long, device=d)
         self._last_fixed = self._no_fix
         self.profile: list | None = None  # benchmark: set to [] to time each guarded step
         self._reset_host()
@@ -220,7 +222,9 @@ class GuardState:
         self.h_count = np.full(n, -1, dtype=np.int32)
         self.h_tail = np.full((n, tl_), -1, dtype=np.int32)
         self.h_len = np.zeros(n, dtype=np.int64)
+        self.h_greedy = np.zeros(n, dtype=bool)  # the slot's request samples greedily
         self.lagged = np.zeros(n, dtype=bool)
+        self._captured: list = []  # this step's (logits, pre) from ThinkingBudgetState.apply
         self.slot_of: dict[str, int] = {}
         self.req_of_slot: list[str | None] = [None] * n
         self._staged: list[list[int]] = []  # rows [slot, budget, count, *tail]
@@ -228,6 +232,8 @@ class GuardState:
         self._repaired_steps: dict[int, _Pending] = {}  # seq -> the launch, for the report
         self.launches = 0
         self.fixed_tokens = 0  # host counters, from the echoes absorbed
+        self.taken_back_tokens = 0  # of them: ends forced where not due, taken back
+        self.untaken_steps = 0  # steps whose forcing could not be checked (several applies)
         self.repaired_fields = 0
         self.truth_lagged_rows = 0
         self._warned_at = 0
@@ -268,7 +274,7 @@ class GuardState:
                 self.h_count[s] = -1
 
     def stage(self, slot: int, budget_value: int | None, history: Sequence[int],
-              req_id: str | None = None) -> None:
+              req_id: str | None = None, greedy: bool = False) -> None:
         b = -1 if budget_value is None or int(budget_value) < 0 \
             else min(int(budget_value), _INT32_MAX)
         cnt = reasoning_count(history, self.markers) if b >= 0 else -1
@@ -278,6 +284,7 @@ class GuardState:
         self.h_budget[slot], self.h_count[slot] = b, cnt
         self.h_tail[slot] = tail
         self.h_len[slot] = len(history)
+        self.h_greedy[slot] = bool(greedy)
         self.lagged[slot] = False
         if req_id is not None:
             old = self.req_of_slot[slot]
@@ -301,6 +308,34 @@ class GuardState:
             c.index_copy_(0, slots, rows[:, 2])
             t.index_copy_(0, slots, rows[:, 3:])
 
+    # -- step 2a: what the budget's apply got (for the take-back) -----------------------------
+    def capture(self, logits: torch.Tensor) -> None:
+        """Before ``ThinkingBudgetState.apply`` biases ``logits`` ([num_logits, vocab], the
+        tensor then sampled): keep it and the values of its end-id columns (one device gather,
+        no sync)."""
+        if logits.dim() != 2 or not self.end_ids:
+            return
+        if self._end_cols.device != logits.device:
+            self._end_cols = self._end_cols.to(logits.device)
+        pre = logits.index_select(1, self._end_cols).to(torch.float32)
+        self._captured.append((logits, pre))
+
+    def _take_back(self, input_batch, num_rows: int) -> TakeBack | None:
+        """This step's ``TakeBack``: the one apply call's logits when their rows are the
+        batch's (``cu_num_logits``); None when apply did not run, or ran more than once (the
+        rejection sampler's chunks) or on other rows — then counted in ``untaken_steps``."""
+        caps, self._captured = self._captured, []
+        if not caps:
+            return None
+        cu_np = getattr(input_batch, "cu_num_logits_np", None)
+        cu = getattr(input_batch, "cu_num_logits", None)
+        logits, pre = caps[0]
+        if len(caps) != 1 or cu is None or cu_np is None or len(cu_np) != num_rows + 1 \
+                or int(cu_np[-1]) != int(logits.shape[0]):
+            self.untaken_steps += 1
+            return None
+        return TakeBack(logits, pre, cu.to(torch.int32) if cu.dtype != torch.int32 else cu)
+
     # -- steps 2-4: enforcement ---------------------------------------------------------------
     def enforce(self, sampler_output, num_sampled: torch.Tensor, num_rejected: torch.Tensor,
                 input_batch) -> None:
@@ -317,15 +352,17 @@ class GuardState:
         slots[:m] = [get(r, -1) for r in req_ids[:m]]
         sc = np.maximum(slots, 0)
         budgets = np.where(slots >= 0, self.h_budget[sc], -1)
-        if not (budgets >= 0).any():
+        tb = self._take_back(input_batch, num_rows)
+        if tb is None and not (budgets >= 0).any():
             return
-        truth = np.empty((num_rows, T_TAIL + self.TAIL), dtype=np.int32)  # [num_rows, 4+TAIL]
+        truth = np.empty((num_rows, T_TAIL + self.TAIL + 1), dtype=np.int32)  # 4+TAIL, greedy
         truth[:, T_SLOT] = slots
         truth[:, T_BUDGET] = budgets
         truth[:, T_COUNT] = self.h_count[sc]
         lag = self.lagged[sc] & (budgets >= 0)
         truth[:, T_CURRENT] = ~lag
-        truth[:, T_TAIL:] = self.h_tail[sc]
+        truth[:, T_TAIL:T_TAIL + self.TAIL] = self.h_tail[sc]
+        truth[:, T_TAIL + self.TAIL] = (slots >= 0) & self.h_greedy[sc]
         self.truth_lagged_rows += int(lag.sum())
         truth_t = torch.from_numpy(truth)
         if self.device.type == "cuda":
@@ -342,7 +379,7 @@ class GuardState:
         seq = self.launches
         self.launches += 1
         launch(sampled, num_sampled, num_rejected, truth_t, self.replicas, self.max_num_reqs,
-               self.TAIL, fixed_rows, self.counters, self.log, echo, seq, self.markers)
+               self.TAIL, fixed_rows, self.counters, self.log, echo, seq, self.markers, tb)
         self._last_fixed = fixed_rows
         lens = self.h_len[sc].copy()
         if self.device.type == "cuda":
@@ -377,6 +414,7 @@ class GuardState:
         echo = p.echo.numpy()  # [num_rows, 3 + K1]
         kept, fixed, repaired = echo[:, E_KEPT], echo[:, E_FIXED], echo[:, E_REPAIRED]
         self.fixed_tokens += int(fixed.sum())
+        self.taken_back_tokens += int(echo[:, E_TAKEN].sum())
         n_rep = int(repaired.sum())
         if n_rep:
             self.repaired_fields += n_rep
@@ -447,6 +485,7 @@ class GuardState:
         recs, dropped = self.repairs()
         out = {"installed": installed(), "enabled": bool(self.enabled),
                "guarded_steps": self.launches, "fixed_tokens": self.fixed_tokens,
+               "taken_back_tokens": self.taken_back_tokens, "untaken_steps": self.untaken_steps,
                "repaired_fields": self.repaired_fields,
                "repaired_requests": sorted({r["req_id"] for r in recs if r["req_id"]}),
                "repairs": recs if max_records is None else recs[:max_records],
@@ -520,7 +559,8 @@ def _w_add_requests(orig):
             sp = new_req_data.sampling_params
             b = getattr(sp, "thinking_token_budget", None) if sp is not None else None
             slot = self.req_states.req_id_to_index[new_req_data.req_id]
-            st.stage(slot, b, new_req_data.prefill_token_ids or [], new_req_data.req_id)
+            st.stage(slot, b, new_req_data.prefill_token_ids or [], new_req_data.req_id,
+                     greedy=sp is not None and float(getattr(sp, "temperature", 1.0)) < 1e-5)
         st.flush()
         return out
 
@@ -530,10 +570,16 @@ def _w_add_requests(orig):
 def _w_sample(orig):
     @functools.wraps(orig)
     def sample(self, hidden_states, input_batch, grammar_output, *args, **kwargs):
-        out = orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
+        global _sampling
         st = state(self)
         if st is None or not st.enabled:
-            return out
+            return orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
+        st._captured = []
+        _sampling = st
+        try:
+            out = orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
+        finally:
+            _sampling = None
         sampler_output, num_sampled, num_rejected = out
         if st.profile is None:
             st.enforce(sampler_output, num_sampled, num_rejected, input_batch)
@@ -542,6 +588,19 @@ def _w_sample(orig):
         return out
 
     return sample
+
+
+def _w_budget_apply(orig):
+    @functools.wraps(orig)
+    def apply(self, *args, **kwargs):
+        st = _sampling
+        if st is not None and getattr(self, "enabled", False):
+            logits = args[0] if args else kwargs.get("logits")
+            if isinstance(logits, torch.Tensor):
+                st.capture(logits)
+        return orig(self, *args, **kwargs)
+
+    return apply
 
 
 def _profiled_enforce(st: GuardState, *args) -> None:
@@ -569,6 +628,7 @@ def patch_set() -> PatchSet:
         ps = PatchSet("guard", layer="guard")
         ps.wrap(runner_cls, "add_requests", _w_add_requests)
         ps.wrap(runner_cls, "sample", _w_sample)
+        ps.wrap(hookpoints.resolve().budget, "apply", _w_budget_apply)
         _patch_set = ps
     return _patch_set
 
@@ -611,7 +671,7 @@ def report(runner, max_records: int | None = None) -> dict[str, Any]:
     st = runner.__dict__.get(ATTR) if runner is not None else None
     if st is None or st.generation != _generation:
         return {"installed": installed(), "enabled": None, "guarded_steps": 0,
-                "fixed_tokens": 0, "repaired_fields": 0, "repaired_requests": [],
+                "fixed_tokens": 0, "taken_back_tokens": 0, "untaken_steps": 0, "repaired_fields": 0, "repaired_requests": [],
                 "repairs": [], "repairs_dropped": 0, "truth_lagged_rows": 0}
     return st.report(max_records)
 
