@@ -39,6 +39,7 @@ from workbook.vllm import patching
 from workbook.core import budget as budget_rule
 from workbook.core.budget import Markers
 from workbook.core.config import RunConfig
+from workbook.core.hypotheses import FAULTS
 
 # Before vLLM is imported anywhere in this process: its environment and, on a CPU, the Triton
 # interpreter shim (the kernel tests below run before the first engine starts).
@@ -354,7 +355,9 @@ def test_remove_restores_original_methods():
 
 # Every in-process fault of the hypothesis catalogue (workbook.hooks.faults), one batch per guard
 # state: checks A and B together under the zeroed lm_head (budgets 0, 1 → </think> first, as in
-# A; 2..9 as in B). H-h is a V1 run: there is no MRV2 for the guard to hook.
+# A; 2..9 as in B). H-h is a V1 run: there is no MRV2 for the guard to hook. The faults of the
+# other side (the end forced where it is not due: early, unbudgeted, twice) run the mixed batch
+# of (5) instead, whose requests without a budget and tokens after the end they can reach.
 CATALOGUE_FAULTS = tuple(f for f in faults.FAULT_NAMES if f != "H-h")
 
 
@@ -362,6 +365,8 @@ CATALOGUE_FAULTS = tuple(f for f in faults.FAULT_NAMES if f != "H-h")
 def test_guard_fixes_every_hypothesis_fault(live_engine, fault):
     eng = live_engine.get("mtp")
     assert eng.effective["runner_is_v2"] and eng.effective["spec_method"] == "mtp"
+    if FAULTS[fault].side != "missing":
+        return _guard_takes_back_the_forced_end(eng, fault)
     budgets = tuple(range(10))
     handle = faults.inject(fault, engine=eng)
     try:
@@ -378,6 +383,44 @@ def test_guard_fixes_every_hypothesis_fault(live_engine, fault):
     end = eng.effective["reasoning_end_token_ids"]
     assert [o.token_ids[:len(end)] for o in ab_on[:2]] == [end, end]  # A: </think> first
     assert on.guard_fixed > 0
+
+
+def _guard_takes_back_the_forced_end(eng, fault):
+    """The mixed batch (budgets and none) under a fault that forces the end where it is not
+    due: vLLM alone emits an end whose first forcing the rule calls the fault's kind; with the
+    guard every request's tokens are healthy vLLM's (greedy: the argmax of the row without the
+    forcing), and the report counts the tokens it took back — every token it replaced."""
+    ref = _healthy_reference(eng)
+    side = FAULTS[fault].side
+    end = eng.effective["reasoning_end_token_ids"]
+    markers = Markers.of(eng.effective)
+    prompt = request.prompt_ids(eng.tokenizer, eng.cfg)
+    handle = faults.inject(fault, engine=eng)
+    try:
+        with request.zeroed_lm_head(eng), experiments.StepCounter() as off:
+            outs_off = request.run_budgets(eng, MIXED_BUDGETS, max_tokens=MIXED_MAX_TOKENS)
+        with guard.enabled(), request.zeroed_lm_head(eng), experiments.StepCounter() as on:
+            outs_on = request.run_budgets(eng, MIXED_BUDGETS, max_tokens=MIXED_MAX_TOKENS)
+            rep = guard.report(eng.runner)
+    finally:
+        handle.remove()
+    # the fault is real: vLLM alone forced the end where the rule says it was not due, of the
+    # fault's kind, in at least one request (the first token that differs from healthy vLLM's)
+    kinds = set()
+    for o, r, b in zip(outs_off, ref, MIXED_BUDGETS):
+        i = next((i for i, (x, y) in enumerate(zip(o.token_ids, r.token_ids)) if x != y), None)
+        if i is not None:
+            assert o.token_ids[i] == end[0], (b, o.token_ids, r.token_ids)
+            j = budget_rule.judge(prompt, o.token_ids, b, markers, forced=[i])
+            kinds.add(j.kind)
+    assert side in kinds, (fault, kinds, [o.token_ids for o in outs_off])
+    assert off.guard_fixed == 0
+    # with the guard: exactly healthy vLLM's tokens, request by request
+    assert [o.token_ids for o in outs_on] == [o.token_ids for o in ref], fault
+    assert [o.finish_reason for o in outs_on] == [o.finish_reason for o in ref]
+    assert rep["taken_back_tokens"] > 0 and rep["untaken_steps"] == 0
+    assert rep["fixed_tokens"] == rep["taken_back_tokens"] == on.guard_fixed  # all taken back
+    assert rep["repaired_fields"] == 0
 
 
 def test_guard_state_reset_on_reinstall(live_engine):
@@ -410,6 +453,7 @@ def test_guard_is_identity_on_healthy_vllm(live_engine, method):
         b_on = request.check_b(eng, budgets=CHECK_B_BUDGETS[method], max_tokens=CHECK_B_MAX_TOKENS)
         rep = guard.report(eng.runner)
     assert rep["guarded_steps"] > 0 and rep["fixed_tokens"] == 0
+    assert rep["taken_back_tokens"] == 0 and rep["untaken_steps"] == 0  # nothing taken back
     assert rep["repaired_fields"] == 0 and rep["repairs"] == []  # its state was never wrong
     assert [o.token_ids for o in outs_on] == [o.token_ids for o in outs_off]
     assert [o.finish_reason for o in outs_on] == [o.finish_reason for o in outs_off]

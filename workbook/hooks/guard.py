@@ -15,6 +15,18 @@ the budget binds and the token is not the due end-marker token, writes that toke
 looks like to the rest of MRV2). No sampling path can bypass it because it runs on what will
 be committed.
 
+Both directions. Where the budget is not due (host truth: before it binds, in a request without
+a budget, or after reasoning ended) and vLLM forced the end anyway, the guard takes it back: a
+sampled end id whose column in the logits row the step sampled from holds >= 1e8 while it held
+less before ``ThinkingBudgetState.apply`` (the guard wraps ``apply`` to keep, on the device,
+those columns' values before the forcing, and the tensor) is replaced, in a greedy row, by the
+argmax of that row with the forced columns back at their values — what vLLM's greedy sampler
+gives without the forcing — and the rest of the step follows as after any replacement (later
+drafts rejected). The argmax runs in the kernel, only in a row being taken back (no host
+sync). A sampled row (temperature > 0) is left: vLLM's random draw on the unforced row (after
+top-k / top-p / min-p, or a rejection sampler's verification) is not reproduced; nor is a row
+whose count is lagged (below).
+
 Semantics (``vllm/v1/worker/gpu/sample/thinking_budget.py``, restated in
 ``workbook.core.budget``): for a position whose history (tokens before it) has ``n`` tokens
 after the last reasoning start marker, and no natural end marker after that start, the budget
@@ -35,7 +47,8 @@ memory such a writer can reach:
 - each guarded step passes that truth *with the launch*: one int32 row per batch row
   (``slot, budget, count, current, tail...``) staged in a pinned buffer and copied
   non-blocking; the slot is the guard's own record of which slot its request was added to
-  (``req_id`` → slot at ``add_requests``), never vLLM's device ``idx_mapping``;
+  (``req_id`` → slot at ``add_requests``), never vLLM's device ``idx_mapping``; one more
+  column: the slot's request is greedy (its ``SamplingParams.temperature``);
 - the device keeps the same per-slot state in three replicas (``GuardState.replicas``, each its
   own allocation), which the kernel checks field by field against the host's row and repairs;
   every repair is logged on the device (request row, slot, field, the three values found, the
@@ -49,9 +62,11 @@ Processing order, per engine step:
    ``prefill_token_ids``; set the host truth of that slot (budget, and for a budget the count
    and tail at the end of that history, from ``workbook.core.budget``); scatter the staged
    rows into the three replicas with one non-blocking H2D copy.
-2. ``sample`` (after vLLM's), host part: absorb every earlier step's echo whose copy has landed
-   (``Event.query()``, never a wait) into the host truth (step 4); if no request of the batch
-   has a budget (host truth) return — nothing is launched and no request is touched. Else build
+2. ``sample`` (after vLLM's; inside it ``apply`` left its logits and the end columns before
+   the forcing: ``GuardState.capture``), host part: absorb every earlier step's echo whose
+   copy has landed (``Event.query()``, never a wait) into the host truth (step 4); if no
+   request of the batch has a budget (host truth) and apply did not run, return — nothing is
+   launched and no request is touched. Else build
    the truth rows of the batch: budget always from the host; count and tail from the host,
    flagged ``current`` when every token this slot committed is on the host — else the kernel
    uses the majority of the replicas for them (only when an earlier step's echo has not landed
@@ -60,11 +75,12 @@ Processing order, per engine step:
    check the row's three replicas against the truth — budget, count (the host's ``-1`` for a request without a budget) and,
    for a budgeted request, each tail position; a field where any replica differs is rewritten
    in all three, logged, and counted; (b) a request the host says has no budget returns here,
-   its tokens untouched whatever the device held; (c) walk the sampled tokens with the truth's
-   budget and count, force the due end token at the first binding position, truncate
+   its tokens untouched whatever the device held (but an end forced into it, taken back);
+   (c) walk the sampled tokens with the truth's budget and count, force the due end token at
+   the first binding position or take back a forced end where none is due, truncate
    ``num_sampled`` / add to ``num_rejected``; (d) advance count and tail over the tokens kept
    into the replicas; (e) write the step's echo row: tokens kept, tokens replaced, fields
-   repaired, the kept tokens.
+   repaired, tokens taken back, the kept tokens.
 4. host, after the launch: one non-blocking D2H copy of the echo (pinned buffer + event; on a
    CPU the kernel has already run, so it is absorbed at once). Absorbing an echo advances each
    budgeted slot's host count / tail over its kept tokens (numpy for rows without a marker
@@ -73,23 +89,25 @@ Processing order, per engine step:
    was (for the report), and warns once on vLLM's logger when device state was repaired.
 
 Reporting (off the hot path, one sync): ``GuardState.report()`` → ``{"installed", "enabled",
-"guarded_steps", "fixed_tokens", "repaired_fields", "repairs": [record ...],
-"repairs_dropped", "truth_lagged_rows"}``; ``GuardState.repairs_table()`` → the same records as
+"guarded_steps", "fixed_tokens" (every token replaced), "taken_back_tokens" (of them, ends
+forced where not due), "untaken_steps" (apply ran more than once, or on other rows than the
+batch's: no take-back tried), "repaired_fields", "repairs": [record ...], "repairs_dropped",
+"truth_lagged_rows"}``; ``GuardState.repairs_table()`` → the same records as
 a DataFrame with ``REPAIR_COLUMNS`` (the trace's ``guard`` table). A record: ``guard_step``
 (the guard's launch counter), ``req_id``, ``slot``, ``row`` (batch row), ``total_len_before``
 (committed tokens of the request before that step, joins the tracer's ``requests`` table),
 ``field`` (``budget`` / ``count`` / ``tail[i]``), ``found`` (the three replicas' values),
 ``truth`` and ``truth_from`` (``host``, or ``replica majority`` in a lagged step).
 
-What it deliberately does not do: touch logits (so logprobs of a replaced token are those of
+What it deliberately does not do: write logits (so logprobs of a replaced token are those of
 the token vLLM had sampled), read or repair vLLM's budget state or its committed token history
 (the host history it keeps is the guard's own output, copied in stream order right after the
 kernel — identical to what vLLM commits unless something rewrites the sampled tokens after the
 guard), guard requests that were added while it was not installed, wait for the device on the
 hot path (no ``.item()``, no ``synchronize``; the echo is read when its event says it landed),
 run Python per token except on rows whose kept tokens contain a marker token, or launch
-anything for a batch in which no request has a budget (an unbudgeted request is then simply
-not looked at: the guard never changes it, and its replicas are checked the next time it
+anything for a batch in which no request has a budget and apply did not run (an unbudgeted
+request is then simply not looked at: the guard never changes it, and its replicas are checked the next time it
 shares a batch with a budgeted one). Under async scheduling, when a slot's previous echo has
 not landed by the next launch, that one step's count and tail come from the replicas'
 majority (a corruption of two or three replicas inside that window is repaired and reported

@@ -5,10 +5,13 @@ step; its docstring gives the design and the processing order. This module: the 
 and the kernel share (the truth row, the echo row, the repair-log entry, the replica), ``launch``
 and ``launch_guard_kernel`` (the kernel over plain per-slot tensors: tests, benchmarks), and the
 kernel itself — per batch row: (a) the slot's three replicas checked field by field against the
-host's truth row, repaired and logged; (b) a row without a budget returns untouched; (c) the
-sampled tokens walked with the truth's budget and count, the due end token forced at the first
-binding position, ``num_sampled`` / ``num_rejected`` fixed; (d) count and tail advanced into the
-replicas; (e) the echo row written.
+host's truth row, repaired and logged; (b) a row without a budget returns untouched, unless
+the step's logits came with the launch (``TakeBack``); (c) the sampled tokens walked with the
+truth's budget and count, the due end token forced at the first binding position — or, where
+none is due, an end the forcing put there (its column >= 1e8, below before the forcing) taken
+back in a greedy row: the argmax of the row without the forcing (``_take_back``, a vocabulary
+scan only in such a row) — ``num_sampled`` / ``num_rejected`` fixed; (d) count and tail
+advanced into the replicas; (e) the echo row written.
 
 The kernel is the device twin of ``workbook.core.budget``'s rule (tested against vLLM's own
 forcing kernel and the rule in ``tests/test_guard.py``). Not here: anything on the host.
