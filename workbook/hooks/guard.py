@@ -265,7 +265,10 @@ class GuardState:
     @property
     def last_fixed(self) -> torch.Tensor:
         """Tokens replaced in the last step, per batch row ([num_reqs], or [1] zeros when the
-        step had no request with a budget); sum it for the step's count."""
+        step had no request with a budget, or the guard is not installed now: the last step
+        it guarded is not this one); sum it for the step's count."""
+        if not installed() or self.generation != _generation:
+            return self._no_fix
         return self._last_fixed
 
     @property
