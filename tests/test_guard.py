@@ -287,12 +287,16 @@ def test_kernel_takes_back_an_end_forced_where_not_due(markers, seed):
             tail[s] = torch.tensor(([-1] * tail_len + hists[i])[-tail_len:], dtype=torch.int32)
     fixed_rows = torch.zeros(num_reqs, dtype=torch.int32)
     fixed_total = torch.zeros(1, dtype=torch.int32)
-    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
-    tb = TakeBack(torch.cat(logits), torch.cat(pre_all).to(torch.float32), i32(cu))
-    out = guard.launch_guard_kernel(sampled, num_sampled, num_rejected, i32(slots), budget,
-                                    count, tail, fixed_rows, fixed_total, i32(start), i32(nat),
-                                    i32(end), take_back=tb, greedy=greedy)
-    echo = out["echo"]
+    dev = _device()
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
+    tb = TakeBack(torch.cat(logits).to(dev), torch.cat(pre_all).to(dev, torch.float32), i32(cu))
+    ts = [t.to(dev) for t in (sampled, num_sampled, num_rejected, budget, count, tail,
+                              fixed_rows, fixed_total)]
+    out = guard.launch_guard_kernel(ts[0], ts[1], ts[2], i32(slots), *ts[3:], i32(start),
+                                    i32(nat), i32(end), take_back=tb, greedy=i32(greedy))
+    sampled, num_sampled, num_rejected, budget, count, tail, fixed_rows, fixed_total = (
+        t.cpu() for t in ts)
+    echo = out["echo"].cpu()
     for i, s in enumerate(slots):
         kept, nfix, ntaken = want[i]
         got = sampled[i, :int(num_sampled[i])].tolist()
@@ -303,7 +307,7 @@ def test_kernel_takes_back_an_end_forced_where_not_due(markers, seed):
             assert int(count[s]) == -1
         else:
             assert int(count[s]) == guard.reasoning_count(hists[i] + kept, m)
-    assert int(out["repairs"]) == 0
+    assert int(out["repairs"].cpu()) == 0
     assert fixed_total.tolist() == [sum(w[1] for w in want)]
     assert forced_any > 0 and taken_any > 0, (forced_any, taken_any)
 
