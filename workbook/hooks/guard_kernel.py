@@ -337,6 +337,9 @@ def _budget_guard_kernel(
     kept = n
     nfixed = n * 0
     ntaken = n * 0
+    if TAKE_BACK:
+        may_take = (tl.load(t_row + 4 + TAIL) != 0) & (current | (budget < 0))  # greedy
+        lrow0 = tl.load(cu_ptr + req)
     last = n * 0 - 1
     for j in range(0, n):
         if j < kept:
@@ -361,10 +364,12 @@ def _budget_guard_kernel(
             elif TAKE_BACK:
                 # not due: an end the forcing put here is taken back — in a greedy row whose
                 # truth is the host's (a lagged row's count is the replicas': never trusted to
-                # take back)
-                greedy = tl.load(t_row + 4 + TAIL) != 0
-                if greedy & (current | (budget < 0)):
-                    lrow = tl.load(cu_ptr + req) + j
+                # take back); only an end id is looked at
+                is_end = tok != tok
+                for q in tl.static_range(0, END_LEN):
+                    is_end = is_end | (tok == END_IDS[q])
+                if is_end & may_take:
+                    lrow = lrow0 + j
                     other = _take_back(logits_ptr + lrow.to(tl.int64) * logits_stride,
                                        pre_ptr + lrow.to(tl.int64) * END_LEN, vocab, tok,
                                        END_IDS, END_LEN, FORCED, BLOCK_V)
