@@ -27,7 +27,7 @@ import pytest
 
 from workbook.core import budget as rule
 from workbook.core.config import RunConfig
-from workbook.core.hypotheses import HYPOTHESES, STAGES, runtime_faults
+from workbook.core.hypotheses import FAULTS, HYPOTHESES, STAGES, runtime_faults
 from workbook.hooks import faults
 from workbook.hooks.tracer import Tracer
 from workbook.run import diagnose, probes, request
@@ -44,8 +44,10 @@ ACTS_ON = {"H-d-draft": lambda step, pos, k, bp: pos > 0,
            "H-d-cache": lambda step, pos, k, bp: step > 0,
            "H-d-restart": lambda step, pos, k, bp: step > 0,
            "H-j": lambda step, pos, k, bp: bp > 0}
-IN_PROCESS_FAULTS = runtime_faults()  # not H-h (a V1 run), nor the start-up writers of
-# issue #13 (installed before an engine starts: tests/test_integrity.py)
+IN_PROCESS_FAULTS = [f for f in runtime_faults() if FAULTS[f].side == "missing"]  # not H-h (a
+# V1 run), nor the start-up writers of issue #13 (installed before an engine starts:
+# tests/test_integrity.py), nor the faults that force the end where it is not due (the other
+# side of the contract: tests/test_guard.py)
 
 
 def same_request(traced_id: str, outcome) -> bool:

@@ -39,6 +39,7 @@ from workbook.vllm import patching
 from workbook.core import budget as budget_rule
 from workbook.core.budget import Markers
 from workbook.core.config import RunConfig
+from workbook.core.hypotheses import FAULTS
 
 # Before vLLM is imported anywhere in this process: its environment and, on a CPU, the Triton
 # interpreter shim (the kernel tests below run before the first engine starts).
@@ -191,6 +192,126 @@ def test_kernel_matches_vllm_forcing(markers, seed):
     assert fixed_total.tolist() == [3 + total_fixed]
 
 
+def _rule_taken_back(hist, row, b, markers, forced, unforced_argmax, greedy):
+    """The row as kept by the one budget rule (``budget.row_truth``) in both directions: the
+    due end forced where the budget binds; where it does not, an end the forcing put at
+    position j (``forced[j]``) replaced, in a greedy row, by ``unforced_argmax[j]``."""
+    for j, tok in enumerate(row):
+        truth = budget_rule.row_truth(hist + row[:j], [], 0, b, markers)
+        if truth.due:
+            if tok != truth.token:
+                return row[:j] + [truth.token], 1, 0
+        elif greedy and forced[j] and unforced_argmax[j] != tok:
+            return row[:j] + [unforced_argmax[j]], 1, 1
+    return list(row), 0, 0
+
+
+@pytest.mark.parametrize("markers", sorted(MARKERS))
+@pytest.mark.parametrize("seed", range(3))
+def test_kernel_takes_back_an_end_forced_where_not_due(markers, seed):
+    """The other direction, no engine: rows whose logits were forced at an end id where the
+    budget does not bind (early, into a request without a budget, after reasoning ended) get
+    the argmax of the row without the forcing (greedy rows; ties to the lowest column, across
+    vocabulary blocks); due rows, ends the model chose itself (no forcing bias) and sampled
+    rows are left as the rule says. Expected values from ``budget.row_truth``."""
+    import torch
+
+    from workbook.hooks.guard_kernel import BLOCK_V, TakeBack
+
+    start, nat, end = MARKERS[markers]
+    m = Markers(start, end, nat)
+    rng = random.Random(seed * 7 + len(markers))
+    vocab, k1, num_reqs, max_slots = 2 * BLOCK_V + 37, 4, 6, 8
+    tail_len = max(len(start) - 1, len(nat) - 1, len(end) - 1, 1)
+    slots = rng.sample(range(max_slots), num_reqs)
+    gen = torch.Generator().manual_seed(seed)
+    cu, logits, pre_all, rows, hists, budgets, greedy, want = [0], [], [], [], [], [], [], []
+    forced_any = taken_any = 0
+    for i in range(num_reqs):
+        h = [rng.choice([0, 2, 4, 8]) for _ in range(rng.randint(1, 4))] + start + \
+            [0] * rng.randint(0, 3)
+        if i % 3 == 2:  # reasoning ended before this step
+            h += nat + [0] * rng.randint(0, 2)
+        b = None if i % 3 == 1 else rng.randint(len(h), len(h) + 6) if i % 3 == 0 else \
+            rng.randint(0, 3)
+        g = i != 5
+        n = rng.randint(1, k1)
+        lg = torch.randn((n, vocab), generator=gen)
+        best = [int(x) for x in lg.argmax(-1)]
+        hit = rng.randrange(0, 3)  # the unforced best column: block 0, 1 or 2
+        for j in range(n):
+            col = hit * BLOCK_V + rng.randrange(0, 30)
+            lg[j, col] = lg[j].max() + 1.0
+            if rng.random() < 0.5:  # a tie: the lower column wins
+                lg[j, col + 1] = lg[j, col]
+            best[j] = col
+        pre = lg[:, list(end)].clone()
+        row, forced = [], []
+        for j in range(n):
+            if rng.random() < 0.6:  # vLLM forced an end here, due or not
+                e = rng.choice(end)
+                lg[j, e] = 1e9
+                row.append(e)
+                forced.append(True)
+            elif rng.random() < 0.2:  # the model's own end (no forcing bias)
+                e = rng.choice(end)
+                lg[j, e] = lg[j].max() + 2.0
+                row.append(e)
+                forced.append(False)
+            else:
+                row.append(best[j])
+                forced.append(False)
+        w = _rule_taken_back(h, row, b, m, forced, best, g)
+        forced_any += any(forced)
+        taken_any += w[2]
+        cu.append(cu[-1] + n)
+        logits.append(lg)
+        pre_all.append(pre)
+        rows.append(row)
+        hists.append(h)
+        budgets.append(b)
+        greedy.append(int(g))
+        want.append(w)
+    sampled = torch.full((num_reqs, k1), 7, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        sampled[i, :len(r)] = torch.tensor(r)
+    num_sampled = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    num_rejected = torch.tensor([k1 - len(r) for r in rows], dtype=torch.int32)
+    budget = torch.full((max_slots,), -1, dtype=torch.int32)
+    count = torch.full((max_slots,), -1, dtype=torch.int32)
+    tail = torch.full((max_slots, tail_len), -1, dtype=torch.int32)
+    for i, s in enumerate(slots):
+        if budgets[i] is not None:
+            budget[s] = budgets[i]
+            count[s] = guard.reasoning_count(hists[i], m)
+            tail[s] = torch.tensor(([-1] * tail_len + hists[i])[-tail_len:], dtype=torch.int32)
+    fixed_rows = torch.zeros(num_reqs, dtype=torch.int32)
+    fixed_total = torch.zeros(1, dtype=torch.int32)
+    dev = _device()
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
+    tb = TakeBack(torch.cat(logits).to(dev), torch.cat(pre_all).to(dev, torch.float32), i32(cu))
+    ts = [t.to(dev) for t in (sampled, num_sampled, num_rejected, budget, count, tail,
+                              fixed_rows, fixed_total)]
+    out = guard.launch_guard_kernel(ts[0], ts[1], ts[2], i32(slots), *ts[3:], i32(start),
+                                    i32(nat), i32(end), take_back=tb, greedy=i32(greedy))
+    sampled, num_sampled, num_rejected, budget, count, tail, fixed_rows, fixed_total = (
+        t.cpu() for t in ts)
+    echo = out["echo"].cpu()
+    for i, s in enumerate(slots):
+        kept, nfix, ntaken = want[i]
+        got = sampled[i, :int(num_sampled[i])].tolist()
+        assert got == kept, (i, hists[i], rows[i], budgets[i], greedy[i])
+        assert int(num_rejected[i]) == k1 - len(kept)
+        assert int(echo[i, guard.E_FIXED]) == nfix and int(echo[i, guard.E_TAKEN]) == ntaken
+        if budgets[i] is None:  # a request without a budget keeps its device state
+            assert int(count[s]) == -1
+        else:
+            assert int(count[s]) == guard.reasoning_count(hists[i] + kept, m)
+    assert int(out["repairs"].cpu()) == 0
+    assert fixed_total.tolist() == [sum(w[1] for w in want)]
+    assert forced_any > 0 and taken_any > 0, (forced_any, taken_any)
+
+
 @pytest.mark.parametrize("history,expected", [
     ([5, 1, 0, 0], 2),  # two reasoning tokens after <think>
     ([5, 1], 0),
@@ -238,7 +359,9 @@ def test_remove_restores_original_methods():
 
 # Every in-process fault of the hypothesis catalogue (workbook.hooks.faults), one batch per guard
 # state: checks A and B together under the zeroed lm_head (budgets 0, 1 → </think> first, as in
-# A; 2..9 as in B). H-h is a V1 run: there is no MRV2 for the guard to hook.
+# A; 2..9 as in B). H-h is a V1 run: there is no MRV2 for the guard to hook. The faults of the
+# other side (the end forced where it is not due: early, unbudgeted, twice) run the mixed batch
+# of (5) instead, whose requests without a budget and tokens after the end they can reach.
 CATALOGUE_FAULTS = tuple(f for f in faults.FAULT_NAMES if f != "H-h")
 
 
@@ -246,6 +369,8 @@ CATALOGUE_FAULTS = tuple(f for f in faults.FAULT_NAMES if f != "H-h")
 def test_guard_fixes_every_hypothesis_fault(live_engine, fault):
     eng = live_engine.get("mtp")
     assert eng.effective["runner_is_v2"] and eng.effective["spec_method"] == "mtp"
+    if FAULTS[fault].side != "missing":
+        return _guard_takes_back_the_forced_end(eng, fault)
     budgets = tuple(range(10))
     handle = faults.inject(fault, engine=eng)
     try:
@@ -262,6 +387,44 @@ def test_guard_fixes_every_hypothesis_fault(live_engine, fault):
     end = eng.effective["reasoning_end_token_ids"]
     assert [o.token_ids[:len(end)] for o in ab_on[:2]] == [end, end]  # A: </think> first
     assert on.guard_fixed > 0
+
+
+def _guard_takes_back_the_forced_end(eng, fault):
+    """The mixed batch (budgets and none) under a fault that forces the end where it is not
+    due: vLLM alone emits an end whose first forcing the rule calls the fault's kind; with the
+    guard every request's tokens are healthy vLLM's (greedy: the argmax of the row without the
+    forcing), and the report counts the tokens it took back — every token it replaced."""
+    ref = _healthy_reference(eng)
+    side = FAULTS[fault].side
+    end = eng.effective["reasoning_end_token_ids"]
+    markers = Markers.of(eng.effective)
+    prompt = request.prompt_ids(eng.tokenizer, eng.cfg)
+    handle = faults.inject(fault, engine=eng)
+    try:
+        with request.zeroed_lm_head(eng), experiments.StepCounter() as off:
+            outs_off = request.run_budgets(eng, MIXED_BUDGETS, max_tokens=MIXED_MAX_TOKENS)
+        with guard.enabled(), request.zeroed_lm_head(eng), experiments.StepCounter() as on:
+            outs_on = request.run_budgets(eng, MIXED_BUDGETS, max_tokens=MIXED_MAX_TOKENS)
+            rep = guard.report(eng.runner)
+    finally:
+        handle.remove()
+    # the fault is real: vLLM alone forced the end where the rule says it was not due, of the
+    # fault's kind, in at least one request (the first token that differs from healthy vLLM's)
+    kinds = set()
+    for o, r, b in zip(outs_off, ref, MIXED_BUDGETS):
+        i = next((i for i, (x, y) in enumerate(zip(o.token_ids, r.token_ids)) if x != y), None)
+        if i is not None:
+            assert o.token_ids[i] == end[0], (b, o.token_ids, r.token_ids)
+            j = budget_rule.judge(prompt, o.token_ids, b, markers, forced=[i])
+            kinds.add(j.kind)
+    assert side in kinds, (fault, kinds, [o.token_ids for o in outs_off])
+    assert off.guard_fixed == 0
+    # with the guard: exactly healthy vLLM's tokens, request by request
+    assert [o.token_ids for o in outs_on] == [o.token_ids for o in ref], fault
+    assert [o.finish_reason for o in outs_on] == [o.finish_reason for o in ref]
+    assert rep["taken_back_tokens"] > 0 and rep["untaken_steps"] == 0
+    assert rep["fixed_tokens"] == rep["taken_back_tokens"] == on.guard_fixed  # all taken back
+    assert rep["repaired_fields"] == 0
 
 
 def test_guard_state_reset_on_reinstall(live_engine):
@@ -294,6 +457,7 @@ def test_guard_is_identity_on_healthy_vllm(live_engine, method):
         b_on = request.check_b(eng, budgets=CHECK_B_BUDGETS[method], max_tokens=CHECK_B_MAX_TOKENS)
         rep = guard.report(eng.runner)
     assert rep["guarded_steps"] > 0 and rep["fixed_tokens"] == 0
+    assert rep["taken_back_tokens"] == 0 and rep["untaken_steps"] == 0  # nothing taken back
     assert rep["repaired_fields"] == 0 and rep["repairs"] == []  # its state was never wrong
     assert [o.token_ids for o in outs_on] == [o.token_ids for o in outs_off]
     assert [o.finish_reason for o in outs_on] == [o.finish_reason for o in outs_off]

@@ -39,6 +39,10 @@ class Fault:
     description: str
     at_engine_start: bool = False  # applied to the process environment before vLLM starts
     before_start: bool = False  # patches installed before the engine starts (start-up faults)
+    # the side of the budget's contract it breaks: "missing" (the end is not where it is due),
+    # or where it forces the end although it is not due (budget.VIOLATION_KINDS: "early",
+    # "unbudgeted", "twice")
+    side: str = "missing"
 
 
 # The stages a budgeted logits row goes through, in pipeline order, and what each must do.
@@ -66,8 +70,8 @@ STAGES: dict[str, str] = {
 _BUDGET_STATE = {"markers": "violated", "budget": "violated", "caches": "violated"}
 # ``predicts`` is about the violation's side of the contract. On the other side — the end
 # forced where it was not due (budget.VIOLATION_KINDS other than "missing") — the guard has
-# no prediction: it forces a due end at commit, it cannot take back an end a biased row
-# already produced (the model's own token there is unknown)
+# no prediction: it takes such an end back in a greedy row (the row's argmax without the
+# forcing), not in a sampled row (vLLM's draw on the unforced row is not reproduced)
 NO_PREDICTION_WHEN_FORCED = ("guard",)
 _MRV2 = {"guard": "honored", "v1": "honored"}
 
@@ -222,6 +226,13 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("H-e-sample", "H-e-sample", "the sampler masks out forced columns before sampling"),
     Fault("H-j", "H-j", "the budget kernel is launched with the first request's rows only"),
     Fault("H-k", "H-k", "the end token is replaced after sampling, before commit"),
+    # -- issue #26: the other side — the end forced where it is not due ---------------------
+    Fault("H-d-early", "H-d-kernel", "the budget kernel forces the end in every draft row of "
+          "a budgeted request, due or not (before the budget binds)", side="early"),
+    Fault("H-d-unbudgeted", "H-d-kernel", "the budget kernel forces the end in every row of a "
+          "request without a budget", side="unbudgeted"),
+    Fault("H-d-twice", "H-d-kernel", "the budget kernel forces the end again in every row of a "
+          "budgeted request whose reasoning already ended", side="twice"),
     # -- issue #13: out-of-band writers (workbook.hooks.faults, end of _BUILDERS) ------------
     Fault("H-i-profile", "H-i", "a writer hidden in the target's first MLP zeroes the budget "
           "state's markers and marker caches through a raw alias of their storage, only during "

@@ -44,6 +44,10 @@ it would see a broken vLLM) and is removed with ``.remove()``:
            local positions cut to it): forcing depends on batch composition.
 - ``H-k``  after sampling (before the guard, the commit and the speculator), every sampled
            end token becomes token 0.
+- ``H-d-early`` / ``H-d-unbudgeted`` / ``H-d-twice``  the other side of the contract: after
+           ``ThinkingBudgetState.apply``, +1e9 at the first end id in every draft row of a
+           budgeted request (due or not), in every row of a request without a budget, or in
+           every row of a budgeted request whose marker cache says reasoning already ended.
 - ``H-i-profile`` / ``H-i-profile-mtp`` / ``H-i-step``  an out-of-band writer hidden in one
            module zeroes the budget state's markers and marker caches through a raw alias of
            their storage, during the profiling run (target or MTP drafter) or at real step
@@ -406,12 +410,58 @@ def _h_k(ps, hp):
     ps.wrap(hp.runner, "sample", make)
 
 
+def _forcing_fault(ps, hp, rows_of):
+    """After apply (inner to it), +1e9 at ``end[0]`` in the logits rows ``rows_of`` selects
+    (``rows_of(state, args) -> bool [rows]`` on the device)."""
+    def make(orig):
+        def apply(state, *a, **k):
+            out = orig(state, *a, **k)
+            if getattr(state, "enabled", False):
+                import torch
+
+                args = hookpoints.budget_apply_args(hp.generation, a, k)
+                with torch.inference_mode():
+                    rows = rows_of(state, args).nonzero().flatten()
+                    if rows.numel():
+                        end = state.reasoning_end_token_ids.long()[:1]
+                        args.logits[rows.unsqueeze(1), end.unsqueeze(0)] = 1e9
+            return out
+        return apply
+    ps.wrap(hp.budget, "apply", make)
+
+
+def _use(state, args):
+    """Per logits row: the row's slot is registered with a budget (vLLM's host array)."""
+    import torch
+
+    use = torch.as_tensor(state.use_thinking_budget, device=args.logits.device)
+    return use[args.expanded_idx_mapping.long()]
+
+
+def _h_d_early(ps, hp):
+    _forcing_fault(ps, hp, lambda st, x: (x.expanded_local_pos > 0) & _use(st, x))
+
+
+def _h_d_unbudgeted(ps, hp):
+    _forcing_fault(ps, hp, lambda st, x: ~_use(st, x))
+
+
+def _h_d_twice(ps, hp):
+    def ended(st, x):
+        slot = x.expanded_idx_mapping.long()
+        return (st.cached_last_end[slot] > st.cached_last_start[slot]) & _use(st, x)
+    _forcing_fault(ps, hp, ended)
+
+
 _BUILDERS = {"H-a": _h_a, "H-b": _h_b, "H-c": _h_c, "H-d": _h_d, "H-d-draft": _h_d_draft,
              "H-e": _h_e, "H-f": _h_f, "H-g": _h_g, "H-h": _h_h,
              # issue #12: the causes H-d was a catch-all for, and the reporter's state (H-i)
              "H-i": _h_i, "H-i-inband": _h_i_inband, "H-d-cache": _h_d_cache, "H-d-restart": _h_d_restart,
              "H-d-column": _h_d_column, "H-e-copy": _h_e_copy, "H-e-sample": _h_e_sample,
-             "H-j": _h_j, "H-k": _h_k}
+             "H-j": _h_j, "H-k": _h_k,
+             # issue #26: the end forced where it is not due
+             "H-d-early": _h_d_early, "H-d-unbudgeted": _h_d_unbudgeted,
+             "H-d-twice": _h_d_twice}
              
 
 # ==============================================================================================

@@ -15,6 +15,18 @@ the budget binds and the token is not the due end-marker token, writes that toke
 looks like to the rest of MRV2). No sampling path can bypass it because it runs on what will
 be committed.
 
+Both directions. Where the budget is not due (host truth: before it binds, in a request without
+a budget, or after reasoning ended) and vLLM forced the end anyway, the guard takes it back: a
+sampled end id whose column in the logits row the step sampled from holds >= 1e8 while it held
+less before ``ThinkingBudgetState.apply`` (the guard wraps ``apply`` to keep, on the device,
+those columns' values before the forcing, and the tensor) is replaced, in a greedy row, by the
+argmax of that row with the forced columns back at their values — what vLLM's greedy sampler
+gives without the forcing — and the rest of the step follows as after any replacement (later
+drafts rejected). The argmax runs in the kernel, only in a row being taken back (no host
+sync). A sampled row (temperature > 0) is left: vLLM's random draw on the unforced row (after
+top-k / top-p / min-p, or a rejection sampler's verification) is not reproduced; nor is a row
+whose count is lagged (below).
+
 Semantics (``vllm/v1/worker/gpu/sample/thinking_budget.py``, restated in
 ``workbook.core.budget``): for a position whose history (tokens before it) has ``n`` tokens
 after the last reasoning start marker, and no natural end marker after that start, the budget
@@ -35,7 +47,8 @@ memory such a writer can reach:
 - each guarded step passes that truth *with the launch*: one int32 row per batch row
   (``slot, budget, count, current, tail...``) staged in a pinned buffer and copied
   non-blocking; the slot is the guard's own record of which slot its request was added to
-  (``req_id`` → slot at ``add_requests``), never vLLM's device ``idx_mapping``;
+  (``req_id`` → slot at ``add_requests``), never vLLM's device ``idx_mapping``; one more
+  column: the slot's request is greedy (its ``SamplingParams.temperature``);
 - the device keeps the same per-slot state in three replicas (``GuardState.replicas``, each its
   own allocation), which the kernel checks field by field against the host's row and repairs;
   every repair is logged on the device (request row, slot, field, the three values found, the
@@ -49,9 +62,11 @@ Processing order, per engine step:
    ``prefill_token_ids``; set the host truth of that slot (budget, and for a budget the count
    and tail at the end of that history, from ``workbook.core.budget``); scatter the staged
    rows into the three replicas with one non-blocking H2D copy.
-2. ``sample`` (after vLLM's), host part: absorb every earlier step's echo whose copy has landed
-   (``Event.query()``, never a wait) into the host truth (step 4); if no request of the batch
-   has a budget (host truth) return — nothing is launched and no request is touched. Else build
+2. ``sample`` (after vLLM's; inside it ``apply`` left its logits and the end columns before
+   the forcing: ``GuardState.capture``), host part: absorb every earlier step's echo whose
+   copy has landed (``Event.query()``, never a wait) into the host truth (step 4); if no
+   request of the batch has a budget (host truth) and apply did not run, return — nothing is
+   launched and no request is touched. Else build
    the truth rows of the batch: budget always from the host; count and tail from the host,
    flagged ``current`` when every token this slot committed is on the host — else the kernel
    uses the majority of the replicas for them (only when an earlier step's echo has not landed
@@ -60,11 +75,12 @@ Processing order, per engine step:
    check the row's three replicas against the truth — budget, count (the host's ``-1`` for a request without a budget) and,
    for a budgeted request, each tail position; a field where any replica differs is rewritten
    in all three, logged, and counted; (b) a request the host says has no budget returns here,
-   its tokens untouched whatever the device held; (c) walk the sampled tokens with the truth's
-   budget and count, force the due end token at the first binding position, truncate
+   its tokens untouched whatever the device held (but an end forced into it, taken back);
+   (c) walk the sampled tokens with the truth's budget and count, force the due end token at
+   the first binding position or take back a forced end where none is due, truncate
    ``num_sampled`` / add to ``num_rejected``; (d) advance count and tail over the tokens kept
    into the replicas; (e) write the step's echo row: tokens kept, tokens replaced, fields
-   repaired, the kept tokens.
+   repaired, tokens taken back, the kept tokens.
 4. host, after the launch: one non-blocking D2H copy of the echo (pinned buffer + event; on a
    CPU the kernel has already run, so it is absorbed at once). Absorbing an echo advances each
    budgeted slot's host count / tail over its kept tokens (numpy for rows without a marker
@@ -73,23 +89,25 @@ Processing order, per engine step:
    was (for the report), and warns once on vLLM's logger when device state was repaired.
 
 Reporting (off the hot path, one sync): ``GuardState.report()`` → ``{"installed", "enabled",
-"guarded_steps", "fixed_tokens", "repaired_fields", "repairs": [record ...],
-"repairs_dropped", "truth_lagged_rows"}``; ``GuardState.repairs_table()`` → the same records as
+"guarded_steps", "fixed_tokens" (every token replaced), "taken_back_tokens" (of them, ends
+forced where not due), "untaken_steps" (apply ran more than once, or on other rows than the
+batch's: no take-back tried), "repaired_fields", "repairs": [record ...], "repairs_dropped",
+"truth_lagged_rows"}``; ``GuardState.repairs_table()`` → the same records as
 a DataFrame with ``REPAIR_COLUMNS`` (the trace's ``guard`` table). A record: ``guard_step``
 (the guard's launch counter), ``req_id``, ``slot``, ``row`` (batch row), ``total_len_before``
 (committed tokens of the request before that step, joins the tracer's ``requests`` table),
 ``field`` (``budget`` / ``count`` / ``tail[i]``), ``found`` (the three replicas' values),
 ``truth`` and ``truth_from`` (``host``, or ``replica majority`` in a lagged step).
 
-What it deliberately does not do: touch logits (so logprobs of a replaced token are those of
+What it deliberately does not do: write logits (so logprobs of a replaced token are those of
 the token vLLM had sampled), read or repair vLLM's budget state or its committed token history
 (the host history it keeps is the guard's own output, copied in stream order right after the
 kernel — identical to what vLLM commits unless something rewrites the sampled tokens after the
 guard), guard requests that were added while it was not installed, wait for the device on the
 hot path (no ``.item()``, no ``synchronize``; the echo is read when its event says it landed),
 run Python per token except on rows whose kept tokens contain a marker token, or launch
-anything for a batch in which no request has a budget (an unbudgeted request is then simply
-not looked at: the guard never changes it, and its replicas are checked the next time it
+anything for a batch in which no request has a budget and apply did not run (an unbudgeted
+request is then simply not looked at: the guard never changes it, and its replicas are checked the next time it
 shares a batch with a budgeted one). Under async scheduling, when a slot's previous echo has
 not landed by the next launch, that one step's count and tail come from the replicas'
 majority (a corruption of two or three replicas inside that window is repaired and reported
@@ -116,9 +134,9 @@ import torch
 
 from workbook.core import budget
 from workbook.hooks.guard_kernel import (  # noqa: F401  (launch* re-exported: tests, benchmarks)
-    E_FIXED, E_KEPT, E_REPAIRED, E_TOKENS, F_BUDGET, F_COUNT, F_TAIL, LOG_W, T_BUDGET, T_COUNT,
-    T_CURRENT, T_SLOT, T_TAIL, _new_replica, _replica_views, budget_markers, launch,
-    launch_guard_kernel)
+    E_FIXED, E_KEPT, E_REPAIRED, E_TAKEN, E_TOKENS, F_BUDGET, F_COUNT, F_TAIL, LOG_W, T_BUDGET,
+    T_COUNT, T_CURRENT, T_SLOT, T_TAIL, TakeBack, _new_replica, _replica_views, budget_markers,
+    launch, launch_guard_kernel)
 from workbook.vllm.patching import PatchSet
 
 ATTR = "_workbook_guard"  # GuardState lives on the runner instance under this name
@@ -128,6 +146,7 @@ LOG_N = 4096  # repair-log entries kept on the device; more are counted (``repai
 
 _patch_set: PatchSet | None = None
 _generation = 0  # bumped on every install(): state staged under an older install is dropped
+_sampling: "GuardState | None" = None  # the state whose runner's ``sample`` is running
 
 
 # ----------------------------------------------------------------------------------------------
@@ -210,6 +229,7 @@ class GuardState:
         self.log = torch.zeros((LOG_N, LOG_W), dtype=i32, device=d)
         self.echo = torch.zeros((n, E_TOKENS + 1), dtype=i32, device=d)
         self._no_fix = torch.zeros(1, dtype=i32, device=d)  # last_fixed of a skipped step
+        self._end_cols = torch.tensor(self.end_ids or [0], dtype=torch.long, device=d)
         self._last_fixed = self._no_fix
         self.profile: list | None = None  # benchmark: set to [] to time each guarded step
         self._reset_host()
@@ -220,7 +240,9 @@ class GuardState:
         self.h_count = np.full(n, -1, dtype=np.int32)
         self.h_tail = np.full((n, tl_), -1, dtype=np.int32)
         self.h_len = np.zeros(n, dtype=np.int64)
+        self.h_greedy = np.zeros(n, dtype=bool)  # the slot's request samples greedily
         self.lagged = np.zeros(n, dtype=bool)
+        self._captured: list = []  # this step's (logits, pre) from ThinkingBudgetState.apply
         self.slot_of: dict[str, int] = {}
         self.req_of_slot: list[str | None] = [None] * n
         self._staged: list[list[int]] = []  # rows [slot, budget, count, *tail]
@@ -228,6 +250,8 @@ class GuardState:
         self._repaired_steps: dict[int, _Pending] = {}  # seq -> the launch, for the report
         self.launches = 0
         self.fixed_tokens = 0  # host counters, from the echoes absorbed
+        self.taken_back_tokens = 0  # of them: ends forced where not due, taken back
+        self.untaken_steps = 0  # steps whose forcing could not be checked (several applies)
         self.repaired_fields = 0
         self.truth_lagged_rows = 0
         self._warned_at = 0
@@ -241,7 +265,10 @@ class GuardState:
     @property
     def last_fixed(self) -> torch.Tensor:
         """Tokens replaced in the last step, per batch row ([num_reqs], or [1] zeros when the
-        step had no request with a budget); sum it for the step's count."""
+        step had no request with a budget, or the guard is not installed now: the last step
+        it guarded is not this one); sum it for the step's count."""
+        if not installed() or self.generation != _generation:
+            return self._no_fix
         return self._last_fixed
 
     @property
@@ -268,7 +295,7 @@ class GuardState:
                 self.h_count[s] = -1
 
     def stage(self, slot: int, budget_value: int | None, history: Sequence[int],
-              req_id: str | None = None) -> None:
+              req_id: str | None = None, greedy: bool = False) -> None:
         b = -1 if budget_value is None or int(budget_value) < 0 \
             else min(int(budget_value), _INT32_MAX)
         cnt = reasoning_count(history, self.markers) if b >= 0 else -1
@@ -278,6 +305,7 @@ class GuardState:
         self.h_budget[slot], self.h_count[slot] = b, cnt
         self.h_tail[slot] = tail
         self.h_len[slot] = len(history)
+        self.h_greedy[slot] = bool(greedy)
         self.lagged[slot] = False
         if req_id is not None:
             old = self.req_of_slot[slot]
@@ -301,6 +329,34 @@ class GuardState:
             c.index_copy_(0, slots, rows[:, 2])
             t.index_copy_(0, slots, rows[:, 3:])
 
+    # -- step 2a: what the budget's apply got (for the take-back) -----------------------------
+    def capture(self, logits: torch.Tensor) -> None:
+        """Before ``ThinkingBudgetState.apply`` biases ``logits`` ([num_logits, vocab], the
+        tensor then sampled): keep it and the values of its end-id columns (one device gather,
+        no sync)."""
+        if logits.dim() != 2 or not self.end_ids:
+            return
+        if self._end_cols.device != logits.device:
+            self._end_cols = self._end_cols.to(logits.device)
+        pre = logits.index_select(1, self._end_cols).to(torch.float32)
+        self._captured.append((logits, pre))
+
+    def _take_back(self, input_batch, num_rows: int) -> TakeBack | None:
+        """This step's ``TakeBack``: the one apply call's logits when their rows are the
+        batch's (``cu_num_logits``); None when apply did not run, or ran more than once (the
+        rejection sampler's chunks) or on other rows — then counted in ``untaken_steps``."""
+        caps, self._captured = self._captured, []
+        if not caps:
+            return None
+        cu_np = getattr(input_batch, "cu_num_logits_np", None)
+        cu = getattr(input_batch, "cu_num_logits", None)
+        logits, pre = caps[0]
+        if len(caps) != 1 or cu is None or cu_np is None or len(cu_np) != num_rows + 1 \
+                or int(cu_np[-1]) != int(logits.shape[0]):
+            self.untaken_steps += 1
+            return None
+        return TakeBack(logits, pre, cu.to(torch.int32) if cu.dtype != torch.int32 else cu)
+
     # -- steps 2-4: enforcement ---------------------------------------------------------------
     def enforce(self, sampler_output, num_sampled: torch.Tensor, num_rejected: torch.Tensor,
                 input_batch) -> None:
@@ -317,15 +373,17 @@ class GuardState:
         slots[:m] = [get(r, -1) for r in req_ids[:m]]
         sc = np.maximum(slots, 0)
         budgets = np.where(slots >= 0, self.h_budget[sc], -1)
-        if not (budgets >= 0).any():
+        tb = self._take_back(input_batch, num_rows)
+        if tb is None and not (budgets >= 0).any():
             return
-        truth = np.empty((num_rows, T_TAIL + self.TAIL), dtype=np.int32)  # [num_rows, 4+TAIL]
+        truth = np.empty((num_rows, T_TAIL + self.TAIL + 1), dtype=np.int32)  # 4+TAIL, greedy
         truth[:, T_SLOT] = slots
         truth[:, T_BUDGET] = budgets
         truth[:, T_COUNT] = self.h_count[sc]
         lag = self.lagged[sc] & (budgets >= 0)
         truth[:, T_CURRENT] = ~lag
-        truth[:, T_TAIL:] = self.h_tail[sc]
+        truth[:, T_TAIL:T_TAIL + self.TAIL] = self.h_tail[sc]
+        truth[:, T_TAIL + self.TAIL] = (slots >= 0) & self.h_greedy[sc]
         self.truth_lagged_rows += int(lag.sum())
         truth_t = torch.from_numpy(truth)
         if self.device.type == "cuda":
@@ -342,7 +400,7 @@ class GuardState:
         seq = self.launches
         self.launches += 1
         launch(sampled, num_sampled, num_rejected, truth_t, self.replicas, self.max_num_reqs,
-               self.TAIL, fixed_rows, self.counters, self.log, echo, seq, self.markers)
+               self.TAIL, fixed_rows, self.counters, self.log, echo, seq, self.markers, tb)
         self._last_fixed = fixed_rows
         lens = self.h_len[sc].copy()
         if self.device.type == "cuda":
@@ -377,6 +435,7 @@ class GuardState:
         echo = p.echo.numpy()  # [num_rows, 3 + K1]
         kept, fixed, repaired = echo[:, E_KEPT], echo[:, E_FIXED], echo[:, E_REPAIRED]
         self.fixed_tokens += int(fixed.sum())
+        self.taken_back_tokens += int(echo[:, E_TAKEN].sum())
         n_rep = int(repaired.sum())
         if n_rep:
             self.repaired_fields += n_rep
@@ -447,6 +506,7 @@ class GuardState:
         recs, dropped = self.repairs()
         out = {"installed": installed(), "enabled": bool(self.enabled),
                "guarded_steps": self.launches, "fixed_tokens": self.fixed_tokens,
+               "taken_back_tokens": self.taken_back_tokens, "untaken_steps": self.untaken_steps,
                "repaired_fields": self.repaired_fields,
                "repaired_requests": sorted({r["req_id"] for r in recs if r["req_id"]}),
                "repairs": recs if max_records is None else recs[:max_records],
@@ -520,7 +580,8 @@ def _w_add_requests(orig):
             sp = new_req_data.sampling_params
             b = getattr(sp, "thinking_token_budget", None) if sp is not None else None
             slot = self.req_states.req_id_to_index[new_req_data.req_id]
-            st.stage(slot, b, new_req_data.prefill_token_ids or [], new_req_data.req_id)
+            st.stage(slot, b, new_req_data.prefill_token_ids or [], new_req_data.req_id,
+                     greedy=sp is not None and float(getattr(sp, "temperature", 1.0)) < 1e-5)
         st.flush()
         return out
 
@@ -530,10 +591,16 @@ def _w_add_requests(orig):
 def _w_sample(orig):
     @functools.wraps(orig)
     def sample(self, hidden_states, input_batch, grammar_output, *args, **kwargs):
-        out = orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
+        global _sampling
         st = state(self)
         if st is None or not st.enabled:
-            return out
+            return orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
+        st._captured = []
+        _sampling = st
+        try:
+            out = orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
+        finally:
+            _sampling = None
         sampler_output, num_sampled, num_rejected = out
         if st.profile is None:
             st.enforce(sampler_output, num_sampled, num_rejected, input_batch)
@@ -542,6 +609,19 @@ def _w_sample(orig):
         return out
 
     return sample
+
+
+def _w_budget_apply(orig):
+    @functools.wraps(orig)
+    def apply(self, *args, **kwargs):
+        st = _sampling
+        if st is not None and getattr(self, "enabled", False):
+            logits = args[0] if args else kwargs.get("logits")
+            if isinstance(logits, torch.Tensor):
+                st.capture(logits)
+        return orig(self, *args, **kwargs)
+
+    return apply
 
 
 def _profiled_enforce(st: GuardState, *args) -> None:
@@ -569,6 +649,7 @@ def patch_set() -> PatchSet:
         ps = PatchSet("guard", layer="guard")
         ps.wrap(runner_cls, "add_requests", _w_add_requests)
         ps.wrap(runner_cls, "sample", _w_sample)
+        ps.wrap(hookpoints.resolve().budget, "apply", _w_budget_apply)
         _patch_set = ps
     return _patch_set
 
@@ -611,7 +692,7 @@ def report(runner, max_records: int | None = None) -> dict[str, Any]:
     st = runner.__dict__.get(ATTR) if runner is not None else None
     if st is None or st.generation != _generation:
         return {"installed": installed(), "enabled": None, "guarded_steps": 0,
-                "fixed_tokens": 0, "repaired_fields": 0, "repaired_requests": [],
+                "fixed_tokens": 0, "taken_back_tokens": 0, "untaken_steps": 0, "repaired_fields": 0, "repaired_requests": [],
                 "repairs": [], "repairs_dropped": 0, "truth_lagged_rows": 0}
     return st.report(max_records)
 

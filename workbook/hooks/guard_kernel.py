@@ -5,10 +5,13 @@ step; its docstring gives the design and the processing order. This module: the 
 and the kernel share (the truth row, the echo row, the repair-log entry, the replica), ``launch``
 and ``launch_guard_kernel`` (the kernel over plain per-slot tensors: tests, benchmarks), and the
 kernel itself — per batch row: (a) the slot's three replicas checked field by field against the
-host's truth row, repaired and logged; (b) a row without a budget returns untouched; (c) the
-sampled tokens walked with the truth's budget and count, the due end token forced at the first
-binding position, ``num_sampled`` / ``num_rejected`` fixed; (d) count and tail advanced into the
-replicas; (e) the echo row written.
+host's truth row, repaired and logged; (b) a row without a budget returns untouched, unless
+the step's logits came with the launch (``TakeBack``); (c) the sampled tokens walked with the
+truth's budget and count, the due end token forced at the first binding position — or, where
+none is due, an end the forcing put there (its column >= 1e8, below before the forcing) taken
+back in a greedy row: the argmax of the row without the forcing (``_take_back``, a vocabulary
+scan only in such a row) — ``num_sampled`` / ``num_rejected`` fixed; (d) count and tail
+advanced into the replicas; (e) the echo row written.
 
 The kernel is the device twin of ``workbook.core.budget``'s rule (tested against vLLM's own
 forcing kernel and the rule in ``tests/test_guard.py``). Not here: anything on the host.
@@ -24,8 +27,12 @@ from workbook.core import budget
 
 # the truth row of one batch row: slot | budget | count | current | tail[TAIL]
 T_SLOT, T_BUDGET, T_COUNT, T_CURRENT, T_TAIL = 0, 1, 2, 3, 4
-# the echo row of one batch row: kept | replaced | repaired | kept tokens (-1 padded)
-E_KEPT, E_FIXED, E_REPAIRED, E_TOKENS = 0, 1, 2, 3
+# the echo row of one batch row: kept | replaced | repaired | taken back | kept tokens (-1
+# padded); "replaced" counts every token the guard wrote, "taken back" those of them that
+# replaced an end forced where it was not due
+E_KEPT, E_FIXED, E_REPAIRED, E_TAKEN, E_TOKENS = 0, 1, 2, 3, 4
+FORCED_LOGIT = budget.FORCED_LOGIT  # a logit at or above it was set by a forcing bias
+BLOCK_V = 1024  # vocabulary block of the take-back's argmax
 # a device repair-log entry: seq | row | slot | field | found x3 | truth | truth from host
 LOG_W = 9
 F_BUDGET, F_COUNT, F_TAIL = 0, 1, 2  # field codes (the kernel's): tail position i is F_TAIL + i
@@ -50,12 +57,15 @@ def _ids(x) -> tuple[int, ...]:
 
 
 def launch(sampled, num_sampled, num_rejected, truth, replicas, max_num_reqs: int,
-           tail_len: int, fixed_rows, counters, log, echo, seq: int, markers) -> None:
+           tail_len: int, fixed_rows, counters, log, echo, seq: int, markers,
+           take_back: "TakeBack | None" = None) -> None:
     """One program per row of ``sampled`` ([num_rows, k+1]); see the module docstring.
-    ``truth``: int32 [num_rows, 4 + tail_len] (``T_*`` columns); ``replicas``: three flat int32
+    ``truth``: int32 [num_rows, 4 + tail_len] (``T_*`` columns; with ``take_back`` one more,
+    ``T_TAIL + tail_len``: 1 where the row's request is greedy); ``replicas``: three flat int32
     tensors (``_new_replica`` layout); ``counters`` int32 [2]; ``log`` int32 [LOG_N, LOG_W];
-    ``echo`` int32 [num_rows, >= 3 + k+1]; ``markers``: a ``budget.Markers`` (its ids become
-    ``tl.constexpr`` tuples)."""
+    ``echo`` int32 [num_rows, >= E_TOKENS + k+1]; ``markers``: a ``budget.Markers`` (its ids
+    become ``tl.constexpr`` tuples); ``take_back``: the step's processed logits and the end
+    columns before the budget's forcing (None: an end forced where not due is left)."""
     _jit()
     from vllm.triton_utils import triton
 
@@ -64,23 +74,45 @@ def launch(sampled, num_sampled, num_rejected, truth, replicas, max_num_reqs: in
         raise ValueError(f"the guard needs start, natural-end and end ids, got {markers}")
     r0, r1, r2 = replicas
     k1 = int(sampled.shape[1])
+    tb = take_back
+    if tb is not None and tb.pre.shape[1] != len(end):
+        raise ValueError(f"take_back.pre has {tb.pre.shape[1]} columns, the end ids {len(end)}")
+    logits, pre, cu = (tb.logits, tb.pre, tb.cu_num_logits) if tb is not None else \
+        (echo, echo, truth)  # not read: TAKE_BACK is off
     _budget_guard_kernel[(int(sampled.shape[0]),)](
         sampled, sampled.stride(0), k1, num_sampled, num_rejected, truth, truth.stride(0),
         r0, r1, r2, max_num_reqs, fixed_rows, counters, log, log.shape[0], echo,
-        echo.stride(0), seq,
+        echo.stride(0), seq, logits, logits.stride(0), int(logits.shape[1]), pre, cu,
         START_IDS=start, NAT_END_IDS=nat, END_IDS=end,
         START_LEN=len(start), NAT_END_LEN=len(nat), END_LEN=len(end), TAIL=tail_len,
         TAIL_P2=max(2, triton.next_power_of_2(tail_len)),
-        K1_P2=max(2, triton.next_power_of_2(k1)), LOG_W=log.shape[1], num_warps=1)
+        K1_P2=max(2, triton.next_power_of_2(k1)), LOG_W=log.shape[1],
+        TAKE_BACK=tb is not None, FORCED=FORCED_LOGIT, BLOCK_V=BLOCK_V, num_warps=1)
+
+
+class TakeBack:
+    """What the kernel needs to take back an end forced where it was not due: ``logits``, the
+    processed logits rows the step sampled from ([num_logits, vocab], the tensor
+    ``ThinkingBudgetState.apply`` biased); ``pre``, float32 [num_logits, len(end ids)], the
+    values of the end-id columns before the budget's forcing; ``cu_num_logits`` int32
+    [num_rows + 1], the first logits row of each batch row (position j of row i is logits row
+    ``cu_num_logits[i] + j``)."""
+
+    __slots__ = ("logits", "pre", "cu_num_logits")
+
+    def __init__(self, logits, pre, cu_num_logits):
+        self.logits, self.pre, self.cu_num_logits = logits, pre, cu_num_logits
 
 
 def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget, count, tail,
-                        fixed_rows, fixed_total, start_ids, natural_end_ids, end_ids) -> dict:
+                        fixed_rows, fixed_total, start_ids, natural_end_ids, end_ids,
+                        take_back: "TakeBack | None" = None, greedy=None) -> dict:
     """``launch`` with the host truth taken from separate per-slot ``budget`` [n] /
     ``count`` [n] / ``tail`` [n, TAIL] tensors and ``idx_mapping`` [num_rows] (row → slot,
     -1 padding), three replicas made from them (so nothing needs repair): tests and benchmarks;
-    the engine path is ``GuardState.enforce``. Updates ``count`` / ``tail`` and adds to
-    ``fixed_total`` [1]; returns the echo and the repair counter."""
+    the engine path is ``GuardState.enforce``. ``take_back`` with ``greedy`` ([num_rows], 1:
+    greedy row): see ``launch``. Updates ``count`` / ``tail`` and adds to ``fixed_total`` [1];
+    returns the echo and the repair counter."""
     n, tail_len = budget.shape[0], tail.shape[1]
     dev = budget.device
     rep = torch.cat([budget.reshape(-1), count.reshape(-1), tail.reshape(-1)]).to(torch.int32)
@@ -92,13 +124,15 @@ def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget,
                        torch.where(ok, budget[sc], -1).to(torch.int32)[:, None],
                        count[sc].to(torch.int32)[:, None],
                        torch.ones_like(idx_mapping, dtype=torch.int32)[:, None],
-                       tail[sc].to(torch.int32)], dim=1).contiguous()
+                       tail[sc].to(torch.int32)]
+                      + ([torch.as_tensor(greedy, device=dev).to(torch.int32)[:, None]]
+                         if take_back is not None else []), dim=1).contiguous()
     counters = torch.zeros(2, dtype=torch.int32, device=dev)
     log = torch.zeros((16, LOG_W), dtype=torch.int32, device=dev)
     echo = torch.zeros((sampled.shape[0], E_TOKENS + sampled.shape[1]), dtype=torch.int32,
                        device=dev)
     launch(sampled, num_sampled, num_rejected, truth, reps, n, tail_len, fixed_rows, counters,
-           log, echo, 0, budget_markers(start_ids, end_ids, natural_end_ids))
+           log, echo, 0, budget_markers(start_ids, end_ids, natural_end_ids), take_back)
     b, c, t = _replica_views(rep, n, tail_len)
     fixed_total += counters[0:1]
     count.copy_(c)
@@ -123,7 +157,7 @@ _jitted = False
 
 
 def _jit() -> None:
-    global tl, _hist, _vote, _check, _budget_guard_kernel, _jitted
+    global tl, _hist, _vote, _check, _take_back, _budget_guard_kernel, _jitted
     if _jitted:
         return
     from vllm.triton_utils import HAS_TRITON, tl as _tl, triton
@@ -136,6 +170,7 @@ def _jit() -> None:
     _hist = triton.jit(_hist)
     _vote = triton.jit(_vote)
     _check = triton.jit(_check)
+    _take_back = triton.jit(_take_back)
     _budget_guard_kernel = triton.jit(_budget_guard_kernel)
     _jitted = True
 
@@ -183,6 +218,37 @@ def _check(rep0_ptr, rep1_ptr, rep2_ptr, off, truth, from_host, counters_ptr, lo
     return bad.to(tl.int32)
 
 
+def _take_back(lrow_ptr, pre_ptr, vocab, tok, END_IDS: tl.constexpr, END_LEN: tl.constexpr,
+               FORCED: tl.constexpr, BLOCK_V: tl.constexpr):
+    # ``tok`` at a row where the end is not due: when it is an end id whose column the
+    # forcing raised (>= FORCED now, < FORCED before the budget's apply), the argmax of the
+    # row with every such column back at its value before the forcing (ties: the lowest
+    # column, as vLLM's greedy sampler); else ``tok``. One load per end id unless forced.
+    forced = tok != tok
+    for q in tl.static_range(0, END_LEN):
+        raised = (tl.load(lrow_ptr + END_IDS[q]).to(tl.float32) >= FORCED) & \
+            (tl.load(pre_ptr + q) < FORCED)
+        forced = forced | ((tok == END_IDS[q]) & raised)
+    out = tok
+    if forced:
+        best_v = tl.full([], float("-inf"), tl.float32)
+        best_i = tok * 0
+        for v0 in range(0, vocab, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V)
+            x = tl.load(lrow_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            for q in tl.static_range(0, END_LEN):
+                pre = tl.load(pre_ptr + q)
+                raised = (tl.load(lrow_ptr + END_IDS[q]).to(tl.float32) >= FORCED) & \
+                    (pre < FORCED)
+                x = tl.where(cols == END_IDS[q], tl.where(raised, pre, x), x)
+            bv, bi = tl.max(x, axis=0, return_indices=True)
+            take = bv > best_v
+            best_i = tl.where(take, (v0 + bi).to(tl.int32), best_i)
+            best_v = tl.where(take, bv, best_v)
+        out = best_i
+    return out
+
+
 def _budget_guard_kernel(
     sampled_ptr,  # [num_rows, k+1] tokens of this step, fixed in place
     sampled_stride,
@@ -202,6 +268,11 @@ def _budget_guard_kernel(
     echo_ptr,  # [num_rows, >= 3 + k1] int32: kept | replaced | repaired | kept tokens
     echo_stride,
     seq,  # the guard's launch counter (logged with each repair)
+    logits_ptr,  # TAKE_BACK: [num_logits, vocab] the processed logits the step sampled from
+    logits_stride,
+    vocab,
+    pre_ptr,  # TAKE_BACK: [num_logits, END_LEN] float32, the end columns before the forcing
+    cu_ptr,  # TAKE_BACK: [num_rows + 1] int32, first logits row of each batch row
     START_IDS: tl.constexpr,  # marker ids: compile-time constants, not device memory
     NAT_END_IDS: tl.constexpr,
     END_IDS: tl.constexpr,
@@ -212,6 +283,9 @@ def _budget_guard_kernel(
     TAIL_P2: tl.constexpr,
     K1_P2: tl.constexpr,
     LOG_W: tl.constexpr,
+    TAKE_BACK: tl.constexpr,  # take back an end forced where it was not due (greedy rows)
+    FORCED: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     req = tl.program_id(0)
     tl.store(fixed_rows_ptr + req, 0)
@@ -219,8 +293,9 @@ def _budget_guard_kernel(
     tl.store(echo_row + 0, 0)
     tl.store(echo_row + 1, 0)
     tl.store(echo_row + 2, 0)
+    tl.store(echo_row + 3, 0)
     koffs = tl.arange(0, K1_P2)
-    tl.store(echo_row + 3 + koffs, tl.full([K1_P2], -1, tl.int32), mask=koffs < k1)
+    tl.store(echo_row + 4 + koffs, tl.full([K1_P2], -1, tl.int32), mask=koffs < k1)
     t_row = truth_ptr + req * truth_stride
     slot = tl.load(t_row + 0)
     if slot < 0:
@@ -250,20 +325,26 @@ def _budget_guard_kernel(
                            2 + i, LOG_W)
     tl.store(echo_row + 2, nrep)
     tl.debug_barrier()
-    # (b) a request without a budget (host truth) is never touched
+    # (b) a request without a budget (host truth) is never forced; without the take-back it
+    # is not touched at all
     if budget < 0:
-        return
+        if not TAKE_BACK:
+            return
     # (c) enforcement with the truth's budget and count; the tail is replica 0's, now repaired
     n = tl.load(num_sampled_ptr + req)
     row_ptr = sampled_ptr + req * sampled_stride
     slot_tail_ptr = rep0_ptr + tail_off
     kept = n
     nfixed = n * 0
+    ntaken = n * 0
+    if TAKE_BACK:
+        may_take = (tl.load(t_row + 4 + TAIL) != 0) & (current | (budget < 0))  # greedy
+        lrow0 = tl.load(cu_ptr + req)
     last = n * 0 - 1
     for j in range(0, n):
         if j < kept:
             tok = tl.load(row_ptr + j).to(tl.int32)
-            if count >= budget:  # budget >= 0, so count >= 0 here: in reasoning
+            if has_budget & (count >= budget):  # count >= 0 here: in reasoning
                 # end-sequence progress: longest proper prefix of END_IDS ending the history
                 p = tok * 0
                 for pl in tl.static_range(1, END_LEN):
@@ -280,6 +361,24 @@ def _budget_guard_kernel(
                     tok = forced
                     kept = j + 1
                     nfixed = nfixed + 1
+            elif TAKE_BACK:
+                # not due: an end the forcing put here is taken back — in a greedy row whose
+                # truth is the host's (a lagged row's count is the replicas': never trusted to
+                # take back); only an end id is looked at
+                is_end = tok != tok
+                for q in tl.static_range(0, END_LEN):
+                    is_end = is_end | (tok == END_IDS[q])
+                if is_end & may_take:
+                    lrow = lrow0 + j
+                    other = _take_back(logits_ptr + lrow.to(tl.int64) * logits_stride,
+                                       pre_ptr + lrow.to(tl.int64) * END_LEN, vocab, tok,
+                                       END_IDS, END_LEN, FORCED, BLOCK_V)
+                    if other != tok:
+                        tl.store(row_ptr + j, other.to(sampled_ptr.dtype.element_ty))
+                        tok = other
+                        kept = j + 1
+                        nfixed = nfixed + 1
+                        ntaken = ntaken + 1
             # advance the reasoning state over the kept token at position j
             count = tl.where(count >= 0, count + 1, count)
             s_match = True
@@ -295,10 +394,11 @@ def _budget_guard_kernel(
             count = tl.where(e_match & (count >= 0) & (count + START_LEN >= NAT_END_LEN),
                              -1, count)
             last = tok
-    # (d) the replicas advance over the kept tokens
-    tl.store(rep0_ptr + count_off, count)
-    tl.store(rep1_ptr + count_off, count)
-    tl.store(rep2_ptr + count_off, count)
+    # (d) the replicas advance over the kept tokens (a request without a budget keeps -1)
+    if has_budget:
+        tl.store(rep0_ptr + count_off, count)
+        tl.store(rep1_ptr + count_off, count)
+        tl.store(rep2_ptr + count_off, count)
     if nfixed > 0:
         tl.store(num_sampled_ptr + req, kept)
         rej = tl.load(num_rejected_ptr + req)
@@ -308,10 +408,11 @@ def _budget_guard_kernel(
     # (e) the echo: what the host's truth advances over
     tl.debug_barrier()
     toks = tl.load(row_ptr + koffs, mask=koffs < kept, other=-1).to(tl.int32)
-    tl.store(echo_row + 3 + koffs, toks, mask=koffs < k1)
+    tl.store(echo_row + 4 + koffs, toks, mask=koffs < k1)
     tl.store(echo_row + 0, kept)
     tl.store(echo_row + 1, nfixed)
-    if kept > 0:
+    tl.store(echo_row + 3, ntaken)
+    if has_budget & (kept > 0):
         # new tail = last TAIL tokens of (old tail ++ row[:kept])
         offs = tl.arange(0, TAIL_P2)
         valid = offs < TAIL
