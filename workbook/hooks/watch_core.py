@@ -170,6 +170,8 @@ class Watch:
         self.protection: dict = {"mode": "none"}  # the sanitizer stage (workbook.hooks.protect)
         self.guard = None  # its PageGuard / NvtxGuard once the state exists
         self.layout_evidence: dict = {}  # neighbours of the watched blocks (protect.neighbours)
+        self.pos_b: Boundary | None = None  # the last boundary (the position a write follows)
+        self.n_modules = 0  # sys.modules' size at the last modules.json
 
     # -- binding ---------------------------------------------------------------------------
     def bind_runner(self, runner) -> None:
@@ -328,6 +330,7 @@ class Watch:
         b.stack, b.mods, b.ops = tuple(self.stack), tuple(self.mods), tuple(self.ops)
         b.step, b.kv_ready = self.step, self.kv_ready
         b.rebase, self.rebase = self.rebase, False
+        self.pos_b = b
         if light:  # ring mode: no per-boundary host reads of pointers / versions
             b.ptrs = b.versions = {}
             return b
@@ -443,6 +446,8 @@ class Watch:
         p["last_t"] = round(b.t, 4)
         p["boundaries"] += 1
         p["unexpected"] += len(unexpected)
+        if b.step == 0 and self.platform == "cuda" and b.level == "phase":
+            p["memory"] = _device_memory()  # at the phase's last boundary so far
 
     def _timeline(self, b: Boundary, found, unexpected) -> None:
         row = self.last[1] if self.last and self.state is not None else None
@@ -559,16 +564,53 @@ class Watch:
                          "step_checks": self.checks["steps"],
                          "step_check_s": round(self.check_s["steps"], 4)},
             "state_at_end": end,
+            "position": self.position(),
             "protection": {**self.protection,
                            **(self.guard.to_dict() if self.guard is not None else {})},
             "layout_evidence": self.layout_evidence,
         }
+
+    def position(self) -> dict | None:
+        """Where the watch is: its last boundary, the phase it lies in and the real steps
+        started (a step with no boundary yet reads ``step N``). Under the sanitizer stage the
+        evidence is written at every phase entry and step, so a write that ends the process
+        lies after this boundary."""
+        b = self.pos_b
+        if b is None:
+            return None
+        phase = startup.classify(_stack_names(b.stack), kv_ready=b.kv_ready, step=b.step)
+        if self.step > b.step:
+            phase = f"step {self.step}"
+        return {"boundary": b.label(), "seq": b.seq, "step": self.step,
+                "in_step": self.in_step, "phase": phase}
+
+    def _write_modules(self) -> None:
+        """``modules.json``: base name -> [[module, path], ...] of this process's modules, so
+        that a memcheck frame named by base name alone is judged by its module
+        (``workbook.run.sanitizer.frame_module``). Rewritten when modules were imported."""
+        import sys
+
+        mods = list(sys.modules.items())
+        if len(mods) == self.n_modules:
+            return
+        self.n_modules = len(mods)
+        table: dict[str, list] = {}
+        for name, m in mods:
+            f = getattr(m, "__file__", None)
+            if isinstance(f, str) and f.endswith(".py"):
+                table.setdefault(os.path.basename(f), []).append([name, f])
+        path = os.path.join(self.opts.out_dir, "modules.json")
+        with open(path + ".tmp", "w") as fh:
+            json.dump(table, fh)
+        os.replace(path + ".tmp", path)
 
     def write(self) -> None:
         if not self.opts.out_dir:
             return
         try:
             os.makedirs(self.opts.out_dir, exist_ok=True)
+            if self.guard is not None:
+                self._write_modules()
             path = os.path.join(self.opts.out_dir, "watch.json")
             tmp = path + f".{os.getpid()}.tmp"
             with open(tmp, "w") as f:
@@ -595,6 +637,24 @@ class Watch:
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+
+def _device_memory() -> dict:
+    """PyTorch's allocated / peak / reserved bytes and the device's free memory, in GiB (the
+    start-up's memory per phase: what a profiling run needs, with and without the sanitizer's
+    own share — the device's used memory beyond PyTorch's reserved)."""
+    import torch
+
+    g = 1 << 30
+    try:
+        free, total = torch.cuda.mem_get_info()
+        res = torch.cuda.memory_reserved()
+        return {"allocated_gib": round(torch.cuda.memory_allocated() / g, 2),
+                "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / g, 2),
+                "reserved_gib": round(res / g, 2), "free_gib": round(free / g, 2),
+                "outside_pytorch_gib": round((total - free - res) / g, 2)}
+    except Exception as e:  # evidence only
+        return {"error": f"{type(e).__name__}: {e}"}
+
 
 def _canary_i32() -> int:
     import numpy as np
