@@ -55,8 +55,9 @@ pack() { tar czf "$OUT/writer-gpu.tgz.tmp" -C "$WORK" . 2>/dev/null && mv "$OUT/
   "$PY" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 } >> "$SUM" 2>&1
 probe() {  # name limit kind[@step] caching [watchcmd args...]
-  local name=$1 limit=$2 kind=${3%@*} caching=$4; shift 4
-  local stepargs=(); [ "$3" != "$kind" ] && stepargs=(--writer-step "${3#*@}")
+  local name=$1 limit=$2 kind=${3%@*} caching=$4 stepargs=()
+  [ "$3" != "$kind" ] && stepargs=(--writer-step "${3#*@}")
+  shift 4
   local t0=$(date +%s)
   timeout -s INT "$limit" "$PY" -m workbook.run.watchcmd --probe "$kind" "${stepargs[@]}" --caching "$caching" \
     --sanitize "${SANITIZE:-nvtx}" --out "$WORK/$name" --timeout "$((limit - 10))" "$@" > "$WORK/$name.log" 2>&1

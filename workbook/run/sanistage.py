@@ -114,6 +114,7 @@ def collect(stage: dict, outdir: str, watch: dict | None, rc, stopped: str | Non
                       "permission": "not writable",
                       "tensor": None, "protected": protected,
                       "frame": w["frame"], "function": w["function"], "module": w["module"],
+                      "module_how": w["module_how"], "skipped_frames": w["skipped_frames"],
                       "in_forward_of": w["in_forward_of"], "phase": w["phase"],
                       "stack": w["stack"][:12]}
             writer = sanitizer.with_watch_phase(writer, watch, rc, stopped)
