@@ -23,7 +23,12 @@
 #          (default on), R27_S seconds each (default 300; gpu_memory_utilization R27_GPU_UTIL,
 #          default 0.6: memcheck needs room of its own; the record is written when the
 #          profiling run's drafter writes, so a run cut short later still names it).
-#   bench  benchmarks/step_overhead.py --watch --arms none,watch on BENCH_RUN (default
+#          KINDS entries may be KIND@N (write in real step N: --writer-step N); kind triton_user
+#          is a user's Triton kernel through its wrapper (tests/data/user_kernels.py). R27_LAYERS=N:
+#          N decoder layers of the same shape (hf_overrides); SANITIZE=none: the same pass without
+#          memcheck (the watch's memory per phase for comparison); R27_SET: more --set KEY=VALUE.
+#   bench  benchmarks/step_overhead.py --watch --arms BENCH_ARMS (default none,watch; the row
+#          check is the arm "constraints") on BENCH_RUN (default
 #          r27-mtp-cudagraphs, batch 4, k=4, CUDA graphs): the watch's ratio after start-up
 #          (ring_stride 4), BENCH_S seconds (default 230).
 # Results: $OUT/writer-gpu.txt (one line per run: what was named) and $OUT/writer-gpu.tgz (every
