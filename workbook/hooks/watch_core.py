@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbook.core.config import LOCALIZE
-from workbook.hooks import protect
+from workbook.hooks import protect, watch_evidence
 from workbook.hooks.localize import Localization, _stack_names
 from workbook.vllm import startup
 
@@ -218,7 +218,7 @@ class Watch:
         self.inference = {n: _is_inference(t) for n, t in self._tensors().items()}
         row = self._gather_now()
         self.creation = {n: v.tolist() for n, v in self._split(row).items()}
-        self.layout = _layout(self._tensors())
+        self.layout = watch_evidence.layout(self._tensors())
         b = self._boundary("created", "ThinkingBudgetState", level="phase")
         self.last = (b, row)
 
@@ -447,7 +447,7 @@ class Watch:
         p["boundaries"] += 1
         p["unexpected"] += len(unexpected)
         if b.step == 0 and self.platform == "cuda" and b.level == "phase":
-            p["memory"] = _device_memory()  # at the phase's last boundary so far
+            p["memory"] = watch_evidence.device_memory()  # at the phase's last boundary so far
 
     def _timeline(self, b: Boundary, found, unexpected) -> None:
         row = self.last[1] if self.last and self.state is not None else None
@@ -540,7 +540,7 @@ class Watch:
         return {
             "schema": SCHEMA, "pid": os.getpid(), "vllm_version": self.version,
             "platform": self.platform, "torch": torch.__version__,
-            "device": _device_name(self.platform), "options": self.opts.to_dict(),
+            "device": watch_evidence.device_name(self.platform), "options": self.opts.to_dict(),
             "startup_observed": True, "bound": self.runner is not None,
             "state_found": self.state is not None, "enabled": self.enabled, "error": self.error,
             "speculator_class": self.speculator_class,
@@ -584,33 +584,14 @@ class Watch:
         return {"boundary": b.label(), "seq": b.seq, "step": self.step,
                 "in_step": self.in_step, "phase": phase}
 
-    def _write_modules(self) -> None:
-        """``modules.json``: base name -> [[module, path], ...] of this process's modules, so
-        that a memcheck frame named by base name alone is judged by its module
-        (``workbook.run.sanitizer.frame_module``). Rewritten when modules were imported."""
-        import sys
-
-        mods = list(sys.modules.items())
-        if len(mods) == self.n_modules:
-            return
-        self.n_modules = len(mods)
-        table: dict[str, list] = {}
-        for name, m in mods:
-            f = getattr(m, "__file__", None)
-            if isinstance(f, str) and f.endswith(".py"):
-                table.setdefault(os.path.basename(f), []).append([name, f])
-        path = os.path.join(self.opts.out_dir, "modules.json")
-        with open(path + ".tmp", "w") as fh:
-            json.dump(table, fh)
-        os.replace(path + ".tmp", path)
-
     def write(self) -> None:
         if not self.opts.out_dir:
             return
         try:
             os.makedirs(self.opts.out_dir, exist_ok=True)
             if self.guard is not None:
-                self._write_modules()
+                self.n_modules = watch_evidence.write_module_table(self.opts.out_dir,
+                                                                   self.n_modules)
             path = os.path.join(self.opts.out_dir, "watch.json")
             tmp = path + f".{os.getpid()}.tmp"
             with open(tmp, "w") as f:
@@ -637,24 +618,6 @@ class Watch:
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-
-def _device_memory() -> dict:
-    """PyTorch's allocated / peak / reserved bytes and the device's free memory, in GiB (the
-    start-up's memory per phase: what a profiling run needs, with and without the sanitizer's
-    own share — the device's used memory beyond PyTorch's reserved)."""
-    import torch
-
-    g = 1 << 30
-    try:
-        free, total = torch.cuda.mem_get_info()
-        res = torch.cuda.memory_reserved()
-        return {"allocated_gib": round(torch.cuda.memory_allocated() / g, 2),
-                "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / g, 2),
-                "reserved_gib": round(res / g, 2), "free_gib": round(free / g, 2),
-                "outside_pytorch_gib": round((total - free - res) / g, 2)}
-    except Exception as e:  # evidence only
-        return {"error": f"{type(e).__name__}: {e}"}
-
 
 def _canary_i32() -> int:
     import numpy as np
@@ -699,19 +662,3 @@ def _capturing() -> bool:
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     except Exception:
         return False
-
-
-def _device_name(platform) -> str | None:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0) if platform == "cuda" else "cpu"
-    except Exception:
-        return None
-
-
-def _layout(tensors: dict) -> list[dict]:
-    rows = sorted((t.data_ptr(), n, t.numel() * t.element_size()) for n, t in tensors.items())
-    base = rows[0][0] if rows else 0
-    return [{"name": n, "ptr": p, "ptr_hex": hex(p), "nbytes": k, "offset": p - base,
-             "device": str(tensors[n].device)} for p, n, k in rows]
