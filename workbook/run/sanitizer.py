@@ -18,6 +18,11 @@ kernel's write inside them ("is not writable"); a write through the CUDA API (``
 on the marker: not reported on the H200, 2026-12-04, ``outputs/h200/writer-20261204``) stays
 invisible, and ``tie`` says that no checked kernel wrote there, not where it was written.
 
+The writer's frame is the first launching frame outside Triton, PyTorch, vLLM's launch plumbing
+and the workbook's hooks, judged by module (``frame_module``: memcheck prints base names only,
+so the child's module table ``modules.json`` places them); its phase and step come from the
+watch's own record (``phase_from_watch``), the stack's reading kept as ``stack_phase``.
+
     python -m workbook.run.sanitizer LOG --watch WATCH_JSON [-o OUT_JSON]
     python -m workbook.run.sanitizer --synthetic WATCH_JSON   # a sample log (CPU dry run)
 """
