@@ -23,7 +23,12 @@
 #          (default on), R27_S seconds each (default 300; gpu_memory_utilization R27_GPU_UTIL,
 #          default 0.6: memcheck needs room of its own; the record is written when the
 #          profiling run's drafter writes, so a run cut short later still names it).
-#   bench  benchmarks/step_overhead.py --watch --arms none,watch on BENCH_RUN (default
+#          KINDS entries may be KIND@N (write in real step N: --writer-step N); kind triton_user
+#          is a user's Triton kernel through its wrapper (tests/data/user_kernels.py). R27_LAYERS=N:
+#          N decoder layers of the same shape (hf_overrides); SANITIZE=none: the same pass without
+#          memcheck (the watch's memory per phase for comparison); R27_SET: more --set KEY=VALUE.
+#   bench  benchmarks/step_overhead.py --watch --arms BENCH_ARMS (default none,watch; the row
+#          check is the arm "constraints") on BENCH_RUN (default
 #          r27-mtp-cudagraphs, batch 4, k=4, CUDA graphs): the watch's ratio after start-up
 #          (ring_stride 4), BENCH_S seconds (default 230).
 # Results: $OUT/writer-gpu.txt (one line per run: what was named) and $OUT/writer-gpu.tgz (every
@@ -54,11 +59,13 @@ pack() { tar czf "$OUT/writer-gpu.tgz.tmp" -C "$WORK" . 2>/dev/null && mv "$OUT/
   ls "$CUDA_HOME/include/nvtx3/nvToolsExtMem.h" "$CUDA_HOME/include/nvtx3/nvToolsExtMemCudaRt.h"
   "$PY" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 } >> "$SUM" 2>&1
-probe() {  # name limit kind caching [watchcmd args...]
-  local name=$1 limit=$2 kind=$3 caching=$4; shift 4
+probe() {  # name limit kind[@step] caching [watchcmd args...]
+  local name=$1 limit=$2 kind=${3%@*} caching=$4 stepargs=()
+  [ "$3" != "$kind" ] && stepargs=(--writer-step "${3#*@}")
+  shift 4
   local t0=$(date +%s)
-  timeout -s INT "$limit" "$PY" -m workbook.run.watchcmd --probe "$kind" --caching "$caching" \
-    --sanitize nvtx --out "$WORK/$name" --timeout "$((limit - 10))" "$@" > "$WORK/$name.log" 2>&1
+  timeout -s INT "$limit" "$PY" -m workbook.run.watchcmd --probe "$kind" "${stepargs[@]}" --caching "$caching" \
+    --sanitize "${SANITIZE:-nvtx}" --out "$WORK/$name" --timeout "$((limit - 10))" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
   local line; line=$(grep -E "^PROBE " "$WORK/$name.log" | tail -1)
   if [ -z "$line" ] && [ -f "$WORK/$name/pass1-none/sanitizer.log" ]; then  # cut off: parse what memcheck wrote
@@ -76,21 +83,29 @@ for step in $STEPS; do
     for caching in ${CACHING:-off on}; do
       for kind in ${KINDS:-alias_fill memset triton_store}; do
         lim=${RUN_S:-90}; [ $first = 1 ] && lim=${FIRST_S:-170}; first=0
-        probe "tiny-$kind-caching-$caching" "$lim" "$kind" "$caching" --env "$WB_ENV" --set max_tokens=4 ${PROBE_ARGS:-}
+        probe "tiny-${kind/@/-step}-caching-$caching" "$lim" "$kind" "$caching" --env "$WB_ENV" --set max_tokens=${TINY_TOKENS:-4} ${PROBE_ARGS:-}
       done
     done ;;
   r27)
+    # R27_LAYERS (e.g. 8): that many decoder layers of the same shape ([linear x3, full] per 4:
+    # every kernel kind the 64 have) through hf_overrides; R27_SET: more --set KEY=VALUE;
+    # SANITIZE=none: the same start-up watched without memcheck (its memory per phase)
+    r27set=()
+    if [ -n "${R27_LAYERS:-}" ]; then
+      lt=$("$PY" -c "import json,sys; n=int(sys.argv[1]); print(json.dumps((['linear_attention']*3+['full_attention'])*(n//4)))" "$R27_LAYERS")
+      r27set=(--set "engine_kwargs={\"gdn_prefill_backend\": \"triton\", \"enable_flashinfer_autotune\": false, \"hf_overrides\": {\"text_config\": {\"num_hidden_layers\": $R27_LAYERS, \"layer_types\": $lt}}}")
+    fi
     for caching in ${R27_CACHING:-on}; do
       for kind in ${R27_KINDS:-alias_fill}; do
-        VLLM_USE_FLASHINFER_SAMPLER=0 probe "r27-$kind-caching-$caching" "${R27_S:-300}" "$kind" \
+        VLLM_USE_FLASHINFER_SAMPLER=0 probe "r27${R27_LAYERS:+-${R27_LAYERS}L}-${SANITIZE:-nvtx}-$kind-caching-$caching" "${R27_S:-300}" "$kind" \
           "$caching" --env "$WB_ENV" --run r27-nvfp4-mtp-flashinfer --set max_tokens=4 \
-          --set gpu_memory_utilization=${R27_GPU_UTIL:-0.6}
+          --set gpu_memory_utilization=${R27_GPU_UTIL:-0.6} "${r27set[@]}" ${R27_SET:-}
       done
     done ;;
   bench)
     t0=$(date +%s)
     VLLM_USE_FLASHINFER_SAMPLER=0 timeout -s INT "${BENCH_S:-230}" "$PY" benchmarks/step_overhead.py \
-      --env "$WB_ENV" --run "${BENCH_RUN:-r27-mtp-cudagraphs}" --watch --arms none,watch --batch 4 \
+      --env "$WB_ENV" --run "${BENCH_RUN:-r27-mtp-cudagraphs}" --watch --arms "${BENCH_ARMS:-none,watch}" --batch 4 \
       --max-tokens 32 --rounds "${BENCH_ROUNDS:-3}" --json-out "$WORK/step_overhead.json" \
       > "$WORK/step_overhead.log" 2>&1
     echo "bench rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$SUM"
@@ -104,8 +119,16 @@ from workbook.run import integrity
 root = sys.argv[1]
 def summ(p):
     return json.load(open(p)) if os.path.exists(p) else None
+for d in sorted(glob.glob(f"{root}/*/pass1-none/watch/watch.json")):
+    w = json.load(open(d))
+    mem = [(p["phase"], p.get("memory")) for p in w.get("phases") or [] if p.get("memory")]
+    if mem:
+        print("memory " + d.split("/")[-4] + ": " + "; ".join(
+            f"{ph}: alloc {m.get('allocated_gib')} peak {m.get('peak_allocated_gib')} "
+            f"free {m.get('free_gib')} outside-pytorch {m.get('outside_pytorch_gib')} GiB"
+            for ph, m in mem))
 for shape in ("tiny", "r27"):
-    for kind in ("alias_fill", "memset", "triton_store"):
+    for kind in ("alias_fill", "memset", "triton_store", "triton_user"):
         on = summ(f"{root}/{shape}-{kind}-caching-on/watch-summary.json")
         off = summ(f"{root}/{shape}-{kind}-caching-off/watch-summary.json")
         if on or off:

@@ -546,22 +546,29 @@ def test_sanitizer_dry_run(tmp_path):
 
 # ---- the sanitizer stage on the real engine (issue #19; CPU twin) -------------------------------
 
-@pytest.mark.parametrize("kind,function", [("alias_fill", "raw_alias_zero"),
-                                           ("memset", "memset"),
-                                           ("triton_store", "zero_store")])
-def test_sanitize_names_the_writer_hidden_in_the_drafter(tmp_path, kind, function):
-    """A writer of each kind hidden in the MTP drafter's propose during the profiling run: the
-    sanitized pass (markers on read-only pages, a child process) ends at the write and the
-    watch summary names the writer's frame, module and phase."""
+@pytest.mark.parametrize("kind,function,module,phase", [
+    ("alias_fill", "raw_alias_zero", "workbook.hooks.faults", "profiling run › drafter propose"),
+    ("memset@2", "memset", "workbook.hooks.writers", "step 2 › drafter propose"),
+    ("triton_user", "_clear_kernel", "tests.data.user_kernels",
+     "profiling run › drafter propose")])
+def test_sanitize_names_the_writer_hidden_in_the_drafter(tmp_path, kind, function, module,
+                                                         phase):
+    """A writer of each kind hidden in the MTP drafter's propose during the profiling run (or,
+    ``@2``, in real step 2): the sanitized pass (markers on read-only pages, a child process)
+    ends at the write and the watch summary names the writer's frame and module (a user's
+    Triton kernel by its own module, not Triton's) and the phase and step from the watch's
+    own record."""
     from workbook.run import watchcmd
 
-    cfg = RunConfig(cpu_profile_run=True, sanitize="page", watch=True, max_tokens=4)
+    cfg = RunConfig(cpu_profile_run=True, sanitize="page", watch=True, max_tokens=8)
     res = watchcmd.run_passes(cfg, str(tmp_path), "none", timeout_s=1200, writer=kind)
     p = res["passes"][0]
     assert p["sanitizer"]["mode"] == "page" and p["rc"] == 11, p
     w = p["writer"]
-    assert w["function"] == function, w
-    assert w["phase"] == "profiling run › drafter propose", w["stack"]
+    assert (w["function"], w["module"]) == (function, module), w
+    assert w["phase"] == phase, (w["phase_source"], w["stack"])
+    assert w["phase_source"].startswith("the watch's record")
+    assert w["step"] == (2 if "@" in kind else 0)
     assert w["in_forward_of"] == "workbook.hooks.writers"  # the drafter forward it hid in
     summary = json.load(open(tmp_path / "watch-summary.json"))
     assert summary["culprit"]["writer"]["function"] == function

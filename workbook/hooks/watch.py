@@ -107,8 +107,8 @@ def _run_in_phase(w: Watch, qual: str, orig, self, a, k):
     depth0 = len(w.stack) == 1
     try:
         w.check("enter", qual)
-        if w.guard is not None and w.step == 0:  # a refused write ends the process: the
-            w.write()                             # evidence names the phase it entered last
+        if w.guard is not None:  # a refused write ends the process: the evidence names
+            w.write()             # the phase (and step) it entered last
         with (w.loc.around() if depth0 or not w.loc.active else contextlib.nullcontext()):
             res = orig(self, *a, **k)
         w.check("exit", qual)
@@ -325,6 +325,8 @@ def _ring_wrapper(qual: str, enter_step: bool):
                 return orig(self, *a, **k)
             if enter_step:
                 w.step += 1
+                if w.guard is not None:  # under the sanitizer stage: the step a write is in
+                    w.write()
             if w.step % w.opts.ring_stride:  # a step not checked: the next check rebases
                 w.rebase = True
                 return orig(self, *a, **k)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbook.core.config import LOCALIZE
-from workbook.hooks import protect
+from workbook.hooks import protect, watch_evidence
 from workbook.hooks.localize import Localization, _stack_names
 from workbook.vllm import startup
 
@@ -170,6 +170,8 @@ class Watch:
         self.protection: dict = {"mode": "none"}  # the sanitizer stage (workbook.hooks.protect)
         self.guard = None  # its PageGuard / NvtxGuard once the state exists
         self.layout_evidence: dict = {}  # neighbours of the watched blocks (protect.neighbours)
+        self.pos_b: Boundary | None = None  # the last boundary (the position a write follows)
+        self.n_modules = 0  # sys.modules' size at the last modules.json
 
     # -- binding ---------------------------------------------------------------------------
     def bind_runner(self, runner) -> None:
@@ -216,7 +218,7 @@ class Watch:
         self.inference = {n: _is_inference(t) for n, t in self._tensors().items()}
         row = self._gather_now()
         self.creation = {n: v.tolist() for n, v in self._split(row).items()}
-        self.layout = _layout(self._tensors())
+        self.layout = watch_evidence.layout(self._tensors())
         b = self._boundary("created", "ThinkingBudgetState", level="phase")
         self.last = (b, row)
 
@@ -328,6 +330,7 @@ class Watch:
         b.stack, b.mods, b.ops = tuple(self.stack), tuple(self.mods), tuple(self.ops)
         b.step, b.kv_ready = self.step, self.kv_ready
         b.rebase, self.rebase = self.rebase, False
+        self.pos_b = b
         if light:  # ring mode: no per-boundary host reads of pointers / versions
             b.ptrs = b.versions = {}
             return b
@@ -443,6 +446,8 @@ class Watch:
         p["last_t"] = round(b.t, 4)
         p["boundaries"] += 1
         p["unexpected"] += len(unexpected)
+        if b.step == 0 and self.platform == "cuda" and b.level == "phase":
+            p["memory"] = watch_evidence.device_memory()  # at the phase's last boundary so far
 
     def _timeline(self, b: Boundary, found, unexpected) -> None:
         row = self.last[1] if self.last and self.state is not None else None
@@ -535,7 +540,7 @@ class Watch:
         return {
             "schema": SCHEMA, "pid": os.getpid(), "vllm_version": self.version,
             "platform": self.platform, "torch": torch.__version__,
-            "device": _device_name(self.platform), "options": self.opts.to_dict(),
+            "device": watch_evidence.device_name(self.platform), "options": self.opts.to_dict(),
             "startup_observed": True, "bound": self.runner is not None,
             "state_found": self.state is not None, "enabled": self.enabled, "error": self.error,
             "speculator_class": self.speculator_class,
@@ -559,16 +564,34 @@ class Watch:
                          "step_checks": self.checks["steps"],
                          "step_check_s": round(self.check_s["steps"], 4)},
             "state_at_end": end,
+            "position": self.position(),
             "protection": {**self.protection,
                            **(self.guard.to_dict() if self.guard is not None else {})},
             "layout_evidence": self.layout_evidence,
         }
+
+    def position(self) -> dict | None:
+        """Where the watch is: its last boundary, the phase it lies in and the real steps
+        started (a step with no boundary yet reads ``step N``). Under the sanitizer stage the
+        evidence is written at every phase entry and step, so a write that ends the process
+        lies after this boundary."""
+        b = self.pos_b
+        if b is None:
+            return None
+        phase = startup.classify(_stack_names(b.stack), kv_ready=b.kv_ready, step=b.step)
+        if self.step > b.step:
+            phase = f"step {self.step}"
+        return {"boundary": b.label(), "seq": b.seq, "step": self.step,
+                "in_step": self.in_step, "phase": phase}
 
     def write(self) -> None:
         if not self.opts.out_dir:
             return
         try:
             os.makedirs(self.opts.out_dir, exist_ok=True)
+            if self.guard is not None:
+                self.n_modules = watch_evidence.write_module_table(self.opts.out_dir,
+                                                                   self.n_modules)
             path = os.path.join(self.opts.out_dir, "watch.json")
             tmp = path + f".{os.getpid()}.tmp"
             with open(tmp, "w") as f:
@@ -639,19 +662,3 @@ def _capturing() -> bool:
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     except Exception:
         return False
-
-
-def _device_name(platform) -> str | None:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0) if platform == "cuda" else "cpu"
-    except Exception:
-        return None
-
-
-def _layout(tensors: dict) -> list[dict]:
-    rows = sorted((t.data_ptr(), n, t.numel() * t.element_size()) for n, t in tensors.items())
-    base = rows[0][0] if rows else 0
-    return [{"name": n, "ptr": p, "ptr_hex": hex(p), "nbytes": k, "offset": p - base,
-             "device": str(tensors[n].device)} for p, n, k in rows]

@@ -9,7 +9,14 @@ profiling run only, once. It zeroes the budget state's marker tensors with:
   unchanged: ``faults.raw_alias_zero``);
 - ``memset``:       a raw memset through ctypes, outside the dispatcher: libc ``memset`` on
   CPU, ``cudaMemsetAsync`` on the current stream on a GPU;
-- ``triton_store``: a Triton kernel storing 0 (Triton's interpreter on CPU).
+- ``triton_store``: a Triton kernel storing 0 (Triton's interpreter on CPU);
+- ``triton_user``:  a Triton kernel of a user's module outside the workbook, called through
+  that module's wrapper (``clear_ids`` of ``tests/data/user_kernels.py``, or the file
+  ``WORKBOOK_USER_WRITER`` names): the named frame must be the wrapper's, in that module.
+
+``hide(kind, step=N)`` writes during the drafter forward of the N-th real step instead (a
+writer after start-up); the spec ``"kind@N"`` (``workbook.run.watchcmd --probe KIND
+--writer-step N``) says the same.
 
 ``WRITTEN`` records what fired (kind, tensors, the function that wrote) — the ground truth a
 test compares the named writer with. Not a fault of the catalogue: no hypothesis, no guard.
@@ -23,7 +30,9 @@ import os
 
 from workbook.vllm.patching import PatchSet
 
-KINDS = ("alias_fill", "memset", "triton_store")
+KINDS = ("alias_fill", "memset", "triton_store", "triton_user")
+USER_WRITER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "tests", "data", "user_kernels.py")
 WRITTEN: list[dict] = []
 _TRITON: dict = {}
 
@@ -89,18 +98,58 @@ def triton_store(t) -> None:
         k[(1,)](t, t.numel(), BLOCK=max(16, 1 << (t.numel() - 1).bit_length()))
 
 
-WRITE = {"alias_fill": alias_fill, "memset": memset, "triton_store": triton_store}
+def _user_module():
+    if "user" not in _TRITON:
+        import importlib.util
+
+        path = os.environ.get("WORKBOOK_USER_WRITER") or USER_WRITER
+        if not os.path.exists(path):
+            raise RuntimeError(f"triton_user writer: no user module at {path} "
+                               "(set WORKBOOK_USER_WRITER)")
+        spec = importlib.util.spec_from_file_location("user_kernels", path)
+        mod = importlib.util.module_from_spec(spec)
+        import sys
+
+        sys.modules["user_kernels"] = mod
+        spec.loader.exec_module(mod)
+        _TRITON["user"] = mod
+    return _TRITON["user"]
 
 
-def hide(kind: str) -> PatchSet:
-    """Arm a ``kind`` writer in the drafter's forward for the profiling run (install before the
-    engine starts)."""
+def triton_user(t) -> None:
+    import torch
+
+    with torch.inference_mode():
+        _user_module().clear_ids(t)
+
+
+WRITE = {"alias_fill": alias_fill, "memset": memset, "triton_store": triton_store,
+         "triton_user": triton_user}
+FUNCTION = {"triton_user": "clear_ids"}  # the frame a test expects (else the WRITE function)
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """``"kind"`` or ``"kind@N"`` (write in real step N) → ``(kind, N or None)``."""
+    kind, _, step = spec.partition("@")
+    if kind not in KINDS:
+        raise ValueError(f"writer kind {kind!r}: choose one of {KINDS}")
+    if step and (not step.isdigit() or int(step) < 1):
+        raise ValueError(f"writer step {step!r}: a real step number (1, 2, ...)")
+    return kind, int(step) if step else None
+
+
+def hide(kind: str, step: int | None = None) -> PatchSet:
+    """Arm a ``kind`` writer in the drafter's forward for the profiling run, or for real step
+    ``step`` (install before the engine starts)."""
     if kind not in KINDS:
         raise ValueError(f"writer kind {kind!r}: choose one of {KINDS}")
     from workbook.hooks.faults import MARKER_ATTRS
+    from workbook.vllm import startup
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-    box = {"runner": None, "profile": 0}
+    if kind == "triton_user":
+        _user_module()  # imported now: a missing module is named before the engine starts
+    box = {"runner": None, "profile": 0, "step": 0}
 
     def arm(runner):
         spec = getattr(runner, "speculator", None)
@@ -111,10 +160,12 @@ def hide(kind: str) -> PatchSet:
 
         def forward(*a, **k):
             out = orig(*a, **k)
-            if box["profile"] and not WRITTEN:
+            due = box["step"] == step if step else box["profile"]
+            if due and not WRITTEN:
                 st = runner.sampler.thinking_budget_state
                 if getattr(st, "enabled", False):
-                    WRITTEN.append({"kind": kind, "function": WRITE[kind].__name__,
+                    WRITTEN.append({"kind": kind, "step": step or 0,
+                                    "function": FUNCTION.get(kind, WRITE[kind].__name__),
                                     "tensors": list(MARKER_ATTRS)})
                     for attr in MARKER_ATTRS:
                         WRITE[kind](getattr(st, attr))
@@ -140,7 +191,16 @@ def hide(kind: str) -> PatchSet:
                 box["profile"] -= 1
         return profile_run
 
-    ps = PatchSet(f"writer:{kind}", "fault")
+    def make_execute(orig):
+        def execute_model(runner, *a, **k):
+            if startup.is_real_step(a[0] if a else k.get("scheduler_output"), k):
+                box["step"] += 1
+            return orig(runner, *a, **k)
+        return execute_model
+
+    ps = PatchSet(f"writer:{kind}" + (f"@step{step}" if step else ""), "fault")
     ps.wrap(GPUModelRunner, "load_model", make_load)
     ps.wrap(GPUModelRunner, "profile_run", make_profile)
+    if step:
+        ps.wrap(GPUModelRunner, "execute_model", make_execute)
     return ps.install()

@@ -160,10 +160,43 @@ def _or(v, missing: str) -> str:
     return missing if v is None or v == "" else str(v)
 
 
-def summary(watch: dict | None, stopped: str | None = None, rc=None) -> list[str]:
-    """Human-readable lines (``workbook watch``); ``stopped`` / ``rc`` as for
-    ``verdict_from_watch``."""
+def watched_text(watch: dict | None, stopped: str | None = None, rc=None,
+                 writer: dict | None = None) -> str:
+    """What was and was not watched, for the line under a named writer: the phases and steps
+    the watch saw, where the pass ended (at the refused write, when it ended with an error
+    after a named write), and what the values did."""
+    if not watch:
+        return "nothing (no watch evidence)"
+    reach = startup_reach(watch, stopped, rc)
+    phases = watch.get("phase_order") or []
+    n = (watch.get("steps") or {}).get("real_steps") or 0
     v = verdict_from_watch(watch, stopped, rc)
+    values = (f"the watch's values: {v['saw']}" if v.get("verdict") == "corrupted" else
+              "no watched value changed")
+    refused = writer and rc not in (None, 0) and not stopped
+    if reach["complete"]:
+        end = (f"until the pass ended at the refused write (exit {rc})" if refused else
+               "to the end of the pass")
+        return f"start-up ({len(phases)} phases) and {n} real step(s), {end}; {values}"
+    ran = " → ".join(phases) if phases else "no phase"
+    end = "ended at the refused write" if refused else "stopped"
+    return (f"{ran}; the pass {end} in {reach['last_phase'] or 'no watched phase'} "
+            f"({reach['why']}), so the phases after it were not watched; {values} before that")
+
+
+def summary(watch: dict | None, stopped: str | None = None, rc=None,
+            writer: dict | None = None) -> list[str]:
+    """Human-readable lines (``workbook watch``); ``stopped`` / ``rc`` as for
+    ``verdict_from_watch``. With ``writer`` (the sanitizer stage named one) the headline is the
+    writer, then what was and was not watched, in place of the watch's own verdict line."""
+    v = verdict_from_watch(watch, stopped, rc)
+    if writer:
+        head = [f"WRITER: {writer_text(writer)}",
+                f"WATCHED: {watched_text(watch, stopped, rc, writer)}"]
+        if not watch:
+            return head
+        return head + [ln for ln in summary(watch, stopped, rc)
+                       if not ln.startswith(("INTACT:", "INCOMPLETE:", "NOT WATCHED:"))]
     if not watch:
         return ["no watch evidence"]
     observed = "yes" if watch.get("startup_observed") else "no"
@@ -233,8 +266,19 @@ def writer_text(w: dict) -> str:
              f"{w['relation']} {w['tensor']}" if w.get("tensor") and w.get("relation") else None,
              (f"from {w['frame']}" + (f" (module {w['module']})" if w.get("module") else ""))
              if w.get("frame") else None,
-             f"during {w['phase']}" if w.get("phase") else None]
+             f"during {w['phase']}" + _source_tag(w.get("phase_source"))
+             if w.get("phase") else None]
     return ", ".join(p for p in parts if p) or "no frame recorded"
+
+
+def _source_tag(src: str | None) -> str:
+    if not src:
+        return ""
+    if src.startswith("the watch's value"):
+        return " (the watch's values)"
+    if src.startswith("the watch's record"):
+        return " (the watch's record)"
+    return " (the launch's Python stack)"
 
 
 def writer_lines(stage: dict, writer: dict | None) -> list[str]:
@@ -246,6 +290,11 @@ def writer_lines(stage: dict, writer: dict | None) -> list[str]:
              f"{_or(stage.get('verdict'), 'no verdict (the stage recorded none)')}"]
     if writer:
         lines.append(f"FIRST WRITER: {writer_text(writer)}")
+        if writer.get("phase_source"):
+            lines.append(f"  phase from {writer['phase_source']}")
+        if writer.get("skipped_frames"):
+            lines.append("  launch frames passed over (library machinery): "
+                         + "; ".join(writer["skipped_frames"][:6]))
         for f in (writer.get("stack") or [])[:6]:
             lines.append(f"    {f}")
     return lines

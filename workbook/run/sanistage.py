@@ -62,6 +62,17 @@ def plan(cfg, outdir: str) -> dict:
     return st
 
 
+def _modules(outdir: str) -> dict | None:
+    """The child's module table (``modules.json``, written by the watch beside ``watch.json``)."""
+    from workbook.run import sanitizer
+
+    for d in (outdir, os.path.join(outdir, "watch")):
+        m = sanitizer.read_modules(os.path.join(d, "watch.json"))
+        if m is not None:
+            return m
+    return None
+
+
 def wrap(stage: dict, cmd: list[str], env: dict) -> tuple[list[str], dict]:
     if stage["mode"] != "nvtx":
         return cmd, env
@@ -81,7 +92,8 @@ def collect(stage: dict, outdir: str, watch: dict | None, rc, stopped: str | Non
     if mode == "nvtx":
         if os.path.exists(stage["log"]):
             with open(stage["log"], errors="replace") as f:
-                rep = sanitizer.tie(sanitizer.parse(f.read()), watch, stopped, rc)
+                rep = sanitizer.tie(sanitizer.parse(f.read()), watch, stopped, rc,
+                                    modules=_modules(outdir))
             rundir.write_json(os.path.join(outdir, "sanitizer.json"), rep)
             stage = {**stage, "n_errors": rep["n_errors"],
                      "touching_watched": rep["touching_watched"], "verdict": rep["verdict"],
@@ -102,8 +114,10 @@ def collect(stage: dict, outdir: str, watch: dict | None, rc, stopped: str | Non
                       "permission": "not writable",
                       "tensor": None, "protected": protected,
                       "frame": w["frame"], "function": w["function"], "module": w["module"],
+                      "module_how": w["module_how"], "skipped_frames": w["skipped_frames"],
                       "in_forward_of": w["in_forward_of"], "phase": w["phase"],
                       "stack": w["stack"][:12]}
+            writer = sanitizer.with_watch_phase(writer, watch, rc, stopped)
         stage = {**stage, "signal": fault["signal"], "exit": rc,
                  "verdict": (f"a write to a protected tensor raised "
                              f"{fault['signal'] or 'a fault'}; the process ended there"

@@ -18,6 +18,11 @@ kernel's write inside them ("is not writable"); a write through the CUDA API (``
 on the marker: not reported on the H200, 2026-12-04, ``outputs/h200/writer-20261204``) stays
 invisible, and ``tie`` says that no checked kernel wrote there, not where it was written.
 
+The writer's frame is the first launching frame outside Triton, PyTorch, vLLM's launch plumbing
+and the workbook's hooks, judged by module (``frame_module``: memcheck prints base names only,
+so the child's module table ``modules.json`` places them); its phase and step come from the
+watch's own record (``phase_from_watch``), the stack's reading kept as ``stack_phase``.
+
     python -m workbook.run.sanitizer LOG --watch WATCH_JSON [-o OUT_JSON]
     python -m workbook.run.sanitizer --synthetic WATCH_JSON   # a sample log (CPU dry run)
 """
@@ -128,13 +133,84 @@ def parse(text: str) -> dict:
             "nvtx_refused": list(refused.values())}
 
 
-# frames that are machinery, not the writer (innermost-first search skips them)
-_MACHINERY = ("/torch/", "/triton/", "/ctypes/", "/contextlib.py", "/functools.py",
-              "/workbook/hooks/watch.py", "/workbook/hooks/watch_core.py",
-              "/workbook/hooks/protect.py", "/workbook/hooks/localize.py",
-              "/workbook/vllm/patching.py", "<frozen ")
-_FAULT_HDR = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ .*most recent call first")
-_FAULT_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+# The launching frame is judged by module: the innermost Python frame whose module is not
+# Triton's, PyTorch's, vLLM's launch plumbing or the workbook's own hooks. memcheck prints file
+# base names only ("__call__ in driver.py:713"), so a frame's module comes from the child's own
+# module table when the watch recorded one (``modules.json``: base name -> [module, path]),
+# else from the library frames below (each one read in that library's source), else it is
+# unknown (the file's stem) and counts as the writer's.
+MACHINERY_MODULES = ("triton", "torch", "ctypes", "contextlib", "functools", "threading",
+                     "vllm.compilation", "vllm.model_executor.custom_op", "vllm.triton_utils",
+                     "vllm.forward_context", "vllm.v1.worker.gpu.eplb_utils",
+                     "workbook.hooks.watch", "workbook.hooks.watch_core",
+                     "workbook.hooks.protect", "workbook.hooks.localize",
+                     "workbook.vllm.patching")
+_LIBRARY_FRAMES = {  # (base name, function) -> module
+    ("driver.py", "__call__"): "triton.backends.nvidia.driver",
+    ("driver.py", "launch"): "triton.backends.nvidia.driver",
+    ("jit.py", "run"): "triton.runtime.jit", ("jit.py", "<lambda>"): "triton.runtime.jit",
+    ("jit.py", "__call__"): "triton.runtime.jit",
+    ("autotuner.py", "run"): "triton.runtime.autotuner",
+    ("autotuner.py", "_bench"): "triton.runtime.autotuner",
+    ("autotuner.py", "kernel_call"): "triton.runtime.autotuner",
+    ("autotuner.py", "benchmark"): "triton.runtime.autotuner",
+    ("_contextlib.py", "decorate_context"): "torch.utils._contextlib",
+    ("module.py", "_call_impl"): "torch.nn.modules.module",
+    ("module.py", "_wrapped_call_impl"): "torch.nn.modules.module",
+    ("_ops.py", "__call__"): "torch._ops", ("_compile.py", "inner"): "torch._compile",
+    ("eval_frame.py", "_fn"): "torch._dynamo.eval_frame",
+    ("decorators.py", "__call__"): "vllm.compilation.decorators",
+    ("cuda_graph.py", "__call__"): "vllm.compilation.cuda_graph",
+    ("custom_op.py", "forward"): "vllm.model_executor.custom_op",
+    ("eplb_utils.py", "wrapper"): "vllm.v1.worker.gpu.eplb_utils",
+    ("watch.py", "_run_in_phase"): "workbook.hooks.watch",
+    ("watch.py", "wrapper"): "workbook.hooks.watch",
+    ("patching.py", "wrapper"): "workbook.vllm.patching",
+}
+
+
+def is_machinery(module: str | None) -> bool:
+    m = module or ""
+    return m.startswith("<frozen") or any(m == p or m.startswith(p + ".")
+                                          for p in MACHINERY_MODULES)
+
+
+def _defines(path: str, func: str, line: int) -> bool:
+    """Does ``path`` hold ``def func`` at or above ``line`` (a module's own frame)?"""
+    import linecache
+
+    if func in ("<module>", "<lambda>", "<listcomp>", "<genexpr>", "<dictcomp>"):
+        return bool(linecache.getline(path, line))
+    want = (f"def {func}(", f"def {func} (")
+    return any(linecache.getline(path, i).lstrip().removeprefix("async ").startswith(want)
+               for i in range(line, 0, -1))
+
+
+def frame_module(frame: dict, modules: dict | None = None) -> dict:
+    """``{"module", "how", "machinery"}`` for one Python frame: by its path when it has a
+    folder; else by the child's module table (``modules``: base name -> [[module, path]]),
+    candidates sharing the base name told apart by the function at that line; else by the
+    library frames memcheck prints; else unknown (the stem; not machinery)."""
+    f, func, line = frame["file"], frame["func"], frame.get("line") or 0
+    if "/" in f.replace("\\", "/"):
+        mod = python_module(f)
+        return {"module": mod, "how": "path", "machinery": is_machinery(mod)}
+    cands = (modules or {}).get(f) or []
+    if len(cands) > 1:
+        own = [c for c in cands if _defines(c[1], func, line)]
+        cands = own or cands
+    if len(cands) == 1:
+        mod = cands[0][0]
+        return {"module": mod, "how": "module table", "machinery": is_machinery(mod)}
+    if cands:
+        names = sorted(c[0] for c in cands)
+        return {"module": " or ".join(names), "how": "module table (ambiguous)",
+                "machinery": all(is_machinery(n) for n in names)}
+    lib = _LIBRARY_FRAMES.get((f, func))
+    if lib is not None:
+        return {"module": lib, "how": "library frame", "machinery": True}
+    stem = f[:-3] if f.endswith(".py") else f
+    return {"module": stem, "how": "unknown (file name only)", "machinery": is_machinery(stem)}
 
 
 def python_module(path: str) -> str:
@@ -155,24 +231,33 @@ def python_module(path: str) -> str:
     return p[:-3].replace("/", ".") if p.endswith(".py") else p
 
 
-def name_writer(frames: list[dict]) -> dict | None:
-    """The writer among Python frames (innermost first): the innermost frame that is not
-    machinery (torch, triton, ctypes, the watch itself), its module, and the phase the stack
-    lies in (``startup.phase_from_frames``)."""
+def name_writer(frames: list[dict], modules: dict | None = None) -> dict | None:
+    """The writer among Python frames (innermost first): the innermost frame whose module is
+    not machinery (Triton, PyTorch, vLLM's launch plumbing, the workbook's hooks:
+    ``frame_module``), its module, the forward it runs in, and the phase the stack lies in
+    (``startup.phase_from_frames``; a step's number is the watch's, ``phase_from_watch``)."""
     from workbook.vllm import startup
 
     if not frames:
         return None
-    pick = next((f for f in frames if not any(m in f["file"] for m in _MACHINERY)), frames[0])
-    forward = next((f for f in frames if f["func"] == "forward"
-                    and not any(m in f["file"] for m in _MACHINERY)), None)
+    judged = [(f, frame_module(f, modules)) for f in frames]
+    pick, pm = next(((f, m) for f, m in judged if not m["machinery"]), judged[0])
+    fwd = next(((f, m) for f, m in judged if f["func"] == "forward" and not m["machinery"]),
+               None)
+    skipped = [f"{f['func']} in {f['file']}:{f['line']} ({m['module']})"
+               for f, m in judged[:judged.index((pick, pm))]]
     return {"frame": f"{pick['func']} in {pick['file']}:{pick['line']}",
             "function": pick["func"], "file": pick["file"], "line": pick["line"],
-            "module": python_module(pick["file"]),
-            "in_forward_of": python_module(forward["file"]) if forward else None,
+            "module": pm["module"], "module_how": pm["how"],
+            "skipped_frames": skipped[:12],
+            "in_forward_of": fwd[1]["module"] if fwd else None,
             "phase": startup.phase_from_frames(
                 [(f["file"], f["func"]) for f in reversed(frames)]),
             "stack": [f"{f['func']} in {f['file']}:{f['line']}" for f in frames[:30]]}
+
+
+_FAULT_HDR = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ .*most recent call first")
+_FAULT_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
 def parse_fault(text: str) -> dict:
@@ -226,10 +311,12 @@ def protection_status(parsed: dict, watch: dict | None) -> dict:
             "why": "; ".join(why) if why else None}
 
 
-def tie(parsed: dict, watch: dict | None, stopped: str | None = None, rc=None) -> dict:
+def tie(parsed: dict, watch: dict | None, stopped: str | None = None, rc=None,
+        modules: dict | None = None) -> dict:
     """Each error placed relative to the watched tensors of the same run; the verdict says
     whether memcheck's silence means anything (the protection applied, the start-up
-    watched to its end). ``stopped`` / ``rc``: how the pass ended (``workbook.run.watchcmd``)."""
+    watched to its end). ``stopped`` / ``rc``: how the pass ended (``workbook.run.watchcmd``);
+    ``modules``: the child's module table (``frame_module``)."""
     from workbook.run import integrity
 
     layout = (watch or {}).get("layout") or []
@@ -243,7 +330,7 @@ def tie(parsed: dict, watch: dict | None, stopped: str | None = None, rc=None) -
                                                                               "past the end of",
                                                                               "before the start of")]
     for e in out:
-        e["writer"] = name_writer(e.get("python_frames") or [])
+        e["writer"] = name_writer(e.get("python_frames") or [], modules)
     change = (watch or {}).get("first_change")
     prot = protection_status(parsed, watch)
     not_applied = (f"the read-only protection was not applied ({prot['why']}), so memcheck's "
@@ -281,7 +368,8 @@ def tie(parsed: dict, watch: dict | None, stopped: str | None = None, rc=None) -
     return {"errors": out, "error_summary": parsed.get("error_summary"),
             "n_errors": len(out), "touching_watched": len(hits), "verdict": verdict,
             "protection": prot,
-            "first_writer": first_writer(hits[0]) if hits else None,
+            "first_writer": with_watch_phase(first_writer(hits[0]), watch, rc, stopped)
+            if hits else None,
             "watched_layout": layout}
 
 
@@ -294,8 +382,49 @@ def first_writer(e: dict) -> dict:
             "tensor": (e.get("watched") or {}).get("tensor"),
             "relation": (e.get("watched") or {}).get("relation"),
             "frame": w.get("frame"), "function": w.get("function"), "module": w.get("module"),
+            "module_how": w.get("module_how"), "skipped_frames": w.get("skipped_frames", []),
             "in_forward_of": w.get("in_forward_of"), "phase": w.get("phase"),
             "stack": w.get("stack", [])[:12]}
+
+
+def phase_from_watch(writer: dict, watch: dict | None, rc=None,
+                     stopped: str | None = None) -> dict:
+    """The phase (and step) of a named write from the watch's own record, not the stack:
+
+    1. the watch's value comparison saw that tensor change: its phase and step;
+    2. the pass ended at the refused write (an exit status other than 0, not cut by the
+       workbook): the watch's last boundary before the end (written at every phase entry and
+       step under the sanitizer stage) — the write came after it;
+    3. otherwise the stack's phase (``startup.phase_from_frames``), a step without its number.
+
+    ``{"phase", "step", "phase_source"}``; ``step`` 0 is start-up, None not known."""
+    w = watch or {}
+    stack_phase = writer.get("stack_phase") or writer.get("phase")
+    ch = w.get("first_change")
+    if ch and ch.get("tensor") and ch.get("tensor") == writer.get("tensor"):
+        return {"phase": ch["phase"], "step": ch.get("step") or 0,
+                "phase_source": "the watch's value comparison (that tensor's first change)"}
+    pos = w.get("position")
+    if pos and pos.get("phase") and rc not in (None, 0) and not stopped:
+        return {"phase": pos["phase"], "step": pos.get("step") or 0,
+                "phase_source": f"the watch's record: its last boundary ({pos['boundary']}, "
+                                f"step {pos.get('step') or 0}) before the pass ended at the "
+                                f"refused write (exit {rc})"}
+    step = None if not stack_phase or "step" in stack_phase or \
+        stack_phase.startswith("between") else 0
+    return {"phase": stack_phase, "step": step,
+            "phase_source": "the Python stack of the launch (the watch's record does not place "
+                            "it: " + ("the pass went on after the write" if rc in (None, 0)
+                                      and not stopped else "no boundary recorded") + ")"}
+
+
+def with_watch_phase(writer: dict, watch: dict | None, rc=None,
+                     stopped: str | None = None) -> dict:
+    """``writer`` with ``phase`` / ``step`` / ``phase_source`` from ``phase_from_watch`` and the
+    stack's own reading kept as ``stack_phase``."""
+    out = {**writer, "stack_phase": writer.get("stack_phase") or writer.get("phase")}
+    out.update(phase_from_watch(out, watch, rc, stopped))
+    return out
 
 
 def _place(e: dict, layout: list[dict]) -> dict | None:
@@ -377,6 +506,18 @@ def synthetic(watch: dict) -> str:
         ""])
 
 
+def read_modules(watch_json: str) -> dict | None:
+    """The child's module table written beside its ``watch.json`` (``modules.json``)."""
+    import os
+
+    p = os.path.join(os.path.dirname(watch_json), "modules.json")
+    try:
+        with open(p) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("log", nargs="?", help="compute-sanitizer log file")
@@ -397,7 +538,7 @@ def main(argv=None) -> int:
     if a.watch:
         with open(a.watch) as f:
             watch = json.load(f)
-    report = tie(parsed, watch)
+    report = tie(parsed, watch, modules=read_modules(a.watch) if a.watch else None)
     if a.output:
         with open(a.output, "w") as f:
             json.dump(report, f, indent=1, default=str)

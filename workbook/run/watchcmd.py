@@ -223,7 +223,7 @@ def print_summary(result: dict, out: str) -> None:
             failed = f", FAILED (exit {code}{': ' + err if err else ''}): see pass.log"
         stopped = ", " + p["stopped"] if p.get("stopped") else ""
         print(f"== pass {i}: {p['outdir']} ({p['seconds']} s{stopped}{failed})")
-        for line in integrity.summary(w, p.get("stopped"), code):
+        for line in integrity.summary(w, p.get("stopped"), code, p.get("writer")):
             print(line)
         if p.get("checks") or p.get("budget_verdict"):
             print(f"budget: {p.get('budget_verdict') or 'no verdict recorded'}; checks exact: "
@@ -258,7 +258,7 @@ def _child(outdir: str) -> int:
         from workbook.vllm import env as wb_env
 
         wb_env.prepare_process(cfg)  # before vLLM is imported
-        writers.hide(writer)
+        writers.hide(*writers.parse_spec(writer))
     pipeline.run(cfg, outdir, checks=checks)
     return 0
 
@@ -294,17 +294,20 @@ def _probe(a) -> int:
     else:
         cfg = RunConfig.from_params(overrides)
     cfg = cfg.replace(watch=True, sanitize=a.sanitize, localize="none")
+    spec = a.probe + (f"@{a.writer_step}" if a.writer_step else "")
     res = run_passes(cfg, a.out, "none", timeout_s=a.timeout, caching=a.caching,
-                     writer=a.probe)
+                     writer=spec)
     print_summary(res, a.out)
-    print(probe_line(a.probe, res["passes"][0], res["culprit"]))
+    print(probe_line(spec, res["passes"][0], res["culprit"]))
     return 0
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--pass", dest="pass_dir")
-    ap.add_argument("--probe", choices=["alias_fill", "memset", "triton_store"])
+    ap.add_argument("--probe", choices=["alias_fill", "memset", "triton_store", "triton_user"])
+    ap.add_argument("--writer-step", type=int, metavar="N",
+                    help="--probe: write in real step N instead of the profiling run")
     ap.add_argument("--env")
     ap.add_argument("--run")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE")
@@ -313,6 +316,8 @@ if __name__ == "__main__":
     ap.add_argument("--timeout", type=float)
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.writer_step is not None and (not args.probe or args.writer_step < 1):
+        ap.error("--writer-step N: a real step number (1, 2, ...) with --probe KIND")
     if args.probe:
         if not args.out:
             ap.error("--probe needs --out")
