@@ -40,3 +40,15 @@ def test_bad_input_is_one_line_rc2(args, named, valid):
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert named in err and valid in err, err
     assert not proc.stdout.strip(), proc.stdout  # nothing started, nothing printed
+
+
+def test_serve_on_a_busy_port_is_one_line_rc2():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        proc = _cli("serve", "--port", str(s.getsockname()[1]))
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "already in use" in err and "--port 0" in err and not proc.stdout

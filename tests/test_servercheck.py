@@ -227,9 +227,12 @@ def test_forced_where_the_budget_does_not_bind_is_a_violation():
     # the server forced the end given: the given markers are the server's (another parser)
     (Markers([10], [12]), [1, 10, 5], [12, 6], [{12: 0.0, 6: -9999.0}, {}],
      "processed_logprobs", None),
-    # a third column forced: a defect, judged (not a setting question)
-    (Markers([10], [11]), [1, 10, 5], [13, 6], [{13: 0.0, 6: -9999.0}, {}],
-     "processed_logprobs", None),
+    # a third column forced: a defect whichever markers are right, judged with a note
+    (Markers([10], [12]), [1, 10, 5], [13, 6], [{13: 0.0, 6: -9999.0}, {}],
+     "processed_logprobs", "neither"),
+    # a third column forced (a defect) and the start given not in the prompt: wrong setting
+    (Markers([248068], [248069]), [1, 10, 5], [13, 6], [{13: 0.0, 6: -9999.0}, {}],
+     "processed_logprobs", "prompt"),
     # raw: the server's start marker opens the prompt's reasoning, the given one is absent
     (Markers([248068], [248069]), [1, 10, 5], [11, 6], [{}, {}], "raw", "prompt"),
     # raw: same start; the output ends reasoning with the server's end, never the given one
@@ -239,7 +242,7 @@ def test_marker_mismatch(given, prompt, output, tops, mode, evidence):
     server_own = Markers([10], [11])
     found = servercheck.marker_mismatch(given, server_own, prompt, output, tops, mode)
     assert (found or {}).get("evidence") == evidence
-    if found:
+    if found and evidence != "neither":
         line = servercheck.mismatch_line(given, server_own, found, {10: "<think>",
                                                                    11: "</think>"})
         assert "\n" not in line and "not the server's" in line

@@ -66,6 +66,13 @@ def serve(cfg: RunConfig, *, port: int | None = DEFAULT_PORT, workdir: str | Non
           label: str = "", out=print) -> int:
     """Run the server for ``cfg`` (already ``server_config``'d) until a signal; 0 stopped by
     the user, 1 the server died, 2 it could not start (port taken, start-up failed)."""
+    if port:
+        try:
+            server.check_port(port)
+        except server.PortBusy:
+            out(f"workbook serve: port {port} on {server.HOST} is already in use; pass --port N "
+                "(--port 0: a free one)", file=sys.stderr)
+            return 2
     srv = server.Server(cfg, workdir, port=port)
     out(f"workbook serve: starting vllm serve for {label or cfg.model} on "
         f"{server.HOST}:{port or 'a free port'} (log: {srv.log_path}); this takes 1-3 "
