@@ -33,7 +33,7 @@ import argparse
 import os
 import sys
 
-from workbook.core.config import ConfigError
+from workbook.core.config import ConfigError, RunConfig
 
 
 def _set_pair(text: str) -> tuple[str, object]:
@@ -313,8 +313,6 @@ def cmd_watch(args) -> int:
 
 def _known_keys(overrides) -> None:
     """``--set`` keys must be ``RunConfig`` fields (commands without notebook parameters)."""
-    from workbook.core.config import RunConfig
-
     fields = RunConfig.field_names()
     unknown = [k for k, _ in overrides if k not in fields]
     if unknown:
@@ -358,11 +356,11 @@ def cmd_serve(args) -> int:
     env = batch.load_environment(args.env, dict(args.overrides), notebooks=False,
                                  only=[args.only] if args.only else None)
     spec = env.runs[0]
-    from workbook.core.config import RunConfig
-
     cfg = serve.server_config(RunConfig.from_params(spec.params), args.logprobs_mode)
+    extra = "".join([f", fault {cfg.fault}" if cfg.fault not in (None, "none") else "",
+                     ", guard on" if cfg.guard else ""])
     return serve.serve(cfg, port=args.port or None, workdir=args.workdir,
-                       label=f"{env.name} run {spec.name!r} ({cfg.model})")
+                       label=f"{env.name} run {spec.name!r} ({cfg.model}{extra})")
 
 
 # --- check-server (workbook.run.servercheck) -------------------------------------------------
