@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # vLLM 0.34 on the borrowed H200, one device call (<= 10 minutes): does the workbook hook it?
 # The tiny Qwen3.5 + MTP k=4 shape of environments/h200.yaml (MRV2, FA3, eager), with the
-# vLLM 0.34.0 offline bundle in .bundle/ (scripts/bundle/build-bundle.sh; see README "On a GPU
-# host"). Steps, each in its own process with its own time limit, so partial results land:
+# vLLM 0.34.0 offline bundle in .bundle/ (scripts/bundle/build-bundle.sh; see docs/gpu.md "On a
+# GPU host"). Steps, each in its own process with its own time limit, so partial results land:
 #   preflight  (90 s)  versions, hook-point table (import + source), compiled ops load on torch 2.11
 #   catalogue (240 s)  reported request, checks A/B, tracer token identity, guard identity,
 #                      the catalogue's fault matrix (named hypothesis, exact row, guard), and the

@@ -5,7 +5,9 @@ on the tiny dense MTP model (``tiny-mimo-mtp``, MRV2, MTP k=4), without the work
 faults are injected into the server's own worker by the plugin (``WORKBOOK_FAULT``), which the
 check never touches. The check is the CLI (``workbook check-server URL``), in its own process.
 
-- healthy, ``--logprobs-mode processed_logprobs``: honored, the forced column seen at position 0;
+- healthy, started by ``workbook serve`` (``--logprobs-mode processed_logprobs``): honored, the
+  forced column seen at position 0; markers that are not the server's (``--marker-ids``,
+  ``--end``) are a wrong setting, exit 2 with the server's values; Ctrl-C stops the server;
 - fault H-i (the reporter's state: marker ids zeroed on the device), ``processed_logits``:
   violated at position 0, "not forced";
 - fault H-k (end token replaced after sampling), ``processed_logprobs``: violated at position 0;
@@ -20,10 +22,16 @@ A server start costs 40-170 s on a loaded 2-core machine.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import queue
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -54,8 +62,83 @@ def _serve_and_check(tmp_path, logprobs_mode: str | None, fault: str = "none"):
     return proc, res, Markers.of(eff)
 
 
-def test_healthy_processed_logprobs(tmp_path):
-    proc, res, markers = _serve_and_check(tmp_path, "processed_logprobs")
+class Serve:
+    """``workbook serve cpu --only reported-mtp`` in its own process group, its lines read by a
+    thread (the user's command: it prints the URL and the check-server line, stops on Ctrl-C)."""
+
+    def __init__(self, tmp_path, timeout=900):
+        self.work = tmp_path / "serve"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "workbook.cli", "serve", "cpu", "--only", "reported-mtp",
+             "--port", str(server.free_port()), "--workdir", str(self.work)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+            env={**os.environ, "PYTHONPATH": REPO}, start_new_session=True)
+        self.lines: queue.Queue = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=lambda: [self.lines.put(x) for x in self.proc.stdout] and None,
+                         daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not any(x.startswith("log: ") for x in self.seen):
+            assert time.monotonic() < deadline and self.proc.poll() is None, self.text
+            try:
+                self.seen.append(self.lines.get(timeout=1).rstrip("\n"))
+            except queue.Empty:
+                pass
+        serving = next(x for x in self.seen if x.startswith("serving "))
+        self.url = re.search(r" at (http://\S+)", serving).group(1)
+        self.pid = int(re.search(r"vllm serve pid (\d+)", serving).group(1))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.seen)
+
+    def effective(self) -> dict:
+        found = [json.load(open(p)) for p in
+                 glob.glob(str(self.work / "server_trace" / "*" / "effective.json"))]
+        return next((e for e in found if "runner_class" in e), found[0] if found else {})
+
+    def interrupt(self) -> int:
+        os.kill(self.proc.pid, signal.SIGINT)  # Ctrl-C
+        rc = self.proc.wait(timeout=120)
+        while True:
+            try:
+                self.seen.append(self.lines.get(timeout=2).rstrip("\n"))
+            except queue.Empty:
+                return rc
+
+
+def test_serve_then_check_healthy_and_wrong_markers(tmp_path):
+    """``workbook serve`` (the tiny model on CPU, processed logprobs) + check-server: honored;
+    markers that are not the server's are a wrong setting (exit 2, the server's values), never
+    "violated"; Ctrl-C stops the server's whole process group."""
+    srv = Serve(tmp_path)
+    try:
+        assert f"check-server {srv.url}" in srv.text and " serve " in srv.text, srv.text
+        assert "--load-format dummy" in srv.text and "--reasoning-parser qwen3" in srv.text
+        assert "--logprobs-mode processed_logprobs" in srv.text
+        out = str(tmp_path / "check.json")
+        proc = _cli(srv.url, "--json", out)
+        wrong_ids = _cli(srv.url, "--marker-ids", "248068/248069")
+        wrong_end = _cli(srv.url, "--end", "</reason>")
+        markers = Markers.of(srv.effective())
+    finally:
+        rc = srv.interrupt()
+    assert rc == 0 and "stopped" in srv.text, srv.text
+    with pytest.raises(ProcessLookupError):
+        os.killpg(srv.pid, 0)  # no orphan: the server's process group is gone
+    res = json.load(open(out))
+    _healthy(proc, res, markers)
+    end = ",".join(map(str, markers.end))
+    for bad in (wrong_ids, wrong_end):
+        assert bad.returncode == 2, bad.stdout + bad.stderr
+        assert "violated" not in bad.stdout + bad.stderr and "Traceback" not in bad.stderr
+        line = bad.stderr.strip()
+        assert len(line.splitlines()) == 1 and "are not the server's" in line
+        assert f"the server forced {end} (" in line and f"as {end}, and" in line, line
+    assert "start 248068, end 248069" in wrong_ids.stderr
+
+
+def _healthy(proc, res, markers):
     j = res["judged"]
     assert proc.returncode == 0 and res["verdict"] == "honored", proc.stdout
     assert res["mode"] == "processed_logprobs"
@@ -135,3 +218,38 @@ def test_forced_where_the_budget_does_not_bind_is_a_violation():
     assert j["verdict"] == "violated"
     assert j["first_bad"]["index"] == 0
     assert j["first_bad"]["status"] == "FORCED WHERE THE BUDGET DOES NOT BIND"
+
+
+@pytest.mark.parametrize("given,prompt,output,tops,mode,evidence", [
+    # the server forced its own </think> (11), the end given is 99: a wrong setting
+    (Markers([10], [99]), [1, 10, 5], [11, 6], [{11: 0.0, 6: -9999.0}, {}],
+     "processed_logprobs", "forced"),
+    # the server forced the end given: the given markers are the server's (another parser)
+    (Markers([10], [12]), [1, 10, 5], [12, 6], [{12: 0.0, 6: -9999.0}, {}],
+     "processed_logprobs", None),
+    # a third column forced: a defect whichever markers are right, judged with a note
+    (Markers([10], [12]), [1, 10, 5], [13, 6], [{13: 0.0, 6: -9999.0}, {}],
+     "processed_logprobs", "neither"),
+    # a third column forced (a defect) and the start given not in the prompt: wrong setting
+    (Markers([248068], [248069]), [1, 10, 5], [13, 6], [{13: 0.0, 6: -9999.0}, {}],
+     "processed_logprobs", "prompt"),
+    # raw: the server's start marker opens the prompt's reasoning, the given one is absent
+    (Markers([248068], [248069]), [1, 10, 5], [11, 6], [{}, {}], "raw", "prompt"),
+    # raw: same start; the output ends reasoning with the server's end, never the given one
+    (Markers([10], [7, 8]), [1, 10, 5], [11, 6], [{}, {}], "raw", "output"),
+])
+def test_marker_mismatch(given, prompt, output, tops, mode, evidence):
+    server_own = Markers([10], [11])
+    found = servercheck.marker_mismatch(given, server_own, prompt, output, tops, mode)
+    assert (found or {}).get("evidence") == evidence
+    if found and evidence != "neither":
+        line = servercheck.mismatch_line(given, server_own, found, {10: "<think>",
+                                                                   11: "</think>"})
+        assert "\n" not in line and "not the server's" in line
+        assert "--marker-ids 10/11" in line and "None" not in line
+
+
+def test_same_markers_are_never_a_mismatch():
+    m = Markers([10], [11])
+    assert servercheck.marker_mismatch(m, m, [10], [5], [{5: 0.0, 6: -9999.0}],
+                                       "processed_logprobs") is None

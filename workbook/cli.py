@@ -17,9 +17,11 @@
                    [--sanitize [auto|nvtx|page]] [--caching on|off]
                    [--out DIR]                      # who overwrites the budget state (#54906)
     workbook check-server URL [--model NAME] [--json FILE]  # a running server, nothing installed
+    workbook serve [ENV] [--only RUN] [--set KEY=VALUE ...] [--port N]
+                   [--logprobs-mode MODE]            # vllm serve for a run, until Ctrl-C
 
 Exit codes: 0 success, 1 a run failed / a checksum mismatched, 2 a configuration error (raised
-before any engine starts) or nothing to report, 128 + N a batch stopped by signal N (130
+before any engine starts, one line naming the bad name or value) or nothing to report, 128 + N a batch stopped by signal N (130
 Ctrl-C, 143 SIGTERM: the interrupted run has a failure row, the manifest and SHA256SUMS are
 written). ``--set`` applies to (and is validated against) the runs ``--only`` selects; ``validate``
 applies exactly the rules the run applies (``workbook.core.config.validate`` with the platform
@@ -35,7 +37,7 @@ import argparse
 import os
 import sys
 
-from workbook.core.config import ConfigError
+from workbook.core.config import ConfigError, RunConfig
 
 
 def _set_pair(text: str) -> tuple[str, object]:
@@ -47,8 +49,15 @@ def _set_pair(text: str) -> tuple[str, object]:
     return key.strip(), yaml.safe_load(value)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (``prog: error: ...``, exit 2), no usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="workbook", description=__doc__.split("\n")[0])
+    p = Parser(prog="workbook", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run an environment's parameter matrix with papermill")
     r.add_argument("env", help="environment name (environments/<ENV>.yaml) or a yaml path")
@@ -120,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--caching", choices=["on", "off"], default=None,
                    help="GPU layout: PyTorch's caching allocator on or off for the passes")
     _check_server_parser(sub)
+    _serve_parser(sub)
     return p
 
 
@@ -329,6 +339,7 @@ def cmd_watch(args) -> int:
     from workbook.run import watchcmd
     from workbook.vllm import env as wenv
 
+    _known_keys(args.overrides)
     checks = args.checks or []
     if args.env:
         cfg, env_checks = watchcmd.from_environment(args.env, args.run, dict(args.overrides))
@@ -351,6 +362,58 @@ def cmd_watch(args) -> int:
                                  caching=args.caching)
     watchcmd.print_summary(result, out)
     return 0 if all(p.get("rc") == 0 or p.get("writer") for p in result["passes"]) else 1
+
+
+def _known_keys(overrides) -> None:
+    """``--set`` keys must be ``RunConfig`` fields (commands without notebook parameters)."""
+    fields = RunConfig.field_names()
+    unknown = [k for k, _ in overrides if k not in fields]
+    if unknown:
+        raise ConfigError(f"--set {', '.join(unknown)}: unknown parameter(s); known: "
+                          f"{', '.join(fields)}")
+
+
+# --- serve (workbook.run.serve) ----------------------------------------------------------------
+
+SERVE_PORT = 8000  # vllm serve's own default
+SERVE_LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
+
+
+def _serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="start `vllm serve` on an environment run's model and "
+                                     "configuration, print its URL and the matching "
+                                     "check-server line; Ctrl-C stops it")
+    s.add_argument("env", nargs="?", default="cpu",
+                   help="environment name (environments/<ENV>.yaml) or a yaml path "
+                        "(default: cpu)")
+    s.add_argument("--only", metavar="RUN",
+                   help="the environment's run to serve (default: its first run)")
+    s.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
+                   metavar="KEY=VALUE", help="override a RunConfig field (YAML)")
+    s.add_argument("--port", type=int, default=SERVE_PORT,
+                   help=f"port on 127.0.0.1 (default {SERVE_PORT}; 0: a free one)")
+    s.add_argument("--logprobs-mode", default="processed_logprobs",
+                   choices=SERVE_LOGPROBS_MODES,
+                   help="vLLM's --logprobs-mode (default processed_logprobs: check-server "
+                        "sees the column the budget forced)")
+    s.add_argument("--workdir", help="folder for server.log (default: a temporary folder)")
+
+
+def cmd_serve(args) -> int:
+    from workbook import batch
+    from workbook.run import serve
+
+    _known_keys(args.overrides)
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port}: not a port (0-65535)")
+    env = batch.load_environment(args.env, dict(args.overrides), notebooks=False,
+                                 only=[args.only] if args.only else None)
+    spec = env.runs[0]
+    cfg = serve.server_config(RunConfig.from_params(spec.params), args.logprobs_mode)
+    extra = "".join([f", fault {cfg.fault}" if cfg.fault not in (None, "none") else "",
+                     ", guard on" if cfg.guard else ""])
+    return serve.serve(cfg, port=args.port or None, workdir=args.workdir,
+                       label=f"{env.name} run {spec.name!r} ({cfg.model}{extra})")
 
 
 # --- check-server (workbook.run.servercheck) -------------------------------------------------
@@ -413,7 +476,7 @@ def cmd_check_server(args) -> int:
 
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify,
             "report": cmd_report, "params": cmd_params, "watch": cmd_watch,
-            "check-server": cmd_check_server}
+            "check-server": cmd_check_server, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,7 +86,18 @@ def find_environment(name: str) -> str:
         p = os.path.join(root, "environments", f"{name}.yaml")
         if os.path.isfile(p):
             return p
-    raise ConfigError(f"no environment {name!r}: neither a file nor environments/{name}.yaml")
+    raise ConfigError(f"no environment {name!r}: neither a file nor environments/{name}.yaml; "
+                      f"environments: {', '.join(environment_names()) or 'none found'}")
+
+
+def environment_names() -> list[str]:
+    """The names ``find_environment`` resolves (``environments/*.yaml``, cwd and repository)."""
+    found = set()
+    for root in (os.getcwd(), REPO):
+        d = os.path.join(root, "environments")
+        if os.path.isdir(d):
+            found |= {f[:-5] for f in os.listdir(d) if f.endswith(".yaml")}
+    return sorted(found)
 
 
 def _resolve_notebook(nb: str, env_path: str) -> str:

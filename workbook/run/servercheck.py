@@ -20,7 +20,9 @@ Processing order (``check``):
 5. the logprobs mode: from the response when a forced column is seen, else from a control (two
    one-token requests without budget at temperature 1 and 0.5: processed values depend on the
    temperature, raw ones do not; ``infer_mode``);
-6. the verdict by the one budget rule (``workbook.core.budget``: the prompt's reasoning count
+6. markers given that are not the server's own (``marker_mismatch``) stop the check with one
+   line naming the server's values (``MarkerMismatch``, exit 2): a wrong setting, not "violated";
+7. the verdict by the one budget rule (``workbook.core.budget``: the prompt's reasoning count
    read back from the returned prompt ids, the output, the budget), and per position what the
    forced column says about where the end marker was lost (``judge_positions``).
 
@@ -55,6 +57,7 @@ from workbook.core.budget import Markers
 from workbook.run.verdicts import say
 
 MODES = ("auto", "processed_logprobs", "processed_logits", "raw")
+START_TEXT, END_TEXT = "<think>", "</think>"  # the reasoning parsers' markers (qwen3, deepseek)
 CLAMP = -9999.0  # vLLM's OpenAI server clamps every logprob to at least this
 FORCED_LOGPROB = -1e-3  # processed_logprobs: the forced column's logprob is 0 (float32)
 TOP_LOGPROBS = 5
@@ -79,6 +82,10 @@ RAW_ONLY = (
 
 class ServerCheckError(RuntimeError):
     """The check could not be made (unreachable server, unknown model, refused request, ...)."""
+
+
+class MarkerMismatch(ServerCheckError):
+    """The markers given are not the server's: a wrong setting, not a vLLM defect."""
 
 
 # --- HTTP -------------------------------------------------------------------------------------
@@ -327,6 +334,85 @@ def judge_positions(prompt: Sequence[int], output: Sequence[int],
             if markers.complete else None}
 
 
+# --- the user's markers against the server's ---------------------------------------------------
+
+def _find(seq: Sequence[int], sub: Sequence[int]) -> int | None:
+    """The first index of ``sub`` in ``seq`` (None: absent or empty)."""
+    n = len(sub)
+    return next((i for i in range(len(seq) - n + 1) if n and list(seq[i:i + n]) == list(sub)),
+                None)
+
+
+def marker_mismatch(given: Markers, server: Markers, prompt: Sequence[int],
+                    output: Sequence[int], tops: Sequence[dict[int, float]],
+                    mode: str) -> dict[str, Any] | None:
+    """Evidence that the markers given are not the ones the server runs, else None.
+
+    ``server``: the server's own markers (its tokenizer's ``<think>`` / ``</think>``). Given
+    markers that differ from them are the user's setting, which the server's behaviour settles:
+
+    1. in a processed logprobs mode, the first column that got the budget's bias is the end
+       marker the server forces: the server's own ``</think>`` and not the given end → wrong
+       setting; the given end → the given markers are the server's (another parser), judged;
+       a third column → a defect whichever markers are right (steps 2-3 still run);
+    2. the prompt: the server's start marker in it and the given one not → wrong setting;
+    3. the output: the server's end marker in it and the given one never → wrong setting;
+    4. a third column and neither 2 nor 3: evidence ``neither``, judged with the given markers.
+    """
+    given, server = Markers.of(given), Markers.of(server)
+    if (given.start, given.end) == (server.start, server.end) or not server.complete:
+        return None
+    processed = mode in ("processed_logits", "processed_logprobs")
+    forced = None  # (output position, column) of the first forced column
+    for i, top in enumerate(tops if processed else ()):
+        if forced is None and forced_column(top, mode) is not None:
+            forced = (i, forced_column(top, mode))
+    if forced and given.end and forced[1] == given.end[0]:
+        return None
+    if forced and forced[1] == server.end[0]:
+        return {"evidence": "forced", "position": forced[0], "column": forced[1]}
+    if _find(prompt, server.start) is not None and _find(prompt, given.start) is None:
+        return {"evidence": "prompt", "position": _find(prompt, server.start)}
+    at = _find(output, server.end)
+    if at is not None and _find(output, given.end) is None:
+        return {"evidence": "output", "position": at}
+    return {"evidence": "neither", "position": forced[0], "column": forced[1]} if forced \
+        else None
+
+
+def _ids(seq: Sequence[int]) -> str:
+    return ",".join(str(t) for t in seq)
+
+
+def mismatch_line(given: Markers, server: Markers, found: dict[str, Any],
+                  texts: dict[int, str | None],
+                  given_texts: tuple[str, str] | None = None) -> str:
+    """One line: the markers given (``given_texts``: the texts they came from), the server's,
+    the evidence, the flag that matches."""
+    ids = _ids
+    given_one = (lambda seq, i: f"{ids(seq)} ({json.dumps(given_texts[i])})" if given_texts
+                 else ids(seq))
+
+    def shown(seq):
+        txt = "".join(texts.get(t) or "" for t in seq)
+        return f"{ids(seq)} ({json.dumps(txt)})" if txt else ids(seq)
+
+    if found["evidence"] == "forced":
+        why = (f"the server forced {shown([found['column']])} at output position "
+               f"{found['position']}")
+    elif found["evidence"] == "prompt":
+        why = (f"the prompt opens its reasoning with {shown(server.start)} at prompt position "
+               f"{found['position']}, and the start marker given is not in the prompt")
+    else:
+        why = (f"the output ends its reasoning with {shown(server.end)} at position "
+               f"{found['position']}, and the end marker given never appears")
+    return (f"the reasoning markers given (start {given_one(given.start, 0)}, end "
+            f"{given_one(given.end, 1)}) are not the server's: its tokenizer reads {json.dumps(START_TEXT)} as "
+            f"{ids(server.start)} and {json.dumps(END_TEXT)} as {ids(server.end)}, and {why}. "
+            f"A wrong setting, not a vLLM defect: nothing judged; rerun without --marker-ids / "
+            f"--start / --end, or with --marker-ids {ids(server.start)}/{ids(server.end)}")
+
+
 # --- the logprobs mode ------------------------------------------------------------------------
 
 def infer_mode(ep: Endpoint, model: str, req: Request) -> tuple[str, dict]:
@@ -396,8 +482,18 @@ def check(url: str, model: str | None = None, *, req: Request | None = None,
     req = req or Request()
     ep = Endpoint(url, timeout, api_key)
     model = served_model(ep, model)
-    markers = Markers.of(markers) if markers is not None and Markers.of(markers).complete \
-        else server_markers(ep, model, start_text, end_text)
+    try:  # the server's own markers (its tokenizer's <think> / </think>)
+        own = server_markers(ep, model, START_TEXT, END_TEXT)
+    except ServerCheckError:
+        own = None  # a tokenizer without those texts: only given markers can be used
+    given_texts = None
+    if markers is not None and Markers.of(markers).complete:
+        markers = Markers.of(markers)
+    elif own is not None and (start_text, end_text) == (START_TEXT, END_TEXT):
+        markers = own
+    else:
+        markers = server_markers(ep, model, start_text, end_text)
+        given_texts = (start_text, end_text)
     body = req.body(model)
     resp = ep.post("/v1/chat/completions", body)
     choice = resp["choices"][0]
@@ -419,14 +515,26 @@ def check(url: str, model: str | None = None, *, req: Request | None = None,
                 mode = "raw"
                 evidence["note"] = ("the control could not tell the mode (flat logits); the "
                                     "tokens are judged only")
-    judged = judge_positions(prompt, output, tops, req.budget, markers, mode)
+    mismatch = marker_mismatch(markers, own, prompt, output, tops, mode) if own else None
     texts = {}
     try:  # readable tokens for the table; the verdict never depends on them
-        ids = sorted(set(output) | set(markers.start) | set(markers.end))
-        for t in ids:
+        ids = set(output) | set(markers.start) | set(markers.end)
+        if mismatch:
+            ids = set(own.start) | set(own.end) | {mismatch.get("column", own.end[0])}
+        for t in sorted(ids):
             texts[t] = ep.post("/detokenize", {"model": model, "tokens": [t]}).get("prompt")
     except ServerCheckError:
         pass
+    if mismatch and mismatch["evidence"] != "neither":
+        raise MarkerMismatch(mismatch_line(markers, own, mismatch, texts, given_texts))
+    judged = judge_positions(prompt, output, tops, req.budget, markers, mode)
+    if mismatch:
+        judged["notes"].append(
+            f"the markers given differ from the server's own ({json.dumps(START_TEXT)} "
+            f"{_ids(own.start)}, {json.dumps(END_TEXT)} {_ids(own.end)}), and the server forced "
+            f"{mismatch['column']} at output position {mismatch['position']}, neither end "
+            f"marker: judged with the markers given; --marker-ids {_ids(own.start)}/"
+            f"{_ids(own.end)} judges against the server's own")
     return Result(url=ep.base, model=model, request=body, mode=mode, mode_evidence=evidence,
                   judged=judged, finish_reason=choice.get("finish_reason"),
                   usage=resp.get("usage") or {}, prompt_tail=prompt[-4:], texts=texts)

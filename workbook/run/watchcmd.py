@@ -54,7 +54,12 @@ def from_environment(name: str, run: str | None,
         (p for p in (os.path.join(root, "environments", f"{name}.yaml")
                      for root in (os.getcwd(), REPO)) if os.path.isfile(p)), None)
     if path is None:
-        raise ConfigError(f"environment {name!r} not found (environments/{name}.yaml)")
+        known = sorted({f[:-5] for root in (os.getcwd(), REPO)
+                        if os.path.isdir(os.path.join(root, "environments"))
+                        for f in os.listdir(os.path.join(root, "environments"))
+                        if f.endswith(".yaml")})
+        raise ConfigError(f"environment {name!r} not found (environments/{name}.yaml); "
+                          f"environments: {', '.join(known) or 'none found'}")
     with open(path) as f:
         raw = yaml.safe_load(f) or {}
     runs = {r.get("name"): r for r in raw.get("runs") or []}
