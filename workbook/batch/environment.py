@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from workbook.core.config import ConfigError, RunConfig, validate
+from workbook.core.envfiles import environment_names, find_environment  # noqa: F401 (re-exported)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESERVED = ("name", "notebook", "checks", "timeout", "description")
@@ -76,28 +77,6 @@ class Environment:
     @property
     def kernel(self) -> str | None:
         return self.raw.get("kernel")
-
-
-def find_environment(name: str) -> str:
-    """``cpu`` → ``environments/cpu.yaml`` (cwd first, then the repository); or a path."""
-    if os.path.isfile(name):
-        return os.path.abspath(name)
-    for root in (os.getcwd(), REPO):
-        p = os.path.join(root, "environments", f"{name}.yaml")
-        if os.path.isfile(p):
-            return p
-    raise ConfigError(f"no environment {name!r}: neither a file nor environments/{name}.yaml; "
-                      f"environments: {', '.join(environment_names()) or 'none found'}")
-
-
-def environment_names() -> list[str]:
-    """The names ``find_environment`` resolves (``environments/*.yaml``, cwd and repository)."""
-    found = set()
-    for root in (os.getcwd(), REPO):
-        d = os.path.join(root, "environments")
-        if os.path.isdir(d):
-            found |= {f[:-5] for f in os.listdir(d) if f.endswith(".yaml")}
-    return sorted(found)
 
 
 def _resolve_notebook(nb: str, env_path: str) -> str:

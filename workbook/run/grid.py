@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from workbook.core import contracts, rundir
+from workbook.core import contracts, envfiles, rundir
 from workbook.core.config import ConfigError, RunConfig, installed_vllm_version, validate
 from workbook.run import constraints as C
 
@@ -59,14 +59,7 @@ class Plan:
         return self.base.replace(spec_method=method)
 
 
-def find(env: str) -> str:
-    if os.path.isfile(env):
-        return os.path.abspath(env)
-    for root in (os.getcwd(), REPO):
-        p = os.path.join(root, "environments", f"{env}.yaml")
-        if os.path.isfile(p):
-            return p
-    raise ConfigError(f"no environment {env!r}: neither a file nor environments/{env}.yaml")
+find = envfiles.find_environment
 
 
 def _read(env: str) -> tuple[str, dict]:
