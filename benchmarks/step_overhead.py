@@ -8,7 +8,9 @@ state is live every step) is generated once per arm and round, the arms interlea
 (``workbook.hooks.tracer``; its deferred host copies are timed separately), ``guard``
 (``workbook.hooks.guard``), ``constraints`` (the row check of every per-request sampling
 constraint, ``workbook.hooks.rowcheck``; its deferred host copies are timed separately too),
-``watch`` (the start-up watch's per-step ring check after start-up:
+``trace+constraints`` (both collectors on one ``workbook.hooks.observer``, as
+``workbook.hooks.install`` puts them for a run that asks for both), ``watch`` (the start-up
+watch's per-step ring check after start-up:
 the engine is then started with the watch in place, ``--watch``, and every other arm runs with
 it suspended; also the watch's own time per step, from its counters), ``trace+guard``. Prints
 one line per arm — median ms per step and its ratio to ``none`` — and one JSON line.
@@ -56,8 +58,13 @@ def arms(names, watch_on: bool):
         stack.enter_context(Tracer())
         return stack
 
+    def trace_rows():  # the budget evidence and the row check together: one observer
+        from workbook.hooks.observer import Observer
+
+        return Observer([RowCheck(), Tracer()])
+
     table = {"none": contextlib.nullcontext, "trace": trace, "guard": guard.enabled,
-             "trace+guard": both, "constraints": RowCheck}
+             "trace+guard": both, "constraints": RowCheck, "trace+constraints": trace_rows}
     if watch_on:
         table["watch"] = contextlib.nullcontext  # the watch is resumed around it (main)
     return {n: table[n] for n in names if n in table}

@@ -89,3 +89,43 @@ def test_no_attribution_by_elimination():
               {"step": 0, "req_id": "B", "emitted": [5], "rows": [_row(1, 0, raw2, raw2, 5)]}]
     v2 = _judge(steps2, {"A": pa2, "B": pb2})
     assert v2["B"]["first"]["contract"] == "allowed_token_ids" and v2["B"]["affected_by"] == []
+
+
+def test_verdict_records_in_the_one_shape():
+    """The judge's verdict records (``verdicts.Verdict``): A's allowed_token_ids violated at
+    its first breach (the leak, with its cause); B — no contract of its own — held, with
+    ``affected_by`` naming A's constraint; a healthy request's contract held."""
+    from workbook.run.verdicts import Verdict
+
+    keys = set(Verdict("r", "c", "held").to_dict())
+    pa, pb = contracts.Params(allowed_token_ids=(5, 6, 7)), contracts.Params()
+    raw = {0: 0.0, 5: 0.0, 9: 1.0}
+    steps = [{"step": 0, "req_id": "A", "emitted": [5],
+              "rows": [_row(0, 0, raw, {0: NEG, 5: 0.0, 9: NEG}, 5)]},
+             {"step": 0, "req_id": "B", "emitted": [5],
+              "rows": [_row(1, 0, raw, {0: NEG, 5: 0.0, 9: NEG}, 5)]}]
+    v = _judge(steps, {"A": pa, "B": pb}, {"A": "A", "B": "B"})
+    (a,) = v["A"]["verdicts"]
+    assert set(a) == keys and a["verdict"] == "violated" and a["contract"] == "allowed_token_ids"
+    assert (a["step"], a["row"], a["column"], a["stage"]) == (0, 1, 0, "apply")
+    assert a["cause"] == "request A's allowed_token_ids applied to request B's row"
+    (b,) = v["B"]["verdicts"]
+    assert b["verdict"] == "held" and b["contract"] == rowjudge.UNCONSTRAINED
+    (t,) = b["affected_by"]
+    assert (t["request"], t["contract"], t["step"], t["row"]) == ("A", "allowed_token_ids", 0, 1)
+    ok = _judge([{"step": 0, "req_id": "a", "emitted": [5], "rows": [_row(
+        0, 0, {5: 1.0, 6: 0.0}, {5: 1.0, 6: 0.0}, 5)]}], {"a": contracts.Params(
+            allowed_token_ids=(5, 6))})["a"]["verdicts"]
+    assert [(x["contract"], x["verdict"], x["affected_by"]) for x in ok] == [
+        ("allowed_token_ids", "held", [])]
+
+
+def test_stages_are_the_one_list():
+    """The row judge, the contracts and the budget's catalogue name stages from one list."""
+    from workbook.core import hypotheses, stages
+
+    assert rowjudge.STAGES == stages.NAMES == contracts.STAGES
+    assert list(hypotheses.STAGES) == [s for s in stages.NAMES if s in hypotheses.STAGES]
+    assert {h.stage for h in hypotheses.HYPOTHESES.values()} <= set(stages.NAMES)
+    for c in contracts.catalogue():
+        assert set(c.stages) <= set(stages.NAMES), c

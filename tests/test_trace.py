@@ -61,7 +61,20 @@ def test_removing_the_tracer_restores_the_original_methods(engines):
     t.remove()
     assert all(n[0].__dict__[n[1]] is before[n] for n in names)
     assert patching.active() == active_before
-    assert "trace" not in {n for chain in active_before.values() for n in chain}  # no leak
+    assert not any(n.startswith("observe") for chain in active_before.values()
+                   for n in chain)  # no leak
+    # the tracer and the row check on ONE observer: one wrapper per hook point, both restored
+    from workbook.hooks.observer import Observer
+    from workbook.hooks.rowcheck import RowCheck
+
+    obs = Observer([RowCheck(), Tracer()]).install()
+    assert all(n[0].__dict__[n[1]] is not before[n] for n in names)
+    now = patching.active()
+    assert all([n for n in now[f"{c.__qualname__}.{a}"] if n.startswith("observe")]
+               == [obs.patches.name] for c, a in names)
+    obs.remove()
+    assert all(n[0].__dict__[n[1]] is before[n] for n in names)
+    assert patching.active() == active_before
 
 
 def test_tracer_never_synchronizes_inside_a_step(engines):

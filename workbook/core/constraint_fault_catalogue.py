@@ -38,7 +38,7 @@ EXPECTED = {
     "bad-words-target-row-only": ("bad_words", "apply on draft rows"),
     "penalties-drafts-uncounted": ("penalties", "apply on draft rows"),
     "min-tokens-off-by-one": ("min_tokens", ("apply", "apply on draft rows")),
-    "gate-off": ("penalties", "gate/fast path"),
+    "gate-off": ("penalties", "gate"),
     "stop-not-trimmed": ("stop", "host-side post-processing"),
     "logprobs-row-shift": ("logprobs", "logprob row selection"),
     "budget-draft-rows": ("thinking_token_budget", "apply on draft rows"),

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from workbook.core import stages as _stages
+
 
 @dataclass(frozen=True)
 class Hypothesis:
@@ -45,27 +47,9 @@ class Fault:
     side: str = "missing"
 
 
-# The stages a budgeted logits row goes through, in pipeline order, and what each must do.
-STAGES: dict[str, str] = {
-    "configuration": "the run is served by Model Runner V2",
-    "state": "ThinkingBudgetState is enabled in the worker (all three marker id lists)",
-    "registration": "add_request sets use_thinking_budget[slot] and the host budget",
-    "batch mapping": "the batch hands every request's rows (idx_mapping, expanded_idx_mapping) "
-                     "to the slot the host registered it at (req_states.req_id_to_index): "
-                     "checked before any per-slot value is judged",
-    "gate": "the per-slot gate lets the budgeted slot through: logits processing runs and "
-            "calls ThinkingBudgetState.apply",
-    "launch": "apply launches its kernels when a slot of the batch has a budget",
-    "device state": "what the kernels read at the request's own slot equals the host truth: "
-                    "marker ids, budget view, committed history, marker caches",
-    "kernel": "with right inputs, +1e9 lands in exactly the due end column of exactly the "
-              "rows whose reasoning count reached the budget (budget.row_truth): in every due "
-              "row, and in no row that is not due",
-    "sampling": "the sampler samples from the tensor apply biased, and a forced row yields "
-                "the forced token",
-    "acceptance": "the rejection sampler accepts no draft past a forced row",
-    "commit": "the token committed is the token sampled",
-}
+# The stages a budgeted logits row goes through, in pipeline order, and what each must do: the
+# one list of MRV2 stages (workbook.core.stages), as the thinking budget reads it
+STAGES: dict[str, str] = _stages.BUDGET
 
 _BUDGET_STATE = {"markers": "violated", "budget": "violated", "caches": "violated"}
 # ``predicts`` is about the violation's side of the contract. On the other side — the end
@@ -162,7 +146,7 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "while the batch violated",
                "batch of 1 vs batch of several mixed budgets",
                {**_MRV2, **_BUDGET_STATE, "alone": "honored"}),
-    Hypothesis("H-d-kernel", "kernel", "apply / the budget kernel forced wrong although the "
+    Hypothesis("H-d-kernel", "apply", "apply / the budget kernel forced wrong although the "
                "budget state was right",
                "the budget state (markers, budget, history, caches, mapping) equals the host "
                "truth, yet a due row was not forced, was biased too weakly to win, a row that "
@@ -173,7 +157,7 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "non-due row biased, or apply handed the kernel other tensors",
                "eager vs CUDA graphs; MTP off (draft rows only?); batch of 1",
                {**_MRV2, **_BUDGET_STATE, "alone": "violated"}),
-    Hypothesis("H-d-column", "kernel", "forcing bias written into another column",
+    Hypothesis("H-d-column", "apply", "forcing bias written into another column",
                "the due row received +1e9, but in a column other than the due end token",
                "bias_cols of the due row do not include the due token",
                "multi-token end ids; batch of 1",

@@ -11,7 +11,9 @@ environment variables of ``workbook.vllm.env``.
 
 Layering (``workbook.vllm.patching``): vLLM's original < fault < guard < trace, so the tracer
 always observes what the guard finally emits and the guard what a (simulated) broken vLLM
-produced. Modules: ``tracer`` (per-step evidence; its thinking-budget part: ``budget_trace``),
+produced. Modules: ``observer`` (one patch set, one wrapper per hook point, calling each
+collector), ``tracer`` (per-step evidence; its thinking-budget part: ``budget_trace``),
+``rowcheck`` (every logits row, the output, the prompt rows),
 ``faults`` (one per catalogue entry), ``guard`` (the fix), ``plugin`` (the
 ``vllm.general_plugins`` entry point).
 """
@@ -20,9 +22,9 @@ from __future__ import annotations
 
 
 def install(cfg, engine=None, *, trace_dir: str | None = None):
-    """Install ``cfg``'s fault, constraint fault, guard, row check and tracer; returns (patch
-    sets, tracer or None); the row check, when asked for, is among the patch sets
-    (``row_check(hooks)`` finds it). A start-up fault (``before_start``) is not installed
+    """Install ``cfg``'s fault, constraint fault, guard and ONE observer (``hooks.observer``)
+    with the collectors it asks for (the row check, the tracer); returns (patch sets, tracer
+    or None); the row check, when asked for, is the observer's (``row_check(hooks)`` finds it). A start-up fault (``before_start``) is not installed
     here: ``pre_start`` did."""
     from workbook.core.hypotheses import FAULTS
 
@@ -40,23 +42,30 @@ def install(cfg, engine=None, *, trace_dir: str | None = None):
         from workbook.hooks import guard
 
         hooks.append(guard.install())
+    collectors = []  # one observer: every collector on the same hook points
     if getattr(cfg, "row_check", False):
         from workbook.hooks.rowcheck import RowCheck
 
-        hooks.append(RowCheck().install())
+        collectors.append(RowCheck())
     if cfg.trace:
         from workbook.hooks.tracer import Tracer
 
-        tracer = Tracer(flush_dir=trace_dir).install()
-        hooks.append(tracer)
+        tracer = Tracer(flush_dir=trace_dir)
+        collectors.append(tracer)
+    if collectors:
+        from workbook.hooks.observer import Observer
+
+        hooks.append(Observer(collectors).install())
     return hooks, tracer
 
 
 def row_check(hooks):
     """The row check among ``install``'s patch sets (None when the run asked for none)."""
+    from workbook.hooks.observer import Observer
     from workbook.hooks.rowcheck import RowCheck
 
-    return next((h for h in hooks if isinstance(h, RowCheck)), None)
+    return next((h.collector(RowCheck) for h in hooks if isinstance(h, Observer)
+                 and h.collector(RowCheck) is not None), None)
 
 
 def needs_pre_start(cfg) -> bool:

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from workbook.core import budget, contracts
-from workbook.vllm import hookpoints, patching
+from workbook.hooks.observer import Collector, Tap
+from workbook.vllm import hookpoints
 
 TOP_K = 4  # the largest columns of the raw and of the processed row kept per row
 REG_ATTRS = ("num_allowed_token_ids", "num_logit_bias", "min_lens", "num_stop_token_ids",
@@ -79,7 +80,7 @@ class _Step:
     num_sampled: Any = None
 
 
-class RowCheck(patching.Hooked):
+class RowCheck(Collector):
     """Install with ``install()`` / ``with RowCheck() as rc:``; judged by
     ``workbook.run.rowjudge.judge(rc)``."""
 
@@ -88,7 +89,6 @@ class RowCheck(patching.Hooked):
         self.hp = hookpoints.resolve()
         self.max_steps, self.max_drafts, self.max_static = max_steps, max_drafts, max_static
         self.max_step_tokens, self.top_k = max_step_tokens, top_k
-        self.patches = self._build_patches()
         self.params: dict[str, contracts.Params] = {}
         self.prompts: dict[str, list[int]] = {}
         self.slot_of: dict[str, int] = {}
@@ -109,33 +109,29 @@ class RowCheck(patching.Hooked):
         self.errors: list[str] = []
 
     # ---- install ------------------------------------------------------------------------------
-    def _build_patches(self) -> patching.PatchSet:
+    name = "rowcheck"
+
+    def taps(self) -> list[Tap]:
         hp = self.hp
-        ps = patching.PatchSet("rowcheck", "trace")
-        ps.wrap(hp.runner, "add_requests", self._w_add_requests)
-        ps.wrap(hp.runner, "sample_tokens", self._w_sample_tokens)
-        ps.wrap(hp.runner, "sample", self._w_sample)
-        ps.wrap(hp.sampler, "apply_sampling_params", self._w_apply)
+        out = [Tap(hp.runner, "add_requests", after=self._after_add),
+               Tap(hp.runner, "sample_tokens", before=self._before_step, final=self._final_step),
+               Tap(hp.runner, "sample", after=self._after_sample),
+               Tap(hp.sampler, "apply_sampling_params", before=self._before_apply,
+                   after=self._after_apply)]
         if hp.prompt_logprobs is not None:  # optional: else no prompt-logprob rows
-            ps.wrap(hp.prompt_logprobs, "compute_prompt_logprobs", self._w_prompt_logprobs)
-        return ps
+            out.append(Tap(hp.prompt_logprobs, "compute_prompt_logprobs",
+                           after=self._after_prompt_logprobs))
+        return out
+
+    def error(self, where: str, e: Exception) -> None:
+        self._error(where, e)
 
     def _error(self, where: str, e: Exception) -> None:
         self.errors.append(f"{where}: {type(e).__name__}: {e}"[:300])
 
     # ---- registration ---------------------------------------------------------------------------
-    def _w_add_requests(self, orig):
-        rc = self
-
-        def add_requests(runner, scheduler_output, *a, **k):
-            out = orig(runner, scheduler_output, *a, **k)
-            try:
-                rc._on_add(runner, scheduler_output)
-            except Exception as e:  # the check must never break the engine
-                rc._error("add_requests", e)
-            return out
-
-        return add_requests
+    def _after_add(self, _state, _out, runner, scheduler_output, *a, **k):
+        self._on_add(runner, scheduler_output)
 
     def _on_add(self, runner, so) -> None:
         import torch
@@ -218,26 +214,17 @@ class RowCheck(patching.Hooked):
                 "missing": missing, **got}
 
     # ---- the step ------------------------------------------------------------------------------
-    def _w_sample_tokens(self, orig):
-        rc = self
+    def _before_step(self, runner, *a, **k):
+        st = getattr(runner, "execute_model_state", None)
+        batch = getattr(st, "input_batch", None) if st is not None else None
+        self._begin(batch)
 
-        def sample_tokens(runner, *a, **k):
-            st = getattr(runner, "execute_model_state", None)
-            batch = getattr(st, "input_batch", None) if st is not None else None
-            try:
-                rc._begin(batch)
-            except Exception as e:
-                rc._error("begin", e)
-            try:
-                return orig(runner, *a, **k)
-            finally:
-                if rc._step is not None:
-                    rc._pending.append(rc._step)
-                    for c in rc._step.calls:  # release the logits
-                        c.raw_t = c.proc_t = None
-                rc._step = None
-
-        return sample_tokens
+    def _final_step(self, _state):
+        if self._step is not None:
+            self._pending.append(self._step)
+            for c in self._step.calls:  # release the logits
+                c.raw_t = c.proc_t = None
+        self._step = None
 
     def _begin(self, batch) -> None:
         self._step = None
@@ -254,22 +241,15 @@ class RowCheck(patching.Hooked):
                            getattr(batch, "cu_num_logits", None))
         self._nsteps += 1
 
-    def _w_apply(self, orig):
-        rc = self
+    def _before_apply(self, sampler, *a, **k):
+        step = self._step
+        if step is None or self._table is None:
+            return None
+        return step, hookpoints.apply_sampling_args(a, k)
 
-        def apply_sampling_params(sampler, *a, **k):
-            step = rc._step
-            if step is None or rc._table is None:
-                return orig(sampler, *a, **k)
-            args = hookpoints.apply_sampling_args(a, k)
-            out = orig(sampler, *a, **k)
-            try:
-                rc._on_apply(sampler, step, args, out)
-            except Exception as e:
-                rc._error("apply_sampling_params", e)
-            return out
-
-        return apply_sampling_params
+    def _after_apply(self, state, out, sampler, *a, **k):
+        if state is not None:
+            self._on_apply(sampler, state[0], state[1], out)
 
     def _on_apply(self, sampler, step: _Step, args, out) -> None:
         import torch
@@ -314,20 +294,9 @@ class RowCheck(patching.Hooked):
             call.counts = counts[slots.unsqueeze(1), cols]
         step.calls.append(call)
 
-    def _w_sample(self, orig):
-        rc = self
-
-        def sample(runner, hidden_states, input_batch, *a, **k):
-            out = orig(runner, hidden_states, input_batch, *a, **k)
-            step = rc._step
-            if step is not None:
-                try:
-                    rc._on_sample(step, out)
-                except Exception as e:
-                    rc._error("sample", e)
-            return out
-
-        return sample
+    def _after_sample(self, _state, out, *a, **k):
+        if self._step is not None:
+            self._on_sample(self._step, out)
 
     def _on_sample(self, step: _Step, out) -> None:
         import torch
@@ -358,18 +327,8 @@ class RowCheck(patching.Hooked):
                         src.float().gather(1, ids.clamp(0, src.shape[-1] - 1)),
                         torch.logsumexp(src.float(), -1))
 
-    def _w_prompt_logprobs(self, orig):
-        rc = self
-
-        def compute_prompt_logprobs(worker, *a, **k):
-            out = orig(worker, *a, **k)
-            try:
-                rc._on_prompt_logprobs(worker, a, k, out)
-            except Exception as e:
-                rc._error("compute_prompt_logprobs", e)
-            return out
-
-        return compute_prompt_logprobs
+    def _after_prompt_logprobs(self, _state, out, worker, *a, **k):
+        self._on_prompt_logprobs(worker, a, k, out)
 
     def _on_prompt_logprobs(self, worker, a, k, out) -> None:
         """Per request of ours with ``prompt_logprobs`` whose prompt this step computes: the

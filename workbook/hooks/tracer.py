@@ -65,7 +65,8 @@ import numpy as np
 from workbook.core import budget
 from workbook.hooks.budget_trace import (FORCE_KERNEL, FORCED_THRESHOLD, SCAN_KERNEL,
                                          BudgetTrace, _host, _own, _ptr)
-from workbook.vllm import hookpoints, patching
+from workbook.hooks.observer import Collector, Tap
+from workbook.vllm import hookpoints
 
 
 @dataclass
@@ -115,7 +116,7 @@ class _Step:
     guard_fixed: Any = None
 
 
-class Tracer(BudgetTrace, patching.Hooked):
+class Tracer(BudgetTrace, Collector):
     """Install with ``install()`` / ``with Tracer() as t:``; read with ``frames()``."""
 
     def __init__(self, topk: int = 5, max_steps: int = 20000, flush_dir: str | None = None,
@@ -125,7 +126,6 @@ class Tracer(BudgetTrace, patching.Hooked):
         self.flush_dir = flush_dir
         self.flush_every = flush_every
         self.hp = hookpoints.resolve()
-        self.patches = self._build_patches()
         self._step: _Step | None = None
         self._call: _Call | None = None
         self._nsteps = 0
@@ -154,31 +154,37 @@ class Tracer(BudgetTrace, patching.Hooked):
         self._weights = None  # device arange(1..max_len) for the history checksum
         self.dropped_steps = 0
 
-    # ---- install / remove ---------------------------------------------------------------
-    def remove(self) -> None:
-        super().remove()
+    # ---- the observer's taps (``workbook.hooks.observer``) --------------------------------
+    name = "trace"
+
+    def removed(self) -> None:
         if self.flush_dir:
             self.flush()
 
-    def _build_patches(self) -> patching.PatchSet:
+    def error(self, where: str, e: Exception) -> None:
+        self._error(where, e)
+
+    def taps(self) -> list[Tap]:
         hp = self.hp
-        ps = patching.PatchSet("trace", "trace")
-        ps.wrap(hp.runner, "add_requests", self._w_add_requests)
-        ps.wrap(hp.runner, "sample_tokens", self._w_sample_tokens)
-        ps.wrap(hp.runner, "sample", self._w_sample)
-        ps.wrap(hp.runner, "postprocess_sampled", self._w_postprocess)
-        ps.wrap(hp.sampler, "__call__", self._w_path("Sampler"))
-        ps.wrap(hp.rejection, "__call__", self._w_path("RejectionSampler"))
-        ps.wrap(hp.sampler, "apply_sampling_params", self._w_apply_sampling_params)
-        ps.wrap(hp.budget, "apply", self._w_budget_apply)
+        out = [Tap(hp.runner, "add_requests", before=self._before_add, after=self._after_add),
+               Tap(hp.runner, "sample_tokens", before=self._before_step, final=self._final_step),
+               Tap(hp.runner, "sample", after=self._after_sample),
+               Tap(hp.runner, "postprocess_sampled", after=self._after_postprocess),
+               Tap(hp.sampler, "__call__", before=self._path_before("Sampler"),
+                   after=self._path_after),
+               Tap(hp.rejection, "__call__", before=self._path_before("RejectionSampler"),
+                   after=self._path_after),
+               Tap(hp.sampler, "apply_sampling_params", before=self._before_apply,
+                   final=self._final_apply, after=self._after_apply),
+               Tap(hp.budget, "apply", make=self._w_budget_apply)]
         import importlib
 
         tb_mod = importlib.import_module(hp.budget.__module__)
         if hasattr(tb_mod, "apply_thinking_budget"):
-            ps.wrap(tb_mod, "apply_thinking_budget", self._w_kernel_launch)
+            out.append(Tap(tb_mod, "apply_thinking_budget", make=self._w_kernel_launch))
         for kernel in (SCAN_KERNEL, FORCE_KERNEL):  # the Triton launches themselves
             if hasattr(getattr(tb_mod, kernel, None), "arg_names"):
-                ps.wrap(tb_mod, kernel, self._w_triton(kernel))
+                out.append(Tap(tb_mod, kernel, make=self._w_triton(kernel)))
         # where the processed logits are consumed: the Sampler's sampling functions and the
         # rejection sampler's verification (module-level names, looked up at call time)
         for mod, names in ((importlib.import_module(hp.sampler.__module__),
@@ -187,133 +193,102 @@ class Tracer(BudgetTrace, patching.Hooked):
                             ("rejection_sample",))):
             for name in names:
                 if callable(getattr(mod, name, None)):
-                    ps.wrap(mod, name, self._w_consume)
-        return ps
+                    out.append(Tap(mod, name, before=self._before_consume))
+        return out
 
-    # ---- wrappers -------------------------------------------------------------------------
-    def _w_add_requests(self, orig):
-        tracer = self
-
-        def add_requests(runner, scheduler_output, *a, **k):
-            if tracer._marker_base is None:
-                try:
-                    tracer._snapshot_markers(runner)
-                except Exception as e:
-                    tracer._error("markers-baseline", e)
-            out = orig(runner, scheduler_output, *a, **k)
+    # ---- taps ---------------------------------------------------------------------------
+    def _before_add(self, runner, scheduler_output, *a, **k):
+        if self._marker_base is None:
             try:
-                tracer._on_add_requests(runner, scheduler_output)
-            except Exception as e:  # the tracer must never break the engine
-                tracer._error("add_requests", e)
-            return out
+                self._snapshot_markers(runner)
+            except Exception as e:
+                self._error("markers-baseline", e)
 
-        return add_requests
+    def _after_add(self, _state, _out, runner, scheduler_output, *a, **k):
+        self._on_add_requests(runner, scheduler_output)
 
-    def _w_sample_tokens(self, orig):
-        tracer = self
+    def _before_step(self, runner, *a, **k):
+        st = getattr(runner, "execute_model_state", None)
+        batch = getattr(st, "input_batch", None) if st is not None else None
+        return runner, self._begin_step(batch, runner)
 
-        def sample_tokens(runner, *a, **k):
-            st = getattr(runner, "execute_model_state", None)
-            batch = getattr(st, "input_batch", None) if st is not None else None
-            step = tracer._begin_step(batch, runner)
-            try:
-                return orig(runner, *a, **k)
-            finally:
-                if step is not None:
-                    try:
-                        tracer._end_step(runner, step)
-                    except Exception as e:
-                        tracer._error("sample_tokens", e)
-                    tracer._step = None
-
-        return sample_tokens
-
-    def _w_sample(self, orig):
-        tracer = self
-
-        def sample(runner, hidden_states, input_batch, *a, **k):
-            out = orig(runner, hidden_states, input_batch, *a, **k)
-            step = tracer._step
+    def _final_step(self, state):
+        if state is None:
+            return
+        runner, step = state
+        try:
             if step is not None:
-                sampler_output, num_sampled, num_rejected = out
-                step.sampled = sampler_output.sampled_token_ids.clone()
-                step.num_sampled = num_sampled.clone()
-                step.num_rejected = num_rejected.clone()
-                g = getattr(runner, "_workbook_guard", None)
-                fixed = getattr(g, "last_fixed", None)
-                step.guard_fixed = fixed.clone() if fixed is not None else None
-            return out
+                self._end_step(runner, step)
+        finally:
+            self._step = None
 
-        return sample
+    def _after_sample(self, _state, out, runner, *a, **k):
+        step = self._step
+        if step is not None:
+            sampler_output, num_sampled, num_rejected = out
+            step.sampled = sampler_output.sampled_token_ids.clone()
+            step.num_sampled = num_sampled.clone()
+            step.num_rejected = num_rejected.clone()
+            g = getattr(runner, "_workbook_guard", None)
+            fixed = getattr(g, "last_fixed", None)
+            step.guard_fixed = fixed.clone() if fixed is not None else None
 
-    def _w_postprocess(self, orig):
-        tracer = self
+    def _after_postprocess(self, _state, _out, runner, *a, **k):
+        step = self._step
+        if step is not None:
+            step.total_len_after = runner.req_states.total_len.gpu.clone()
 
-        def postprocess_sampled(runner, idx_mapping, *a, **k):
-            out = orig(runner, idx_mapping, *a, **k)
-            step = tracer._step
-            if step is not None:
-                step.total_len_after = runner.req_states.total_len.gpu.clone()
-            return out
+    def _path_before(self, name):
+        def before(*a, **k):
+            step = self._step
+            if step is not None and step.path is None:
+                step.path = name
+                return step
+            return None
 
-        return postprocess_sampled
+        return before
 
-    def _w_path(self, name):
-        tracer = self
+    def _path_after(self, step, out, *a, **k):
+        if step is not None:  # the outermost sampler call of the step
+            step.sampled_vllm = out.sampled_token_ids.clone()
+            step.num_sampled_vllm = out.num_sampled.clone()
 
-        def make(orig):
-            def __call__(sampler, *a, **k):
-                step = tracer._step
-                outer = step is not None and step.path is None
-                if outer:
-                    step.path = name
-                out = orig(sampler, *a, **k)
-                if outer:
-                    step.sampled_vllm = out.sampled_token_ids.clone()
-                    step.num_sampled_vllm = out.num_sampled.clone()
-                return out
+    def _before_apply(self, sampler, *a, **k):
+        step = self._step
+        if step is None:
+            return None
+        args = hookpoints.apply_sampling_args(a, k)
+        pos0 = sum(len(c.gate_slots) for c in step.calls)
+        n_req = len(args.idx_mapping_np)
+        call = _Call(pos0=pos0, owner=step.owner[pos0:pos0 + n_req])
+        self._call = call
+        call.ptrs = {n: _ptr(t) for n, t in (
+            ("expanded_idx_mapping", args.expanded_idx_mapping),
+            ("req_ids", args.idx_mapping), ("input_ids", args.input_ids),
+            ("expanded_local_pos", args.expanded_local_pos))}
+        call.slots = args.expanded_idx_mapping.clone()
+        call.req_slots = args.idx_mapping.clone()
+        call.local_pos = args.expanded_local_pos.clone()
+        call.input_ids = args.input_ids.clone()
+        call.gate_slots = np.array(args.idx_mapping_np, copy=True)
+        # the per-slot gate at each request's own slot (the host's record, not the batch's)
+        call.gate = np.array(sampler.needs_logits_processing[_own(call)], copy=True)
+        call.end_in = self._end_vals(args.logits)
+        call.top_in = self._topk(args.logits)
+        return step, call, args.logits
 
-            return __call__
+    def _final_apply(self, state):
+        self._call = None
 
-        return make
-
-    def _w_apply_sampling_params(self, orig):
-        tracer = self
-
-        def apply_sampling_params(sampler, *a, **k):
-            step = tracer._step
-            if step is None:
-                return orig(sampler, *a, **k)
-            args = hookpoints.apply_sampling_args(a, k)
-            pos0 = sum(len(c.gate_slots) for c in step.calls)
-            n_req = len(args.idx_mapping_np)
-            call = _Call(pos0=pos0, owner=step.owner[pos0:pos0 + n_req])
-            tracer._call = call
-            call.ptrs = {n: _ptr(t) for n, t in (
-                ("expanded_idx_mapping", args.expanded_idx_mapping),
-                ("req_ids", args.idx_mapping), ("input_ids", args.input_ids),
-                ("expanded_local_pos", args.expanded_local_pos))}
-            call.slots = args.expanded_idx_mapping.clone()
-            call.req_slots = args.idx_mapping.clone()
-            call.local_pos = args.expanded_local_pos.clone()
-            call.input_ids = args.input_ids.clone()
-            call.gate_slots = np.array(args.idx_mapping_np, copy=True)
-            # the per-slot gate at each request's own slot (the host's record, not the batch's)
-            call.gate = np.array(sampler.needs_logits_processing[_own(call)], copy=True)
-            call.end_in = tracer._end_vals(args.logits)
-            call.top_in = tracer._topk(args.logits)
-            try:
-                out = orig(sampler, *a, **k)
-            finally:
-                tracer._call = None
-            call.fast_path = out is args.logits
-            call.out_ptr = out.data_ptr()
-            call.end_final = tracer._end_vals(out)
-            call.top_final = tracer._topk(out)
-            step.calls.append(call)
-            return out
-
-        return apply_sampling_params
+    def _after_apply(self, state, out, *a, **k):
+        if state is None:
+            return
+        step, call, logits = state
+        call.fast_path = out is logits
+        call.out_ptr = out.data_ptr()
+        call.end_final = self._end_vals(out)
+        call.top_final = self._topk(out)
+        step.calls.append(call)
 
     def _own_index(self, call: _Call, device):
         """The call's requests' own slots as a device index (once per call, no sync, and no
@@ -328,24 +303,14 @@ class Tracer(BudgetTrace, patching.Hooked):
         call.end_s = self._end_vals(logits)
         call.top_s = self._topk(logits, 2)
 
-    def _w_consume(self, orig):
-        tracer = self
-
-        def consume(*a, **k):
-            step = tracer._step
-            if step is not None and step.calls:
-                call = step.calls[-1]
-                logits = a[0] if a else next((k[n] for n in ("logits", "target_logits",
-                                                             "processed_logits") if n in k),
-                                             None)
-                if call.s_ptr is None and logits is not None and logits.dim() == 2:
-                    try:
-                        tracer._consumed(call, logits)
-                    except Exception as e:
-                        tracer._error("consume", e)
-            return orig(*a, **k)
-
-        return consume
+    def _before_consume(self, *a, **k):
+        step = self._step
+        if step is not None and step.calls:
+            call = step.calls[-1]
+            logits = a[0] if a else next((k[n] for n in ("logits", "target_logits",
+                                                         "processed_logits") if n in k), None)
+            if call.s_ptr is None and logits is not None and logits.dim() == 2:
+                self._consumed(call, logits)
 
     # ---- step bookkeeping -------------------------------------------------------------------
     def _on_add_requests(self, runner, scheduler_output) -> None:

@@ -55,10 +55,10 @@ import json
 from typing import Any
 
 from workbook.core import budget, tracefiles
-from workbook.core.hypotheses import STAGES, title
+from workbook.core.hypotheses import HYPOTHESES, STAGES, title
 from workbook.run.verdicts import (  # noqa: F401 (re-exported: the diagnosis' public names)
     INT_FIELDS, as_int as _int, cause as _cause, chain_rows, dedupe as _dedupe, markers_text,
-    pointed_by, py as _py, records as _records, say, single as _single)
+    Verdict, pointed_by, py as _py, records as _records, say, single as _single)
 from workbook.run import verdicts
 from workbook.run.evidence_text import (cache_saw, history_saw, mapping_saw,  # noqa: F401
                                         reasoning_state)
@@ -224,14 +224,14 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
             int(s.get("budget_device") if s.get("budget_device") is not None else -1) >= 0
         if scanned and s.get("cache_scan_ok") is False or (
                 scanned and s.get("cache_scan_ok") is None and s.get("cache_after_ok") is False):
-            hit("kernel", "marker scan", s, "the scan left last_start="
+            hit("apply", "marker scan", s, "the scan left last_start="
                                             f"{say(s.get('last_start'))}, where "
                                             f"{reasoning_state(s.get('truth_start'))}")
         elif scanned and s.get("cache_scan_ok") and s.get("cache_after_ok") is False:
             hit("device state", "cache after the scan", s, "the scan left the cache right, "
                                                           "apply's exit found it changed")
         if [n for n in (s.get("kernel_substituted") or [])]:
-            hit("kernel", "kernel inputs", s, f"apply handed the kernel "
+            hit("apply", "kernel inputs", s, f"apply handed the kernel "
                                               f"{say(s['kernel_substituted'])}, not the state's "
                                               "tensors")
     ends = set(int(t) for t in (markers.end if markers is not None else ()))
@@ -239,7 +239,7 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
         cols = [int(x) for x in (r.get("bias_cols") or [])]
         if r["req_id"] not in budgeted:
             if cols:
-                hit("kernel", "non-due row biased", r, f"+1e9 went to column(s) {say(cols)} in "
+                hit("apply", "non-due row biased", r, f"+1e9 went to column(s) {say(cols)} in "
                                                        "a request without a budget",
                     r["local_pos"])
             sv, em = r.get("sampled_vllm"), r.get("emitted_token")
@@ -250,14 +250,14 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
         if r.get("due"):
             if not _forced(r):
                 if r.get("due_logit_kernel") is not None and r["due_logit_kernel"] >= FORCED:
-                    hit("kernel", "biased tensor", r, "the kernel forced another tensor",
+                    hit("apply", "biased tensor", r, "the kernel forced another tensor",
                         r["local_pos"])
                 elif cols:
-                    hit("kernel", "bias column", r, f"+1e9 went to column(s) {say(cols)}, while "
+                    hit("apply", "bias column", r, f"+1e9 went to column(s) {say(cols)}, while "
                                                     f"{say(r.get('due_token'))} was due",
                         r["local_pos"])
                 else:
-                    hit("kernel", "due row unforced", r, "the row was due at count "
+                    hit("apply", "due row unforced", r, "the row was due at count "
                                                          f"{say(r.get('count_host'))} and got "
                                                          "no +1e9", r["local_pos"])
                 continue
@@ -281,7 +281,7 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
                 hit("commit", "committed = sampled", r, f"{sv} was sampled and {em} emitted",
                     r["local_pos"])
         elif cols:
-            hit("kernel", "non-due row biased", r, f"+1e9 went to column(s) {say(cols)} at "
+            hit("apply", "non-due row biased", r, f"+1e9 went to column(s) {say(cols)} at "
                                                    f"count {say(r.get('count_host'))}, where "
                                                    "no end was due", r["local_pos"])
         else:
@@ -337,6 +337,7 @@ def diagnose(frames: dict | None, effective: dict, outcomes=None, cfg=None) -> d
         result["summary"] = "no request's budget could bind within its tokens"
     _name(result)
     result["chain"] = chain_rows(result)
+    result["verdicts"] = budget_verdicts(result)
     result["client_agrees"] = _client_agrees(reqs, client)
     return json.loads(json.dumps(result, default=_py))
 
@@ -423,7 +424,17 @@ def _name(result: dict) -> None:
     hyp = _single(causes)
     result["hypothesis"] = hyp
     result["hypothesis_title"] = title(hyp)
-    fv = result.get("first_violation") or {}
+    head = _head(result.get("first_violation") or {})
+    n_bad = len(result.get("violations") or [])
+    if n_bad > 1:
+        head += f" (and {n_bad - 1} more violated request{'s' if n_bad > 2 else ''})"
+    reason = _reason(hyp, causes, result.get("anomalies") or [])
+    result["reason"] = reason
+    result["summary"] = f"{head} — {hyp}: {reason}"
+
+
+def _head(fv: dict) -> str:
+    """Where and how one budget broke: "budget B violated at step S, local_pos J (path): ..."."""
     kind = fv.get("kind") or "missing"
     asked = "no budget" if fv.get("budget") is None else f"budget {fv.get('budget')}"
     where = (f"at step {say(fv.get('step'), 'not located')}, local_pos "
@@ -431,26 +442,67 @@ def _name(result: dict) -> None:
              f"({say(fv.get('path'), 'path not recorded')})")
     emitted = say(fv.get("emitted_token"), "no token (the output ended)")
     if kind == "missing":
-        head = (f"{asked} violated {where}: expected "
+        return (f"{asked} violated {where}: expected "
                 f"{say(fv.get('expected_token'), 'the end marker')}, emitted {emitted}")
-    else:
-        head = (f"{asked} violated {where}: {budget.VIOLATION_KINDS[kind]} (output index "
-                f"{say(fv.get('output_index'), 'not recorded')}, token {emitted})")
-    n_bad = len(result.get("violations") or [])
-    if n_bad > 1:
-        head += f" (and {n_bad - 1} more violated request{'s' if n_bad > 2 else ''})"
+    return (f"{asked} violated {where}: {budget.VIOLATION_KINDS[kind]} (output index "
+            f"{say(fv.get('output_index'), 'not recorded')}, token {emitted})")
+
+
+def _reason(hyp: str, causes: list, anomalies: list) -> str:
     if hyp == "unclassified":
-        top = result.get("anomalies") or []
-        reason = ("no rule fits; strongest anomalies: " + "; ".join(
-            f"{a['stage']}/{a['check']} ×{a['count']}: {a['saw']}" for a in top[:3])
-            if top else "no rule fits and no contract break was seen")
-    elif hyp == "ambiguous":
-        reason = "several causes fit — " + " | ".join(
+        return ("no rule fits; strongest anomalies: " + "; ".join(
+            f"{a['stage']}/{a['check']} ×{a['count']}: {a['saw']}" for a in anomalies[:3])
+            if anomalies else "no rule fits and no contract break was seen")
+    if hyp == "ambiguous":
+        return "several causes fit — " + " | ".join(
             f"{c['hypothesis']}: {c['saw']}" for c in causes)
-    else:
-        reason = causes[0]["saw"]
-    result["reason"] = reason
-    result["summary"] = f"{head} — {hyp}: {reason}"
+    return causes[0]["saw"]
+
+
+def budget_verdicts(result: dict) -> list[dict]:
+    """The diagnosis as the one verdict shape (``verdicts.Verdict``), one per traced request:
+    its thinking budget held, violated (first step, row, the column due or forced, the stage
+    and cause of the first broken stage, the sentence) or not judged (it could not bind)."""
+    vios = {v["req_id"]: v for v in result.get("violations") or []}
+    out = []
+    for r in result.get("requests") or []:
+        rid, b = r["req_id"], r.get("budget")
+        asked = "no budget" if b is None else f"budget {b}"
+        v = vios.get(rid)
+        if r.get("honored") is False and v is not None:
+            fv = v["first_violation"]
+            causes = v.get("causes") or []
+            hyp = v.get("hypothesis") or _single(causes)
+            reason = _reason(hyp, causes, result.get("anomalies") or [])
+            if v is result["violations"][0] and result.get("hypothesis"):  # probes fed back
+                hyp, reason = result["hypothesis"], result.get("reason") or reason
+            stage = next((c.get("stage") for c in causes if c.get("hypothesis") == hyp),
+                         causes[0].get("stage") if causes else None)
+            col = fv.get("expected_token") if fv.get("kind") == "missing" \
+                else fv.get("emitted_token")
+            out.append(Verdict(
+                rid, "thinking_token_budget", "violated", step=fv.get("step"),
+                row=fv.get("row"), local_pos=fv.get("local_pos"), column=col,
+                output_index=fv.get("output_index"), stage=stage,
+                cause=hyp if hyp in HYPOTHESES else None,
+                evidence=f"{_head(fv)} — {hyp}: {reason}").to_dict())
+        elif r.get("honored") is False:  # judged by the client only (no traced step)
+            out.append(Verdict(rid, "thinking_token_budget", "violated",
+                               output_index=r.get("at"), stage=None,
+                               evidence=f"{asked} violated, output index "
+                                        f"{say(r.get('at'), 'not recorded')}: no MRV2 step "
+                                        "was traced to locate it").to_dict())
+        elif r.get("honored") is True:
+            end = r.get("actual_end_index")
+            out.append(Verdict(rid, "thinking_token_budget", "held", evidence=(
+                f"{asked} held: the end of reasoning at output index {say(end)}, where the "
+                "budget put it" if b is not None and end is not None else
+                f"{asked} held: no end of reasoning was forced where none was due")).to_dict())
+        else:
+            out.append(Verdict(rid, "thinking_token_budget", "not judged", evidence=(
+                f"{asked} could not bind within the request's "
+                f"{len(r.get('output') or [])} output tokens")).to_dict())
+    return out
 
 
 def _slim(st: dict) -> dict:
@@ -470,5 +522,9 @@ def _client_agrees(reqs, client) -> bool | None:
 
 
 def with_probes(verdict: dict, probes: dict) -> dict:
-    """``verdicts.with_probes`` with the budget's own summary (``_name``)."""
-    return verdicts.with_probes(verdict, probes, namer=_name)
+    """``verdicts.with_probes`` with the budget's own summary (``_name``) and verdict
+    records (``budget_verdicts``)."""
+    v = verdicts.with_probes(verdict, probes, namer=_name)
+    if "verdicts" in verdict:  # a diagnosis' own records follow the name the probes give
+        v["verdicts"] = budget_verdicts(v)
+    return v

@@ -10,9 +10,13 @@ raw value, or to B's own prediction), A's transform actually changing it, is A's
 leaking: a breach of A's contract ("request A's <constraint> applied to request B's row ...");
 B keeps it as ``affected_by`` and is not violated by it. Never by elimination.
 
-Stages (``STAGES``), from positive evidence only: registration, gate/fast path, commit, apply,
-apply on draft rows, rejection (see ``stage``); the rest are judged in
-``workbook.run.constraints``. Not here: gathering (the hook), the contracts themselves.
+Stages: the one list (``workbook.core.stages``), named from positive evidence only:
+registration, gate, device state (the committed history the row was processed with), apply,
+apply on draft rows (``stage``), sampling and acceptance (``rejection``: the emitted token
+breaks its processed row — its own sample, or an accepted draft); the rest are judged in
+``workbook.run.constraints``. Each request's contracts come back as well in the one verdict
+shape (``verdicts.Verdict``, ``records``). Not here: gathering (the hook), the contracts
+themselves.
 """
 
 from __future__ import annotations
@@ -20,10 +24,8 @@ from __future__ import annotations
 import math
 
 from workbook.core import budget, contracts
-
-STAGES = ("registration", "gate/fast path", "commit", "apply", "apply on draft rows",
-          "rejection", "grammar bitmask", "prompt row selection", "host-side post-processing",
-          "differential vs none")
+from workbook.core.stages import NAMES as STAGES  # noqa: F401 (the one list, re-exported)
+from workbook.run.verdicts import Verdict
 
 
 def judge(rc, names: dict[str, str] | None = None) -> dict[str, dict]:
@@ -98,10 +100,56 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
                     d.update(expected=_value(e), found=row["proc"][b.column],
                              columns=sum(1 for x in found if x.contract == b.contract))
                 r["breaches"].append(d)
-    for r in out.values():
+    for req_id, r in out.items():
         r["breaches"].sort(key=lambda b: (b["step"], b["row"]))
         r["first"] = r["breaches"][0] if r["breaches"] else None
+        r["verdicts"] = records(req_id, r, label)
     return out
+
+
+UNCONSTRAINED = "no constraint"  # the contract of a request that asked for none
+
+
+def records(req_id: str, r: dict, label=lambda x: x) -> list[dict]:
+    """One request's row judgement in the one verdict shape (``verdicts.Verdict``): per
+    contract judged on its rows (``Contract.on_rows``; the output's are
+    ``workbook.run.constraints``'), violated (its first breach: step, row, column, stage, the sentence; a
+    leak onto another request's row says so as its cause) or held; ``affected_by``: another
+    request's constraint found on this request's rows."""
+    touched = [{"request": a["by_request"], "contract": a["contract"], "step": a["step"],
+                "row": a["row"], "column": a.get("column"), "evidence": a["what"]}
+               for a in r.get("affected_by") or []]
+    out = []
+    names = [n for n in r["constraints"] if _on_rows(n)]  # judged here: those on the rows
+    names += list(dict.fromkeys(b["contract"] for b in r["breaches"] if b.get("contract")
+                                not in names))
+    if not names and touched:  # no contract of its own: its rows must stay raw
+        out.append(Verdict(req_id, UNCONSTRAINED, "held", evidence=(
+            f"no constraint asked for: its {r['rows']} rows stayed raw but where another "
+            "request's constraint reached them"), affected_by=touched).to_dict())
+    for name in names:
+        b = next((b for b in r["breaches"] if b.get("contract") == name), None)
+        if b is None:
+            out.append(Verdict(req_id, name, "held", evidence=(
+                f"{name} held at {r['rows']} rows ({r['draft_rows']} draft rows)"),
+                affected_by=touched).to_dict())
+            continue
+        leak = b.get("on_request")
+        out.append(Verdict(
+            req_id, name, "violated", step=b.get("step"), row=b.get("row"),
+            local_pos=b.get("local_pos"), column=b.get("column"),
+            output_index=b.get("out_index"), stage=b.get("stage"),
+            cause=None if leak is None else
+            f"request {label(req_id)}'s {name} applied to request {b.get('on_name')}'s row",
+            evidence=b.get("what") or "", affected_by=touched).to_dict())
+    return out
+
+
+def _on_rows(name: str) -> bool:
+    try:
+        return contracts.get(name).on_rows
+    except (KeyError, ValueError):
+        return False
 
 
 def _ctx(prompt, before, row, j, markers) -> contracts.RowContext:
@@ -127,34 +175,38 @@ def _draft_aware(name: str, j: int, row0_ok: bool) -> str:
 
 def stage(reg: dict | None, row: dict, j: int, row0_ok: bool, p) -> str:
     """The stage a row breach belongs to, from positive evidence: ``registration`` (vLLM's
-    per-slot state after ``add_request`` lacks the parameter), ``gate/fast path`` (the slot's
-    gate off, or ``apply_sampling_params`` returned its input), ``commit`` (the device history
-    the row was processed with differs from the tokens emitted before), else ``apply``
+    per-slot state after ``add_request`` lacks the parameter), ``gate`` (the slot's
+    gate off, or ``apply_sampling_params`` returned its input), ``device state`` (the device
+    history the row was processed with differs from the tokens emitted before), else ``apply``
     (``apply on draft rows`` when row 0 of the same step held)."""
     if reg is not None and set(reg["missing"]) - {"gate"}:
         return "registration"
     if row["gate"] is False or row["fast_path"]:
-        return "gate/fast path"
+        return "gate"
     if not row["history_ok"]:
-        return "commit"
+        return "device state"
     return _draft_aware("apply", j, row0_ok)
 
 
 def rejection(p, ctx, row) -> list:
     """A processed row that held but an emitted token that breaks it: masked there, or (greedy)
-    not the processed row's argmax."""
+    not the processed row's argmax. Stage ``acceptance`` when the token is the draft the
+    rejection sampler accepted at that row (the next row's input), else ``sampling`` (the
+    row's own sample)."""
     t = row["emitted_token"]
     if t is None:
         return []
+    j, drafts = row["local_pos"], row.get("drafts") or []
+    st = "acceptance" if j < len(drafts) and drafts[j] == t else "sampling"
     b = contracts.must_hold_token(p, ctx, t)
     if b is not None:
-        return [(b, "rejection")]
+        return [(b, st)]
     if p.temperature == 0.0 and "proc_at_emitted" in row:
         if row["proc_at_emitted"] < row["top1_val"] and t != row["top1"]:
             return [(contracts.Breach("greedy", f"emitted {t} ({row['proc_at_emitted']:.6g})"
                                       f", the processed row's argmax is {row['top1']} "
                                       f"({row['top1_val']:.6g})", t, ctx.out_index),
-                     "rejection")]
+                     st)]
     return []
 
 

@@ -6,7 +6,8 @@ request-step, the markers) and returns the causes of the first stage whose contr
 there, each a ``{hypothesis, title, stage, saw, confirm}`` from the catalogue
 (``workbook.run.verdicts.cause``); ``[]`` when no stage's contract is seen broken.
 
-The rules. Each stage of MRV2 has a contract (``workbook.core.hypotheses.STAGES``); the host
+The rules. Each stage of MRV2 has a contract (the one stage list, ``workbook.core.stages``, as
+the budget reads it: ``workbook.core.hypotheses.STAGES``); the host
 truth of every budgeted row is computed by the tracer from the committed history and the
 reasoning configuration with the one budget rule (``budget.row_truth``: is the row due, which
 end token is due). Stages are checked in pipeline order at the violating row (``RULES``); a
@@ -35,7 +36,7 @@ and the stages before it held. All rules of the first broken stage are listed.
                   H-d-cache     the marker cache entering ``apply`` (replayed over the history)
                                 gives another reasoning state than the rule, while the previous
                                 ``apply`` had left it right (markers and history right)
-  kernel          H-d-kernel    right inputs, yet the due row got no winning +1e9 (the bias
+  apply           H-d-kernel    right inputs, yet the due row got no winning +1e9 (the bias
                                 found at the due column and the winning logit are reported),
                                 or the marker scan came out wrong, or ``apply`` handed the
                                 kernel other tensors; H-j listed too when forcing tracks the
@@ -522,12 +523,12 @@ def _rule_commit(c: Ctx) -> list[dict]:
 
 RULES = (("state", _rule_state), ("registration", _rule_registration),
          ("batch mapping", _rule_mapping), ("gate", _rule_gate), ("launch", _rule_launch),
-         ("device state", _rule_device_state), ("kernel", _rule_kernel),
+         ("device state", _rule_device_state), ("apply", _rule_kernel),
          ("sampling", _rule_sampling), ("commit", _rule_commit))
 # the other side of the contract: the end forced where it was not due (early, into a request
 # without a budget, twice). Gate and launch cannot add a forcing; the stages that can, in order
 FORCING_RULES = (("registration", _rule_registration), ("batch mapping", _rule_mapping),
-                 ("device state", _rule_device_state), ("kernel", _rule_forced_kernel),
+                 ("device state", _rule_device_state), ("apply", _rule_forced_kernel),
                  ("commit", _rule_forced_commit))
 
 

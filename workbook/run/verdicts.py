@@ -9,6 +9,13 @@ catalogue's predictions, ``pointed_by``; a cause that ``awaits`` a probe says it
 ``settled``) and the chain the notebooks and the report show (``chain_rows``). Values in a
 sentence: ``say`` / ``markers_text`` (never None, NaN or a Python repr).
 
+``Verdict``: the ONE record of one contract of one request, judged — what the thinking
+budget's diagnosis (``workbook.run.diagnose``: ``verdicts``) and the constraints' row judge
+(``workbook.run.rowjudge``: each request's ``verdicts``) both produce and the report reads: the
+contract, held / violated / not judged, the first violating step, row and column, the stage
+(``workbook.core.stages``), the cause, the evidence sentence and ``affected_by`` (another
+request's constraint found on this request's rows, although its own contracts held).
+
 Deliberately not here: any rule about what a stage must do (the constraint's module), the
 probes themselves (``workbook.run.probes``).
 """
@@ -16,6 +23,7 @@ probes themselves (``workbook.run.probes``).
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
@@ -35,6 +43,58 @@ INT_FIELDS = frozenset((
     "batch_pos", "batch_size", "row", "local_pos", "input_token", "sampled_vllm",
     "emitted_token", "count_host", "due_token", "sampled_top", "n_bias_cols", "num_reqs",
     "num_draft_tokens", "guard_fixed"))
+
+
+VERDICTS = ("held", "violated", "not judged")
+
+
+@dataclass
+class Verdict:
+    """One contract of one request, judged (the one shape; ``to_dict`` for files)."""
+    request: str
+    contract: str
+    verdict: str  # VERDICTS
+    step: int | None = None  # the first violating engine step (None: held, or not located)
+    row: int | None = None  # its logits row in that step
+    local_pos: int | None = None  # the row's position within the request (0: no draft)
+    column: int | None = None  # the token column that broke (or the token at fault)
+    output_index: int | None = None
+    stage: str | None = None  # workbook.core.stages.NAMES, or stages.UNLOCATED
+    cause: str | None = None  # the named cause (the budget: a hypothesis id), if any
+    evidence: str = ""  # the sentence, from the evidence it cites
+    # [{request, contract, step, row, column, evidence}]: another request's constraint on
+    # this request's rows (not a breach of this request's own contracts)
+    affected_by: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, not {self.verdict!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def verdict_text(v: dict) -> str:
+    """One verdict record as a sentence: "request r: <contract> held" / "... violated at step
+    S, row R (column C, output index I), stage X (cause Y): <evidence>", and who touched it."""
+    head = f"request {say(v.get('request'))}: {say(v.get('contract'))} {v.get('verdict')}"
+    if v.get("verdict") == "violated":
+        where = (f"at step {say(v.get('step'))}, row {say(v.get('row'))}"
+                 if v.get("step") is not None else "at no located step")
+        extra = [f"column {say(v['column'])}" if v.get("column") is not None else None,
+                 f"output index {say(v['output_index'])}"
+                 if v.get("output_index") is not None else None]
+        extra = [e for e in extra if e]
+        where += f" ({', '.join(extra)})" if extra else ""
+        head += f" {where}, stage {say(v.get('stage'), 'not named')}"
+        if v.get("cause"):
+            head += f" (cause {say(v['cause'])})"
+    if v.get("evidence"):
+        head += f": {v['evidence']}"
+    for a in v.get("affected_by") or []:
+        head += (f"; touched by request {say(a.get('request'))}'s {say(a.get('contract'))} at "
+                 f"step {say(a.get('step'))}, row {say(a.get('row'))}")
+    return head
 
 
 def records(df: pd.DataFrame | None) -> list[dict]:

@@ -150,7 +150,7 @@ class PatchSet:
 
 def active() -> dict[str, list[str]]:
     """``{"Class.attr": [patch set names, innermost first]}`` for what is installed now."""
-    return {f"{cls.__qualname__}.{attr}": [w[2].name for w in sorted(c.wrappers,
+    return {f"{getattr(cls, '__qualname__', cls.__name__)}.{attr}": [w[2].name for w in sorted(c.wrappers,
                                                                        key=lambda w: (w[0], w[1]))]
             for (cls, attr), c in _chains.items()}
 

@@ -26,16 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence
 
 from workbook.core import budget
+from workbook.core import stages as _stages
 
 NEG_INF = float("-inf")
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 MAX_LOGPROBS = 20  # vLLM's default ModelConfig.max_logprobs
 RTOL, ATOL = 1e-4, 1e-5  # float32 arithmetic in vLLM's kernels vs this rule in float64
-# the MRV2 stages a contract's evidence can name (``workbook.hooks.rowcheck``'s vocabulary)
-STAGES = ("registration", "gate/fast path", "commit", "apply", "apply on draft rows",
-          "rejection", "grammar bitmask", "logprob row selection", "prompt row selection",
-          "host-side post-processing")
-ROW_STAGES = ("gate/fast path", "apply", "apply on draft rows", "grammar bitmask")
+# the MRV2 stages a contract's evidence can name: the one list (``workbook.core.stages``)
+STAGES = _stages.NAMES
+ROW_STAGES = ("gate", "apply", "apply on draft rows", "grammar bitmask")
 
 
 class ContractError(ValueError):
@@ -300,7 +299,7 @@ class Contract:
     @property
     def gated(self) -> bool:
         """It changes rows through the sampler, behind the per-slot gate."""
-        return "gate/fast path" in self.stages
+        return "gate" in self.stages
 
 
 _BY_NAME: dict[str, Contract] = {}

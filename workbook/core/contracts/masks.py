@@ -19,7 +19,8 @@ from workbook.core import budget
 from workbook.core.contracts.base import (NEG_INF, Breach, Contract, ContractError, case_tokens,
                                           ids_in_vocab)
 
-SAMPLER_STAGES = ("registration", "gate/fast path", "apply", "apply on draft rows", "rejection")
+SAMPLER_STAGES = ("registration", "gate", "apply", "apply on draft rows", "sampling",
+                  "acceptance")
 
 
 class AllowedTokenIds(Contract):
@@ -149,8 +150,8 @@ class BadWords(Contract):
     rank = 50
     step = 5
     reads = ("bad_words",)
-    stages = ("registration", "gate/fast path", "commit", "apply", "apply on draft rows",
-              "rejection")
+    stages = ("registration", "gate", "device state", "apply", "apply on draft rows",
+              "sampling", "acceptance")
 
     def active(self, p):
         return bool(p.bad_words)

@@ -35,8 +35,8 @@ class Penalties(Contract):
     rank = 60
     step = 4
     reads = ("repetition_penalty", "presence_penalty", "frequency_penalty")
-    stages = ("registration", "gate/fast path", "commit", "apply", "apply on draft rows",
-              "rejection")
+    stages = ("registration", "gate", "device state", "apply", "apply on draft rows",
+              "sampling", "acceptance")
 
     def active(self, p):
         return p.penalised

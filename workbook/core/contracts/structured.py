@@ -61,7 +61,7 @@ class StructuredOutput(Contract):
     name = "structured_output"
     rank = 90
     reads = ("json_schema",)
-    stages = ("grammar bitmask", "rejection")
+    stages = ("grammar bitmask", "sampling", "acceptance")
 
     def active(self, p):
         return p.json_schema is not None

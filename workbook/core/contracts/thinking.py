@@ -30,8 +30,8 @@ class ThinkingBudget(Contract):
     step = 6
     forces = True
     reads = ("thinking_token_budget",)
-    stages = ("registration", "gate/fast path", "commit", "apply", "apply on draft rows",
-              "rejection")
+    stages = ("registration", "gate", "device state", "apply", "apply on draft rows",
+              "sampling", "acceptance")
 
     def active(self, p: Params) -> bool:
         return p.thinking_token_budget is not None
