@@ -28,10 +28,14 @@
 # rows included — before and after `Sampler.apply_sampling_params`, with device indices only
 # (no synchronization inside a step), and judges them after the run. The output check judges
 # what the user got; the differential compares the same greedy request with speculation off.
-# A violation is located to its step and row, with the stage the evidence shows (registration,
-# gate / fast path, commit, apply, apply on draft rows, rejection, logprob row selection,
-# prompt row selection, host-side post-processing, differential vs none). A constraint vLLM refuses with a method is reported with vLLM's
-# own message.
+# A violation is located to its step and row, with the stage the evidence shows — from the one
+# list of MRV2 stages the thinking budget's diagnosis uses too (`workbook.core.stages`:
+# registration, gate, device state, apply, apply on draft rows, grammar bitmask, sampling,
+# acceptance, logprob row selection, prompt row selection, host-side post-processing; or
+# "differential vs none" where only speculation off's output showed it) — in the one verdict
+# record (`workbook.run.verdicts.Verdict`). A request whose rows carried another request's
+# constraint is not violated: the touch is attributed to that request (`affected_by`). A
+# constraint vLLM refuses with a method is reported with vLLM's own message.
 
 # %% tags=["parameters"]
 method: str = "mtp"  # speculative method judged against none: none | mtp | eagle | ngram | draft_model
@@ -49,8 +53,10 @@ import tempfile
 from IPython.display import HTML, Markdown, display
 
 from workbook.report import constraints as section
+from workbook.report import views
 from workbook.run import constraints as grid_run
 from workbook.run import grid as study
+from workbook.run import verdicts
 
 chosen = list(grid_run.CONSTRAINTS) if constraint == "all" else [constraint]
 methods = ["none"] if method == "none" else ["none", method]
@@ -81,13 +87,22 @@ violated = [c for c in grid["cells"] if c["status"] == "violated"]
 if not violated:
     display(Markdown(f"No violation: {section.summary(grid)}"))
 for c in violated[:12]:
-    f = c["first"]
-    kw = grid_run.case_kwargs(c["constraint"], [], lambda ids: "")
-    display(Markdown(
-        f"**{c['constraint']}** · {c['method']} · {c['batch']}: step {f['step']}, logits row "
-        f"{f['row']} (local position {f['local_pos']}), stage *{f['stage']}* — {f['what']}. "
-        f"Output: `{c['output']}` ({c['finish_reason']})."))
+    display(Markdown(f"{verdicts.verdict_text(section.verdict_of(c))}. Output: `{c['output']}` "
+                     f"({c['finish_reason']})."))
     print(grid_run.reproducer(c, grid))
+
+# %% [markdown]
+# ## Attribution: a neighbour's constraint on a request's rows
+#
+# In a mixed batch, a row of request B whose changed columns are exactly what another request
+# A's contract gives there is A's constraint leaking: a breach of A's contract, and B — whose
+# own contracts held — keeps it as `affected_by`. One row per touch (empty: no request's rows
+# carried another's constraint).
+
+# %%
+touched = section.affected_rows(grid)
+display(Markdown(f"{len(touched)} touch(es) by a neighbour's constraint."))
+views.table(touched, "No request's rows carried another request's constraint.")
 
 # %% [markdown]
 # ## Differential: the same greedy request with speculation off

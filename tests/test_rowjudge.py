@@ -3,6 +3,8 @@ a column no contract names is the first violation at its own row, with the colum
 values; another request's transform found on a row is attributed to that request, never by
 elimination. The engine-side proofs are tests/test_constraints.py's fault cases."""
 
+import re
+
 from workbook.core import budget, contracts
 from workbook.run import rowjudge
 
@@ -129,3 +131,41 @@ def test_stages_are_the_one_list():
     assert {h.stage for h in hypotheses.HYPOTHESES.values()} <= set(stages.NAMES)
     for c in contracts.catalogue():
         assert set(c.stages) <= set(stages.NAMES), c
+
+
+def test_the_report_shows_a_neighbours_touch():
+    """The judge's ``affected_by`` travels through the grid cell (its verdict record) into the
+    report's constraints section: the cell held, the touch named with its request, contract,
+    step and row, in the cell, the summary and the table under the grid; the source's cell is
+    violated with the leak's sentence."""
+    from workbook.report import constraints as section
+    from workbook.run import constraints as C
+
+    pa, pb = contracts.Params(allowed_token_ids=(5, 6, 7)), contracts.Params(logit_bias={5: 1.0})
+    raw = {0: 0.0, 5: 0.0, 9: 1.0}
+    steps = [{"step": 0, "req_id": "A", "emitted": [5],
+              "rows": [_row(0, 0, raw, {0: NEG, 5: 0.0, 9: NEG}, 5)]},
+             {"step": 0, "req_id": "B", "emitted": [5],
+              "rows": [_row(1, 0, raw, {0: NEG, 5: 1.0, 9: NEG}, 5)]}]
+    v = _judge(steps, {"A": pa, "B": pb}, {"A": "A", "B": "B"})
+    assert v["B"]["breaches"] == [] and len(v["B"]["affected_by"]) == 1
+    b = C.Cell("logit_bias", "mtp", "mixed", "holds", rows=1, affected_by=v["B"]["affected_by"])
+    a = C.Cell("allowed_token_ids", "mtp", "mixed", "violated", first=v["A"]["first"],
+               breaches=1, rows=1)
+    grid = {"vllm_version": "0.32.0", "constraints": ["allowed_token_ids", "logit_bias"],
+            "methods": ["mtp"], "batches": ["mixed"], "cells": [a.to_dict(), b.to_dict()]}
+    vb = grid["cells"][1]["verdict"]
+    assert vb["verdict"] == "held" and vb["affected_by"][0]["request"] == "A"
+    va = grid["cells"][0]["verdict"]
+    assert (va["verdict"], va["step"], va["row"], va["column"]) == ("violated", 0, 1, 0)
+    text = section.text_grid(grid)
+    assert "1 touched by a neighbour's constraint" in text
+    assert ("touched by a neighbour (not a breach of its own contracts): request A's "
+            "allowed_token_ids reached its row at step 0, row 1") in text
+    assert "request A's allowed_token_ids applied to request B's row at step 0, row 1" in text
+    (row,) = section.affected_rows(grid)
+    assert (row["constraint"], row["own verdict"], row["by request"], row["column"]) == (
+        "logit_bias", "held", "A", 0)
+    html = section.section_html([grid])
+    assert "carried another request's constraint" in html
+    assert not re.search(r"\bNone\b|\bnan\b", html)

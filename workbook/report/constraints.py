@@ -5,12 +5,16 @@ one per vLLM version) as a self-contained HTML fragment: per version a table, co
 method × batch across; each cell says ``holds`` (rows checked, draft rows, accepted drafts;
 for a structured output how many tokens its grammar accepted from where), ``not judged`` (why:
 the cell's own contract could not be checked on the output — never counted as held),
-``violated`` (step, row, local position, contract, stage, what), ``refused by vLLM`` (vLLM's
+``violated`` (step, row, local position, contract, stage, what: read from the cell's verdict
+record, ``workbook.run.verdicts.Verdict``, the one shape the budget's diagnosis gives too),
+``refused by vLLM`` (vLLM's
 message), ``method refused`` (vLLM rejected the speculative method itself at engine start: its
 message) or ``error`` (the message); the differential against method ``none`` under it (identical,
 or the first divergent output index with its step, row and top-1/top-2 margin; for a request
 with prompt logprobs, whether they equal ``none``'s or the first position that differs). A sentence over
-the grid counts what held, what was violated and what vLLM refused, from the cells themselves.
+the grid counts what held, what was violated and what vLLM refused, from the cells themselves;
+a cell another request's constraint reached (``affected_by``: attributed to that request, its
+own contracts held) says so, and a table under the grid lists each such touch.
 ``text_grid(grid)``: the same grid as plain text (the CLI's output).
 
 ``load(paths)`` reads the ``grid.json`` files a report shows (``workbook report`` passes the
@@ -25,6 +29,7 @@ import html
 from collections import Counter
 
 from workbook.report import wording
+from workbook.run import verdicts
 
 GRID = "grid.json"
 TITLE = "Constraints under speculative decoding"
@@ -59,10 +64,64 @@ def summary(grid: dict) -> str:
                      f"at engine start ({', '.join(why)})")
     if n.get("error"):
         parts.append(f"{n['error']} failed")
+    touched = sum(1 for c in cells if (verdict_of(c) or {}).get("affected_by"))
+    if touched:
+        parts.append(f"{touched} touched by a neighbour's constraint (their own contracts "
+                     "held there)")
     fault = f" with fault {grid['fault']}" if grid.get("fault") else ""
     return (f"vLLM {grid.get('vllm_version') or 'version not recorded'}{fault}: {len(cells)} cells "
             f"({len(grid.get('constraints', []))} constraints × methods {methods} × batches "
             f"{', '.join(grid.get('batches', []))}): " + ", ".join(parts) + ".")
+
+
+def verdict_of(c: dict) -> dict | None:
+    """The cell's verdict record (the one shape, ``workbook.run.verdicts.Verdict``): as the
+    grid wrote it, or built from an older grid's cell."""
+    return c.get("verdict") or verdicts.of_cell(c)
+
+
+def affected_text(c: dict) -> str:
+    """Who else's constraint reached this cell's rows (its own contracts held there), or ""."""
+    v = verdict_of(c) or {}
+    parts = [f"request {wording.value_text(a.get('request'))}'s "
+             f"{wording.value_text(a.get('contract'))} reached its row at step "
+             f"{wording.value_text(a.get('step'))}, row {wording.value_text(a.get('row'))}"
+             for a in v.get("affected_by") or []]
+    if not parts:
+        return ""
+    return ("touched by a neighbour (not a breach of its own contracts): " + "; ".join(parts[:3])
+            + (f"; and {len(parts) - 3} more" if len(parts) > 3 else ""))
+
+
+def affected_rows(grid: dict) -> list[dict]:
+    """One row per cell another request's constraint reached: the cell, its own verdict, who
+    touched it, where, and the evidence."""
+    out = []
+    for c in grid.get("cells", []):
+        v = verdict_of(c) or {}
+        for a in v.get("affected_by") or []:
+            out.append({"constraint": c["constraint"], "method": c["method"],
+                        "batch": c["batch"], "own verdict": v.get("verdict"),
+                        "by request": a.get("request"), "by contract": a.get("contract"),
+                        "step": a.get("step"), "row": a.get("row"), "column": a.get("column"),
+                        "evidence": a.get("evidence")})
+    return out
+
+
+def _affected_html(grid: dict) -> str:
+    rows = affected_rows(grid)
+    if not rows:
+        return ""
+    e = html.escape
+    v = wording.value_text
+    keys = ("constraint", "method", "batch", "own verdict", "by request", "by contract", "step",
+            "row", "column", "evidence")
+    body = "".join("<tr>" + "".join(f"<td>{e(v(r[k]))}</td>" for k in keys) + "</tr>"
+                   for r in rows)
+    return (f"<p>{len(rows)} time(s) a request's rows carried another request's constraint "
+            "(attributed to that request; the touched request's own contracts held there):</p>"
+            f'<table class="cgrid"><tr>{"".join(f"<th>{e(k)}</th>" for k in keys)}</tr>'
+            f"{body}</table>")
 
 
 def _cell_text(c: dict) -> tuple[str, str]:
@@ -75,15 +134,18 @@ def _cell_text(c: dict) -> tuple[str, str]:
                        f"{g['start']}" + (", to its end" if g.get("terminated")
                                           else ", a valid prefix"))
     elif st == "violated":
-        f = c.get("first") or {}
+        f = verdict_of(c) or {}
         v = wording.value_text
         detail = (f"step {v(f.get('step'))}, row {v(f.get('row'))} (j={v(f.get('local_pos'))}): "
                   f"{v(f.get('contract'))} at {v(f.get('stage'), 'stage not named')} — "
-                  f"{v(f.get('what'))}")
+                  f"{v(f.get('evidence'))}")
     elif st == "not judged":
         detail = c.get("message") or "no reason recorded"
     else:
         detail = c.get("message") or ("no message recorded" if st != "not run" else "")
+    touched = affected_text(c)
+    if touched:
+        detail += f"; {touched}"
     d = c.get("differential")
     if d:
         v = wording.value_text
@@ -142,14 +204,14 @@ def finding_lines(grids: list[dict]) -> list[str]:
             by.setdefault(c["constraint"], [])
             if c["method"] not in by[c["constraint"]]:
                 by[c["constraint"]].append(c["method"])
-        f = bad[0].get("first") or {}
+        f = verdict_of(bad[0]) or {}
         where = (f"step {f.get('step')}, row {f.get('row')}" if f.get("step") is not None
                  else "no step recorded")
         what = "; ".join(f"{k} with {', '.join(ms)}" for k, ms in by.items())
         out.append(f"Constraints on vLLM {v}: {len(bad)} of {len(cells)} cells violated — "
                    f"{what} ({held} held{rest_text}). First: {bad[0]['constraint']} / {bad[0]['method']} / "
                    f"{bad[0]['batch']} at {where}, {f.get('stage') or 'stage not named'}: "
-                   f"{f.get('what') or 'no detail recorded'}.")
+                   f"{f.get('evidence') or 'no detail recorded'}.")
     return out
 
 
@@ -170,7 +232,7 @@ def section_html(grids: list[dict]) -> str:
     if not grids:
         return ""
     body = "".join(f"<h3>vLLM {html.escape(wording.value_text(g.get('vllm_version')))}</h3>"
-                   f"{_notes_html(g)}{table_html(g)}" for g in grids)
+                   f"{_notes_html(g)}{table_html(g)}{_affected_html(g)}" for g in grids)
     return (f'<section id="constraints"><style>{CSS}</style><h2>{TITLE}</h2>'
             '<p class="note">Each cell: ✓ the contract held at every logits row (draft rows '
             'included) and on the output; ✗ the first violating step and row; "not judged": '

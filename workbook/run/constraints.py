@@ -148,7 +148,11 @@ class Cell:
     affected_by: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        from workbook.run import verdicts
+
+        d = asdict(self)
+        d["verdict"] = verdicts.of_cell(d)  # the one verdict shape the report reads
+        return d
 
 
 def prompt_for(tokenizer, name: str) -> list[int]:

@@ -25,7 +25,7 @@ import math
 
 from workbook.core import budget, contracts
 from workbook.core.stages import NAMES as STAGES  # noqa: F401 (the one list, re-exported)
-from workbook.run.verdicts import Verdict
+from workbook.run.verdicts import Verdict, touched_by
 
 
 def judge(rc, names: dict[str, str] | None = None) -> dict[str, dict]:
@@ -116,9 +116,7 @@ def records(req_id: str, r: dict, label=lambda x: x) -> list[dict]:
     ``workbook.run.constraints``'), violated (its first breach: step, row, column, stage, the sentence; a
     leak onto another request's row says so as its cause) or held; ``affected_by``: another
     request's constraint found on this request's rows."""
-    touched = [{"request": a["by_request"], "contract": a["contract"], "step": a["step"],
-                "row": a["row"], "column": a.get("column"), "evidence": a["what"]}
-               for a in r.get("affected_by") or []]
+    touched = touched_by(r.get("affected_by"))
     out = []
     names = [n for n in r["constraints"] if _on_rows(n)]  # judged here: those on the rows
     names += list(dict.fromkeys(b["contract"] for b in r["breaches"] if b.get("contract")

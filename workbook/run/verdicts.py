@@ -74,6 +74,40 @@ class Verdict:
         return asdict(self)
 
 
+CELL_VERDICT = {"holds": "held", "violated": "violated", "not judged": "not judged"}
+
+
+def touched_by(affected_by: list) -> list[dict]:
+    """The row judge's ``affected_by`` entries in the verdict's shape."""
+    return [{"request": a.get("by_name") or a.get("by_request"), "contract": a.get("contract"),
+             "step": a.get("step"), "row": a.get("row"), "column": a.get("column"),
+             "evidence": a.get("what") or ""} for a in affected_by or []]
+
+
+def of_cell(cell: dict) -> dict | None:
+    """A constraints grid cell (``workbook.run.constraints.Cell.to_dict()``) as the one
+    verdict record of its request's contract; None for a cell that judged nothing (refused,
+    method refused, error, not run)."""
+    verdict = CELL_VERDICT.get(cell.get("status"))
+    if verdict is None:
+        return None
+    f = cell.get("first") or {}
+    if verdict == "violated":
+        evidence = f.get("what") or ""
+    elif verdict == "held":
+        evidence = (f"held at {cell.get('rows', 0)} rows ({cell.get('draft_rows', 0)} draft, "
+                    f"{cell.get('accepted_drafts', 0)} accepted) and on the output")
+    else:
+        evidence = cell.get("message") or ""
+    return Verdict(
+        request=f"{cell.get('constraint')} / {cell.get('method')} / {cell.get('batch')}",
+        contract=f.get("contract") or cell.get("constraint"), verdict=verdict,
+        step=f.get("step"), row=f.get("row"), local_pos=f.get("local_pos"),
+        column=f.get("column"), output_index=f.get("out_index"), stage=f.get("stage"),
+        cause=f.get("what") if f.get("on_request") is not None else None,
+        evidence=evidence, affected_by=touched_by(cell.get("affected_by"))).to_dict()
+
+
 def verdict_text(v: dict) -> str:
     """One verdict record as a sentence: "request r: <contract> held" / "... violated at step
     S, row R (column C, output index I), stage X (cause Y): <evidence>", and who touched it."""
