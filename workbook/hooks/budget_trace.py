@@ -36,10 +36,10 @@ configuration with the one budget rule (``workbook.core.budget``):
 The per-slot reads use the requests' own slots (the host's record, ``Tracer._own_index``), never
 the batch's mapping.
 
-What it deliberately does NOT do: install or remove anything (``Tracer._build_patches`` puts its
-wrappers in the tracer's one patch set), keep steps, calls, rows or the host history, or build
+What it deliberately does NOT do: install or remove anything (``Tracer.taps`` lists its
+wrappers among the tracer's taps, which the run's one observer installs), keep steps, calls, rows or the host history, or build
 tables: the gate, fast path, mapping and per-row columns are recorded and laid out by the tracer
-(``Tracer._w_apply_sampling_params``, ``Tracer._rows_of``) from what this records in
+(``Tracer._before_apply`` / ``_after_apply``, ``Tracer._rows_of``) from what this records in
 ``call.apply``. Inside a step it only clones small device tensors with device indices (never
 synchronizing; its one host read of device values, the marker baseline, comes before the first
 request); they are copied to the host with the tracer's pending steps. It never writes into
@@ -121,7 +121,7 @@ class _LaunchProxy:
 
 class BudgetTrace:
     """The thinking budget's part of ``Tracer`` (a mixin: ``Tracer`` inherits it and
-    installs its wrappers in its own ``PatchSet``). It keeps no state of its own: what it
+    lists its wrappers among its taps). It keeps no state of its own: what it
     reads and writes (``_call``, ``_step``, ``markers``, ``_rule_markers``,
     ``_config_markers``, ``_end_cols``, ``_end_idx``, ``_marker_ptrs``, ``_marker_base``,
     ``_weights``, ``_len_ub``, ``_checksum``) is ``Tracer.__init__``'s, and it calls the

@@ -1,8 +1,9 @@
 """The row check's evidence: per logits row (draft rows included), the raw and processed values
 of ``Sampler.apply_sampling_params`` at a bounded set of columns, gathered on the device.
 
-``RowCheck().install()`` patches (``workbook.vllm.patching`` layer "trace") MRV2's hook points
-(``workbook.vllm.hookpoints``):
+``RowCheck`` is a collector (``workbook.hooks.observer``): its taps sit on MRV2's hook points
+(``workbook.vllm.hookpoints``) beside the tracer's, in the run's one observer
+(``RowCheck().install()`` alone: an observer of its own):
 
 - ``GPUModelRunner.add_requests``: the request's ``contracts.Params``, prompt, slot, and what
   vLLM's per-slot sampling state holds right after registration (gate, allowed / bias / stop

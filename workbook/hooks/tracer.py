@@ -1,7 +1,8 @@
 """Per-step tracer of MRV2 sampling internals: what vLLM did with the thinking budget.
 
-``Tracer().install()`` patches (``workbook.vllm.patching`` layer "trace", i.e. outermost) the
-hook points of ``workbook.vllm.hookpoints`` (and vLLM's two budget kernels' launches, the
+``Tracer`` is a collector (``workbook.hooks.observer``: the run's one observer calls its taps
+on the hook points of ``workbook.vllm.hookpoints``, layer "trace", i.e. outermost; alone,
+``Tracer().install()`` gets an observer of its own) (and vLLM's two budget kernels' launches, the
 functions that consume the processed logits) and records, for every real engine step (warm-up
 and dummy runs never enter ``sample_tokens`` with a request and are ignored):
 
@@ -20,17 +21,18 @@ and dummy runs never enter ``sample_tokens`` with a request and are ignored):
   processing, forced (after ``apply`` >= 1e8), top-k ids and values before and after, the token
   vLLM sampled at the row, whether the row's draft was accepted, whether its token was emitted.
 
-This module is the GENERIC recording: the patch set and the wrappers of the step
+This module is the GENERIC recording: the taps of the step
 (``sample_tokens``, ``sample``, the sampling path, ``apply_sampling_params`` per call, what the
 sampler / rejection sampler consumed, ``postprocess_sampled``), the host's own history of each
-request and its registration (``add_requests``), the pending steps and their deferred host
-copies, the index ring, and the tables (``frames()`` / ``save()`` / ``flush()``), including the
-per-row evidence columns laid out in ``rows`` (``_rows_of``). What is the thinking budget's own
+request and its registration (``add_requests``), the pending steps and the index ring. The
+tables built from them after the step (``materialize``, ``frames()`` / ``save()`` /
+``flush()``, the per-row evidence columns of ``rows``) are ``workbook.hooks.trace_tables``'
+(``TraceTables``, a mixin ``Tracer`` inherits). What is the thinking budget's own
 is NOT here but in ``workbook.hooks.budget_trace`` (``BudgetTrace``, a mixin ``Tracer``
 inherits): the ``ThinkingBudgetState.apply`` wrapper, the budget kernels' launches, the marker
 ids, the reads of the state's device tensors (markers, caches, device budget, history view) and
 the request columns judged from them — that module's docstring lists that evidence. This module
-only installs those wrappers (``_build_patches``) and calls them back.
+only lists those wrappers among its taps (``taps``) and calls them back.
 
 Whose slot? The host's own record: ``req_states.req_id_to_index`` (what ``add_request`` was
 given), read at the start of the step. Every per-slot value (gate, registration arrays, and the
@@ -56,16 +58,15 @@ Never whole vocabulary rows: memory is bounded by ``max_steps`` × rows × ``top
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from workbook.core import budget
-from workbook.hooks.budget_trace import (FORCE_KERNEL, FORCED_THRESHOLD, SCAN_KERNEL,
-                                         BudgetTrace, _host, _own, _ptr)
+from workbook.hooks.budget_trace import FORCE_KERNEL, SCAN_KERNEL, BudgetTrace, _own, _ptr
 from workbook.hooks.observer import Collector, Tap
+from workbook.hooks.trace_tables import TraceTables
 from workbook.vllm import hookpoints
 
 
@@ -116,7 +117,7 @@ class _Step:
     guard_fixed: Any = None
 
 
-class Tracer(BudgetTrace, Collector):
+class Tracer(BudgetTrace, TraceTables, Collector):
     """Install with ``install()`` / ``with Tracer() as t:``; read with ``frames()``."""
 
     def __init__(self, topk: int = 5, max_steps: int = 20000, flush_dir: str | None = None,
@@ -387,207 +388,6 @@ class Tracer(BudgetTrace, Collector):
         if self.flush_dir and self._nsteps % self.flush_every == 0:
             self.flush()
 
-    def materialize(self) -> None:
-        """Copy pending steps to the host and build their table rows (one sync for all).
-
-        Deferred from the step itself, so tracing costs a step only its small device clones;
-        reading ``steps`` / ``requests`` / ``rows`` / ``frames()`` materializes first.
-        """
-        if not self._pending:
-            return
-        _sync()
-        pending, self._pending = self._pending, []
-        for step in pending:
-            self._materialize(step)
-
-    @property
-    def steps(self) -> list[dict]:
-        self.materialize()
-        return self._steps
-
-    @property
-    def requests(self) -> list[dict]:
-        self.materialize()
-        return self._requests
-
-    @property
-    def rows(self) -> list[dict]:
-        self.materialize()
-        return self._rows
-
-    def _materialize(self, step: _Step) -> None:
-        h = _host
-        sampled = h(step.sampled)
-        num_sampled = h(step.num_sampled)
-        num_rejected = h(step.num_rejected)
-        sampled_vllm = h(step.sampled_vllm) if step.sampled_vllm is not None else sampled
-        ns_vllm = h(step.num_sampled_vllm) if step.num_sampled_vllm is not None else num_sampled
-        total_after = h(step.total_len_after)
-        proposed = h(step.proposed)
-        fixed = h(step.guard_fixed)
-        # batch position -> (call, its index in the call, its first row in the call's logits):
-        # the calls cover the batch in order (chunks), whatever slots their mappings name
-        req_calls: dict[int, tuple[_Call, int, int]] = {}
-        cu = step.cu_num_logits
-        for call in step.calls:
-            for j in range(len(call.gate_slots)):
-                i = call.pos0 + j
-                if i < len(step.req_ids):
-                    req_calls[i] = (call, j, int(cu[i] - cu[call.pos0]))
-        self._steps.append({"step": step.index, "path": step.path, "num_reqs": len(step.req_ids),
-                           "num_logits": int(step.cu_num_logits[-1]),
-                           "num_draft_tokens": step.num_draft_tokens,
-                           "guard_fixed": None if fixed is None else int(np.sum(fixed))})
-        for i, req_id in enumerate(step.req_ids):
-            slot = int(step.owner[i])  # the host's record (req_id_to_index)
-            hist = self._history.setdefault(req_id, [])
-            n_logits = int(step.cu_num_logits[i + 1] - step.cu_num_logits[i])
-            call, j, off = req_calls.get(i, (None, None, None))
-            ap = call.apply if call is not None else {}
-            ns = int(num_sampled[i]) if num_sampled is not None else 0
-            ns_v = int(ns_vllm[i]) if ns_vllm is not None else ns
-            emitted = [int(t) for t in sampled[i, :ns]] if sampled is not None else []
-            vllm_tokens = [int(t) for t in sampled_vllm[i, :ns_v]] if sampled_vllm is not None \
-                else []
-            rec = {"step": step.index, "req_id": req_id, "slot": slot,
-                   "batch_slot": int(step.idx_mapping[i]),
-                   "phase": "prefill" if len(hist) <= self._prompt_len.get(req_id, 0)
-                   else "decode",
-                   "path": step.path, "num_logits": n_logits, "num_drafts": n_logits - 1,
-                   "batch_pos": i, "batch_size": len(step.req_ids),
-                   "total_len_before": len(hist),
-                   "reasoning_count": self._reasoning_count(hist),
-                   "truth_start": budget.last_start(hist, self._rule_markers),
-                   "gate": None if call is None else bool(call.gate[j]),
-                   "fast_path": None if call is None else call.fast_path,
-                   "apply_called": None if call is None else call.apply_called,
-                   "enabled": ap.get("enabled"),
-                   "kernels_launched": ap.get("launched"),
-                   "kernel_substituted": ap.get("substituted"),
-                   "num_sampled_vllm": ns_v, "num_sampled": ns,
-                   "num_rejected": int(num_rejected[i]) if num_rejected is not None else None,
-                   "sampled_vllm": vllm_tokens, "emitted": emitted,
-                   "total_len_after": int(total_after[slot]) if total_after is not None
-                   else None,
-                   "proposed": [int(t) for t in proposed[i]] if proposed is not None else []}
-            if "use" in ap and j is not None and j < len(ap["slots"]):
-                try:
-                    self._state_evidence(rec, ap, j, req_id, hist)
-                except Exception as e:  # evidence missing is no reason to lose the step
-                    self._error("state-evidence", e)
-            drafts = []
-            if call is not None:
-                rows = self._rows_of(step, call, slot, req_id, i, sampled, num_sampled,
-                                     sampled_vllm, ns_v, off, n_logits, hist, rec, j)
-                drafts = [r["input_token"] for r in rows if r["local_pos"] > 0]
-                self._rows.extend(rows)
-            rec["draft_tokens"] = drafts
-            self._requests.append(rec)
-            for t in emitted:
-                self._checksum[req_id] = self._checksum.get(req_id, 0) + t * (len(hist) + 1)
-                hist.append(t)
-        return None
-
-    def _rows_of(self, step, call, slot, req_id, i, sampled, num_sampled, sampled_vllm, ns_v,
-                 off, n, hist, rec, j):
-        h = _host
-        slots = h(call.slots)
-        local = h(call.local_pos)
-        inputs = h(call.input_ids)
-        ap = call.apply
-        end_in, end_final = h(call.end_in), h(call.end_final)
-        before = h(ap.get("before"))
-        after = h(ap.get("after"))
-        tv_in, ti_in = (h(call.top_in[0]), h(call.top_in[1]))
-        tv_out, ti_out = (h(call.top_final[0]), h(call.top_final[1]))
-        delta = tuple(h(x) for x in ap["delta"]) if "delta" in ap else None
-        k_end = h(ap.get("k_end"))
-        end_s = h(call.end_s)
-        top_s = (h(call.top_s[0]), h(call.top_s[1])) if call.top_s is not None else None
-        ns = int(num_sampled[i]) if num_sampled is not None else 0
-        rows = list(range(off, min(off + n, len(slots))))
-        # the batch's mapping for these rows, as apply_sampling_params and the kernel got it
-        # (host and device copies), against the host's record of the request's slot
-        # (mapping_ok); local positions and drafts (positions_ok)
-        req_slots = h(call.req_slots)
-        mapping_ok = bool(all(int(slots[r]) == slot for r in rows)) \
-            and int(call.gate_slots[j]) == slot \
-            and (req_slots is None or (j < len(req_slots) and int(req_slots[j]) == slot))
-        if req_id in step.index_moved:  # req_id_to_index no longer names its registered slot
-            mapping_ok = False
-        k_req = h(ap.get("k_req_ids"))
-        if k_req is not None:  # the slots the marker-scan kernel itself indexes per request
-            mapping_ok = mapping_ok and j < len(k_req) and int(k_req[j]) == slot
-        positions_ok = [int(local[r]) for r in rows] == list(range(len(rows)))
-        if "k_mapping" in ap:  # the kernel got another mapping than apply_sampling_params
-            km, kl, ki = h(ap["k_mapping"]), h(ap["k_local_pos"]), h(ap["k_input_ids"])
-            mapping_ok = mapping_ok and len(km) == len(slots) and bool(
-                all(int(km[r]) == slot for r in rows))
-            positions_ok = positions_ok and len(kl) == len(slots) and len(ki) == len(slots) \
-                and [int(kl[r]) for r in rows] == list(range(len(rows))) \
-                and all(int(ki[r]) == int(inputs[r]) for r in rows[1:])
-        rec["mapping_ok"] = mapping_ok
-        # every mapping the call and the kernel got, for the sentence that names the slot
-        rec["mapping_slots"] = {
-            "rows": [int(r) for r in rows], "expanded": [int(slots[r]) for r in rows],
-            "gate": int(call.gate_slots[j]),
-            "idx_dev": None if req_slots is None or j >= len(req_slots) else int(req_slots[j]),
-            "kernel_req": None if k_req is None or j >= len(k_req) else int(k_req[j]),
-            "kernel_rows": [int(km[r]) for r in rows if r < len(km)] if "k_mapping" in ap
-            else None, "kernel_n": len(km) if "k_mapping" in ap else None, "n": len(slots),
-            "index_moved": req_id in step.index_moved}
-        rec["positions_ok"] = positions_ok
-        drafts = [int(inputs[r]) for r in rows[1:]]
-        b = self._budget.get(req_id)
-        a_ptr = ap.get("a_ptr")
-        ends = self._end_cols
-        out = []
-        for lp, r in enumerate(rows):
-            truth = budget.row_truth(hist, drafts, lp, b, self._rule_markers)
-            e = ends.index(truth.token) if truth.due and truth.token in ends else None
-            row = {"step": step.index, "req_id": req_id, "slot": slot, "row": int(r),
-                   "local_pos": lp, "input_token": int(inputs[r]),
-                   "end_logit_raw": float(end_in[r, 0]),
-                   "end_logit_before_apply": None if before is None else float(before[r, 0]),
-                   "end_logit_after_apply": None if after is None else float(after[r, 0]),
-                   "end_logit_final": float(end_final[r, 0]),
-                   "topk_ids_before": [int(x) for x in ti_in[r]],
-                   "topk_vals_before": [float(x) for x in tv_in[r]],
-                   "topk_ids_after": [int(x) for x in ti_out[r]],
-                   "topk_vals_after": [float(x) for x in tv_out[r]],
-                   "sampled_vllm": int(sampled_vllm[i, lp]) if sampled_vllm is not None
-                   and lp < sampled_vllm.shape[1] and lp < ns_v else None,
-                   "emitted_token": int(sampled[i, lp]) if sampled is not None and lp < ns
-                   else None,
-                   "draft_accepted": (lp >= 1 and lp < ns) if lp >= 1 else None,
-                   "emitted": lp < ns,
-                   "from_draft": (lp < ns_v - 1) if lp < ns_v else None,
-                   "count_host": truth.count, "due": truth.due, "due_token": truth.token,
-                   "due_logit_before_apply": None if before is None or e is None
-                   else float(before[r, e]),
-                   "due_logit_after_apply": None if after is None or e is None
-                   else float(after[r, e]),
-                   "due_logit_kernel": None if k_end is None or e is None
-                   else float(k_end[r, e]),
-                   "due_logit_sampled": None if end_s is None or e is None or r >= len(end_s)
-                   else float(end_s[r, e]),
-                   "sampled_top": None if top_s is None or r >= len(top_s[1])
-                   else int(top_s[1][r, 0]),
-                   "sampled_top_logit": None if top_s is None or r >= len(top_s[0])
-                   else float(top_s[0][r, 0]),
-                   "sampled_is_biased": None if call.s_ptr is None or a_ptr is None
-                   else call.s_ptr == a_ptr,
-                   "returned_is_biased": None if call.out_ptr is None or a_ptr is None
-                   else call.out_ptr == a_ptr,
-                   "bias_cols": None if delta is None else
-                   [int(c) for v, c in zip(delta[0][r], delta[1][r]) if v >= FORCED_THRESHOLD],
-                   "n_bias_cols": None if delta is None else int(delta[2][r])}
-            row["forced"] = (row["end_logit_after_apply"] is not None
-                             and row["end_logit_after_apply"] >= FORCED_THRESHOLD)
-            row["forced_final"] = row["end_logit_final"] >= FORCED_THRESHOLD
-            out.append(row)
-        return out
-
     # ---- helpers ---------------------------------------------------------------------------
     def _end_vals(self, logits):
         """``logits[:, end columns]`` as a new float tensor [rows, E] (the distinct
@@ -617,31 +417,6 @@ class Tracer(BudgetTrace, Collector):
                             "path": f"tracer-error:{where}:{type(e).__name__}:{e}"[:300],
                             "num_reqs": 0, "num_logits": 0, "num_draft_tokens": 0,
                             "guard_fixed": None})
-
-    # ---- output ------------------------------------------------------------------------------
-    def frames(self) -> dict[str, Any]:
-        import pandas as pd
-
-        from workbook.core import tracefiles as store
-
-        return {"steps": store.frame(self.steps, store.STEP_COLUMNS),
-                "requests": store.frame(self.requests, store.REQUEST_COLUMNS),
-                "rows": store.frame(self.rows, store.ROW_COLUMNS),
-                "registrations": _int_columns(pd.DataFrame(self.registrations)),
-                "meta": pd.DataFrame([{"markers": self.markers or {},
-                                       "hookpoints": self.hp.describe(),
-                                       "dropped_steps": self.dropped_steps,
-                                       "topk": self.topk, "pid": os.getpid()}])}
-
-    def save(self, path: str) -> list[str]:
-        from workbook.core import tracefiles
-
-        return tracefiles.save(self.frames(), path)
-
-    def flush(self) -> None:
-        if self.flush_dir:
-            self.save(self.flush_dir)
-
 
 class _IndexRing:
     """Host slot numbers → int64 device index without building a tensor from host data in a
@@ -683,23 +458,3 @@ class _IndexRing:
         entry[2] = torch.cuda.Event()
         entry[2].record()
         return out
-
-
-REGISTRATION_INTS = ("slot", "prompt_len", "budget_param", "max_tokens", "step", "budget_host")
-
-
-def _int_columns(df):
-    """Integer columns as pandas' nullable ``Int64``: a request without a budget (None) must not
-    turn the others' budgets into floats (1 -> 1.0); parquet keeps the type."""
-    for c in REGISTRATION_INTS:
-        if c in df.columns:
-            df[c] = df[c].astype("Int64")
-    return df
-
-
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
