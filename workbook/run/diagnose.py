@@ -29,7 +29,7 @@ served is H-h (configuration), and no stage rule runs; per violated request, the
 and logits row that emitted its first violating position (``locate``), the evidence there
 (``workbook.run.stages.Ctx``) and the causes of the first stage whose contract is broken at
 that row (``workbook.run.stages.classify``: the stage rules, state → registration → batch
-mapping → gate → launch → device state → kernel → sampling, acceptance included → commit);
+mapping → gate → launch → device state → apply → sampling, acceptance included → commit);
 one name from the causes (``_name``).
 
 The other side of the contract (``budget.forced_not_due``): ``</think>`` forced where it was
