@@ -107,3 +107,28 @@ def test_vllm_kernel_choice_differs_only_where_the_model_wrote_a_prefix():
     except where a prefix of the end string stands before the binding position."""
     assert forced_token(P + [7], PHRASE) == row_truth(P + [7], [], 0, 2, PHRASE, 3).token
     assert forced_token(P + [0], PHRASE) == 5 != row_truth(P + [0], [], 0, 2, PHRASE, 3).token
+
+
+# ---- RunConfig: the reasoning configuration is validated before any engine starts ---------
+
+@pytest.mark.parametrize("kw,named", [
+    ({"reasoning_end_str": ""}, "reasoning_end_str=''"),
+    ({"reasoning_start_str": 7}, "reasoning_start_str=7"),
+    ({"reasoning_parser": "", "reasoning_end_str": "</think>"}, "needs both"),
+])
+def test_bad_reasoning_config_is_named(kw, named):
+    from workbook.core.config import ConfigError, RunConfig, validate
+
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(")):
+        validate(RunConfig(**kw))
+
+
+def test_reasoning_config_reaches_the_engine_arguments():
+    from workbook.core.config import RunConfig, validate, vllm_reasoning_fields
+    from workbook.vllm.engine import engine_kwargs
+
+    assert vllm_reasoning_fields() == ("reasoning_start_str", "reasoning_end_str")
+    cfg = validate(RunConfig(reasoning_end_str="\nOkay, I'm done thinking.\n</think>"))
+    assert engine_kwargs(cfg)["reasoning_config"] == {
+        "reasoning_end_str": "\nOkay, I'm done thinking.\n</think>"}
+    assert "reasoning_config" not in engine_kwargs(RunConfig())
