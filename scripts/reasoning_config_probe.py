@@ -1,7 +1,7 @@
 """Plain vLLM (no workbook import): one engine with a given reasoning configuration, greedy
 requests with thinking_token_budget, the output token ids printed as JSON lines. Usage:
   VLLM_USE_V2_MODEL_RUNNER=1 WORKBOOK_TRITON_CPU=1 python reasoning_config_probe.py MODEL_DIR \
-      '{"reasoning_end_str": "</think>\n\n"}' none|mtp  [budgets, default 0,1,3]
+      '{"reasoning_end_str": "</think>\n\n"}' none|mtp  [budgets, default 0,1,3,-1 (-1: none)]
 (on the CPU the two variables switch on MRV2 through the venv's Triton shim; on a GPU drop them).
 Prints one line per budget: {"budget", "token_ids", "text"} and the derived marker ids."""
 import json
@@ -11,7 +11,7 @@ from vllm import LLM, SamplingParams
 from vllm.config import ReasoningConfig
 
 model, rc_json, spec = sys.argv[1], sys.argv[2], sys.argv[3]
-budgets = [int(b) for b in (sys.argv[4] if len(sys.argv) > 4 else "0,1,3").split(",")]
+budgets = [int(b) for b in (sys.argv[4] if len(sys.argv) > 4 else "0,1,3,-1").split(",")]
 rc = json.loads(rc_json)
 kw = dict(model=model, load_format="dummy", seed=0, enforce_eager=True, max_model_len=256,
           max_num_seqs=8, kv_cache_memory_bytes=64 << 20, reasoning_parser="qwen3")
