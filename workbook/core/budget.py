@@ -1,35 +1,64 @@
-"""The budget rule: when must ``</think>`` come, and was it there? Pure Python, written once.
+"""The budget rule: when must the end string come, and was it there? Pure Python, written once.
 
-vLLM's semantics (``vllm/v1/worker/gpu/sample/thinking_budget.py``, 0.28–0.32), restated:
+What vLLM promises its users (the contract; never what its kernel happens to do):
 
-- The reasoning markers come from vLLM's ``reasoning_config``: ``start`` (``<think>``),
-  ``end`` (the sequence the budget forces, ``</think>``) and ``natural_end`` (the sequence that
-  ends reasoning when the model writes it itself; ``end`` when the config has none).
-- A history (prompt + committed tokens) is *in reasoning* when it holds a start marker and no
-  natural end marker begins at or after the last one (vLLM: ``last_start > last_end``). Its
-  reasoning count is the number of tokens after that start marker.
-- The budget binds at the first output position whose history has ``count >= budget``; the
-  token there must be ``end[p]`` where ``p`` is the longest proper prefix of ``end`` the
-  history already ends with (multi-token end strings continue). A natural end written before
-  that position ends enforcement.
+- ``docs/features/reasoning_outputs.md`` ("Thinking Budget Control", vLLM 0.28-0.32): "Token
+  counting starts from `reasoning_start_str`. Once the reasoning token count reaches the
+  configured `thinking_token_budget`, vLLM forces the model to produce `reasoning_end_str`,
+  effectively terminating the reasoning block." and "`reasoning_end_str` can include a
+  transition phrase before the reasoning end token. For example, setting `reasoning_end_str`
+  to "I have to give the solution based on the reasoning directly now.</think>" instructs the
+  model to emit that phrase when the budget is exhausted".
+- ``vllm.config.ReasoningConfig``: "Set `reasoning_start_str` and `reasoning_end_str` to the
+  strings used to enter and forcibly terminate reasoning. The end string may include a
+  transition phrase before the parser's natural reasoning end marker."; ``reasoning_end_str``:
+  "String forced when the thinking budget is exhausted."; the token ids are "derived from"
+  the strings (``tokenizer.encode(s, add_special_tokens=False)``), the natural end is the
+  parser's end marker ("Token IDs that indicate the model naturally ended reasoning").
 
-So, for a prompt whose count is ``r0`` and a budget ``b``, the end marker must start at output
+Restated as the rule, on token ids (``Markers``: ``start``, ``end`` = the forced end string,
+``natural_end`` = the parser's marker, ``end`` when there is none):
+
+- A history is *in reasoning* after its last start marker, until the model writes the natural
+  end marker itself or the forced end string is complete. Its reasoning count is the number of
+  tokens after that start marker (the marker's own tokens are not counted, however many).
+- The budget binds at the first OUTPUT position whose count reaches the budget (the prompt's
+  tokens are given, never forced: a prompt already over the budget binds at output index 0).
+  From there the WHOLE end string is due, token by token, in order: ``end[0]`` at the binding
+  position, ``end[k]`` at the k-th position after it — whatever the model wrote before the
+  binding position (tokens that happen to spell a prefix of ``end`` are the model's reasoning,
+  not part of the forced string) and even where a prefix of ``end`` already holds the natural
+  end marker (``"</think>\n\n"``: the ``"\n\n"`` after ``</think>`` is forced too).
+- Once the whole end string is emitted reasoning is over: nothing more is forced (a forced end
+  string that does not contain the natural end marker still ends it: "effectively terminating
+  the reasoning block"). A natural end the model writes before the binding position ends
+  enforcement; counting stops at the natural end or at the end of the forced string.
+
+So, for a prompt whose count is ``r0`` and a budget ``b``, the end string must start at output
 index ``max(0, b - r0)`` — unless the output ended reasoning by itself before, or ended before
-the index could be reached (then the budget could not bind: the verdict is ``None``).
+the whole string could be there (then the budget could not bind: the verdict is ``None``).
 
-The contract has a second side: the budget forces the end marker ONLY where it binds. An end
+The contract has a second side: the budget forces the end string ONLY where it binds. An end
 marker the model writes itself before that is legal (a natural end); one that was *forced*
 there is not. Where the caller knows which output positions were forced (the trace sees the
 forcing bias, or a token replaced after sampling: ``forced``), each forced position must be
 one where the rule makes the end due (``row_truth``); the first that is not is a violation of
 its kind (``Judgement.kind``): ``early`` (forced before the budget binds), ``unbudgeted``
-(forced into a request without a budget), ``twice`` (forced after reasoning had ended). The
-other kind, ``missing``, is the first side: the end marker is not at the index where it is due.
+(forced into a request without a budget), ``twice`` (forced after reasoning had ended,
+naturally or by the whole forced string). The other kind, ``missing``, is the first side: the
+end string is not at the index where it is due.
+
+vLLM's kernel (``vllm/v1/worker/gpu/sample/thinking_budget.py``, 0.28-0.32) forces ``end[p]``
+with ``p`` the longest proper prefix of ``end`` the history ends with, while the last start
+lies after the last natural end: ``forced_token`` below is that choice, kept only as the guard's
+twin of vLLM (``workbook.hooks.guard``). Where it differs from the promise — a model-written
+prefix before the binding position, a forced string with tokens after the natural end, a
+forced string without the natural end — is a finding (``docs/reasoning-config.md``).
 
 Used by the client-side verdict (``workbook.run.request``), the trace diagnosis
 (``workbook.run.diagnose``), the tracer's own host-side count (``workbook.hooks.tracer``) and the
-guard's host side (``workbook.hooks.guard``); the guard's Triton kernel is this rule's device
-twin and is tested against it on random histories (``tests/test_budget.py``).
+guard's host side (``workbook.hooks.guard``); the guard's Triton kernel is tested against it on
+random histories (``tests/test_budget.py``, ``tests/test_guard.py``).
 
 Deliberately not here: anything that reads vLLM or torch objects (``Markers.of`` only reads
 three attributes of whatever it is given).
@@ -223,14 +252,13 @@ def forced_not_due(r0: int | None, output: Sequence[int], budget: int | None,
     has_budget = budget is not None and int(budget) >= 0
     for i in sorted(set(int(f) for f in forced if 0 <= int(f) < len(output))):
         hist = head + [int(t) for t in output[:i]]
-        truth = row_truth(hist, [], 0, int(budget) if has_budget else None, markers)
+        truth = row_truth(hist, [], 0, int(budget) if has_budget else None, markers,
+                          prompt_len=len(head))
         if truth.due and int(output[i]) == truth.token:
             continue
         if not has_budget:
             return i, "unbudgeted"
-        s = last_index_of(hist, markers.start)
-        ended = s >= 0 and last_index_of(hist, markers.natural_end, start=s) >= 0
-        return i, "twice" if truth.count is None and ended else "early"
+        return i, "twice" if truth.ended in ("natural", "forced") else "early"
     return None
 
 
@@ -241,7 +269,10 @@ def overall(honored: Sequence[bool | None]) -> str:
 
 
 def forced_token(history: Sequence[int], markers: Markers) -> int:
-    """The end-marker token due after ``history`` once the budget binds (``end[p]``)."""
+    """vLLM's kernel's choice once the budget binds (``end[p]``, ``p`` the longest proper
+    prefix of ``end`` the history ends with) — NOT the promise (``row_truth``); the guard
+    mirrors vLLM with it. Both agree for a one-token end, and for a multi-token end whose
+    prefix the model did not write before the binding position."""
     end = list(markers.end)
     p = 0
     for pl in range(1, len(end)):
@@ -268,19 +299,48 @@ def last_start(history: Sequence[int], markers: Markers) -> int:
 class RowTruth:
     count: int | None  # reasoning tokens before the row's token (None: not in reasoning)
     due: bool  # the budget binds at this row: the kernel must force it
-    token: int | None  # the end-marker token due at this row (None when not due)
+    token: int | None  # the end-string token due at this row (None when not due)
+    ended: str | None = None  # not in reasoning because: "natural" / "forced" (the whole end
+    # string was emitted) / "none" (no start marker); None while in reasoning
 
 
 def row_truth(history: Sequence[int], drafts: Sequence[int], local_pos: int,
-              budget_value: int | None, markers: Markers) -> RowTruth:
-    """What the budget kernel must do at logits row ``local_pos`` of a request whose committed
-    history is ``history`` and whose drafts this step are ``drafts`` (row ``j`` sees the
-    history plus drafts ``[:j]``): force ``token`` iff ``due``."""
+              budget_value: int | None, markers: Markers, prompt_len: int = 0) -> RowTruth:
+    """What the budget must do at logits row ``local_pos`` of a request whose committed
+    history is ``history`` (its first ``prompt_len`` tokens the prompt) and whose drafts this
+    step are ``drafts`` (row ``j`` sees the history plus drafts ``[:j]``): force ``token`` iff
+    ``due`` — the promise of the module docstring, walked over the history."""
     markers = Markers.of(markers)
-    h = list(history) + list(drafts[:local_pos])
-    n = reasoning_count(h, markers) if markers.complete else None
-    due = budget_value is not None and budget_value >= 0 and n is not None and n >= budget_value
-    return RowTruth(n, due, forced_token(h, markers) if due else None)
+    h = [int(t) for t in history] + [int(t) for t in drafts[:local_pos]]
+    if not markers.complete:
+        return RowTruth(None, False, None, "none")
+    st, ne, end = list(markers.start), list(markers.natural_end), list(markers.end)
+    s = last_index_of(h, st)
+    if s < 0:
+        return RowTruth(None, False, None, "none")
+    body = s + len(st)  # first reasoning token
+    has_budget = budget_value is not None and int(budget_value) >= 0
+    bind = max(body + int(budget_value), int(prompt_len)) if has_budget else len(h) + 1
+    # the model's own natural end before the binding position ends reasoning
+    nat = last_index_of(h[:bind], ne, start=s) if bind <= len(h) else last_index_of(h, ne,
+                                                                                    start=s)
+    if nat >= 0:
+        return RowTruth(None, False, None, "natural")
+    if len(h) < bind:
+        return RowTruth(len(h) - body, False, None)
+    k = 0  # end tokens emitted since the binding position (0 again after a deviation)
+    for i in range(bind, len(h)):
+        if h[i] == end[k]:
+            k += 1
+            if k == len(end):
+                return RowTruth(None, False, None, "forced")
+            continue
+        # not the forced token: the budget was not honored here; reasoning goes on unless the
+        # model itself completed the natural end now
+        if i + 1 >= len(ne) and h[i + 1 - len(ne):i + 1] == ne and i + 1 - len(ne) >= s:
+            return RowTruth(None, False, None, "natural")
+        k = 1 if h[i] == end[0] else 0
+    return RowTruth(len(h) - body, True, end[k])
 
 
 def scan_marker_cache(history: Sequence[int], scan_pos: int, last_start_pos: int,

@@ -58,6 +58,8 @@ class RunConfig:
     kv_cache_bytes: int | None = 64 << 20  # None: gpu_memory_utilization decides
     gpu_memory_utilization: float | None = None  # None: vLLM's default
     reasoning_parser: str = "qwen3"
+    reasoning_start_str: str | None = None  # vLLM's ReasoningConfig (--reasoning-config): the string that starts reasoning; None: the parser's
+    reasoning_end_str: str | None = None  # the string forced when the budget binds (may hold a transition phrase before the parser's end); None: the parser's
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed through to vllm.LLM
     # request
     thinking_token_budget: int = 1  # -1: no budget
@@ -249,7 +251,48 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None, checks=None) -> RunC
     if on_cpu and cfg.async_scheduling:
         raise ConfigError("async_scheduling=True is not possible on the CPU platform "
                           "(vLLM forces it off); use None or False")
+    check_reasoning_config(cfg)
     if checks is not None:
         check_checks(cfg, checks)
     return cfg
+
+
+def vllm_reasoning_fields() -> tuple[str, ...]:
+    """The string fields of the installed vLLM's ``ReasoningConfig`` (read from its source
+    file, without importing vLLM); () where the version has no such class."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    path = os.path.join(list(spec.submodule_search_locations)[0], "config", "reasoning.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            src = f.read()
+    except OSError:
+        return ()
+    return tuple(re.findall(r"^    (reasoning_\w+_str): str", src, flags=re.M))
+
+
+def check_reasoning_config(cfg: RunConfig) -> None:
+    """``reasoning_start_str`` / ``reasoning_end_str``: what the installed vLLM accepts."""
+    given = {k: getattr(cfg, k) for k in ("reasoning_start_str", "reasoning_end_str")
+             if getattr(cfg, k) is not None}
+    for k, v in given.items():
+        _check(isinstance(v, str) and v != "",
+               f"{k}={v!r} must be a non-empty string (None: the reasoning parser's marker)")
+    if not given:
+        return
+    fields = vllm_reasoning_fields()
+    version = installed_vllm_version()
+    missing = [k for k in given if k not in fields]
+    if missing:
+        raise ConfigError(f"{missing[0]}={given[missing[0]]!r}: vLLM "
+                          f"{'.'.join(map(str, version or ()))} has no such reasoning setting "
+                          f"(its ReasoningConfig takes {list(fields) or 'none'})")
+    _check(bool(cfg.reasoning_parser) or len(given) == 2,
+           f"{next(iter(given))}={next(iter(given.values()))!r} without reasoning_parser needs "
+           "both reasoning_start_str and reasoning_end_str (vLLM enables the budget only with "
+           "both)")
 

@@ -184,7 +184,8 @@ class TraceTables:
         ends = self._end_cols
         out = []
         for lp, r in enumerate(rows):
-            truth = budget.row_truth(hist, drafts, lp, b, self._rule_markers)
+            truth = budget.row_truth(hist, drafts, lp, b, self._rule_markers,
+                                     prompt_len=self._prompt_len.get(req_id, 0))
             e = ends.index(truth.token) if truth.due and truth.token in ends else None
             row = {"step": step.index, "req_id": req_id, "slot": slot, "row": int(r),
                    "local_pos": lp, "input_token": int(inputs[r]),

@@ -279,7 +279,8 @@ def judge_positions(prompt: Sequence[int], output: Sequence[int],
     for i, tok in enumerate(output):
         top = tops[i] if tops is not None and i < len(tops) else {}
         # the one rule per row: what the budget must force after prompt + output[:i]
-        truth = budget.row_truth(list(prompt) + list(output[:i]), [], 0, budget_value, markers)
+        truth = budget.row_truth(list(prompt) + list(output[:i]), [], 0, budget_value, markers,
+                                 prompt_len=len(prompt))
         due = truth.token if truth.due else None
         forced = forced_column(top, mode) if processed else None
         emitted_ok = due is None or tok == due

@@ -74,7 +74,22 @@ def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
         kw["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
     if cfg.gpu_memory_utilization is not None:
         kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    rc = {k: getattr(cfg, k) for k in ("reasoning_start_str", "reasoning_end_str")
+          if getattr(cfg, k) is not None}
+    if rc:  # --reasoning-config (a dict here; vllm.LLM gets a ReasoningConfig: llm_kwargs)
+        kw["reasoning_config"] = rc
     kw.update(cfg.engine_kwargs)
+    return kw
+
+
+def llm_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """``engine_kwargs`` as ``vllm.LLM`` takes them: its ``reasoning_config`` must be a
+    ``vllm.config.ReasoningConfig`` (``LLM`` converts only some config dicts)."""
+    kw = engine_kwargs(cfg)
+    if isinstance(kw.get("reasoning_config"), dict):
+        from vllm.config import ReasoningConfig
+
+        kw["reasoning_config"] = ReasoningConfig(**kw["reasoning_config"])
     return kw
 
 
@@ -228,7 +243,7 @@ def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
             vlog = logging.getLogger("vllm")
             vlog.addHandler(cap)
             try:
-                llm = vllm.LLM(**engine_kwargs(cfg))
+                llm = vllm.LLM(**llm_kwargs(cfg))
             finally:
                 vlog.removeHandler(cap)
     except hookpoints.HookPointError:

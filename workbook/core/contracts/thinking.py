@@ -1,8 +1,11 @@
 """The thinking budget as a contract of the family (first in the catalogue): with
-``thinking_token_budget`` set, vLLM ends the reasoning by forcing the end marker where the
-budget binds; the row forcing it holds that column at or above ``budget.FORCED_LOGIT`` whatever
+``thinking_token_budget`` set, vLLM ends the reasoning by forcing the end string where the
+budget binds — the whole ``reasoning_end_str``, token by token, in order, however many tokens the
+reasoning configuration's start and end strings have (vLLM's documentation: "Once the reasoning
+token count reaches the configured `thinking_token_budget`, vLLM forces the model to produce
+`reasoning_end_str`, effectively terminating the reasoning block"; ``workbook.core.budget``); the row forcing it holds that column at or above ``budget.FORCED_LOGIT`` whatever
 the other contracts did to it (step 6 of the processing order, so temperature does not divide
-it), and the output holds the end marker at the index the budget makes it due.
+it), and the output holds the whole end string from the index the budget makes it due.
 
 Every piece of budget arithmetic is ``workbook.core.budget``'s (``row_truth`` for the row,
 ``judge`` for the output): this class only says which rows and columns the rule names and turns
@@ -43,7 +46,8 @@ class ThinkingBudget(Contract):
         if not ctx.markers.complete:
             return x, False
         t = budget.row_truth(list(ctx.prompt) + list(ctx.output), list(ctx.drafts),
-                             ctx.local_pos, p.thinking_token_budget, ctx.markers)
+                             ctx.local_pos, p.thinking_token_budget, ctx.markers,
+                             prompt_len=len(ctx.prompt))
         return x, bool(t.due and col == t.token)
 
     def check_output(self, p: Params, o: Outcome) -> list[Breach]:
@@ -51,8 +55,10 @@ class ThinkingBudget(Contract):
             return []
         j = budget.judge(o.prompt, o.output, p.thinking_token_budget, o.markers)
         if j.honored is False:
-            return [Breach(self.name, f"end marker due at {j.expected_end_index}, first at "
-                                      f"{j.actual_end_index}", None, j.expected_end_index)]
+            where = (f"first complete at {j.actual_end_index}" if j.actual_end_index >= 0
+                     else "complete nowhere in the output")
+            return [Breach(self.name, f"end string due whole from {j.expected_end_index}, "
+                                      f"{where}", None, j.expected_end_index)]
         return []
 
     def validate(self, p, vocab_size, max_logprobs):
