@@ -197,6 +197,27 @@ def plan(env: str = ENV, overrides: dict | None = None, *, only=None, methods=No
                 env_path=path, hardware=hardware, axes=known, points=pts)
 
 
+def engine_arg_names() -> set[str]:
+    """The fields of vLLM's ``EngineArgs`` dataclass, read from the installed
+    ``vllm/engine/arg_utils.py``'s source (importing vLLM here would disable the CPU shim's
+    Triton for the engines this process starts later)."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm")
+        root = os.path.dirname(spec.origin) if spec and spec.origin else None
+        with open(os.path.join(root, "engine", "arg_utils.py")) as f:
+            tree = ast.parse(f.read())
+    except (OSError, TypeError, SyntaxError, ValueError, ImportError):
+        return set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
+            return {st.target.id for st in node.body if isinstance(st, ast.AnnAssign)
+                    and isinstance(st.target, ast.Name)}
+    return set()
+
+
 def check_engine_kwargs(cfgs) -> None:
     """``engine_kwargs`` passed through (``--set``, an environment file, an axis) must be
     arguments vLLM's engine takes in-process (``vllm.engine.arg_utils.EngineArgs``' fields):
@@ -205,13 +226,9 @@ def check_engine_kwargs(cfgs) -> None:
     names = sorted({k for c in cfgs for k in (c.engine_kwargs or {})})
     if not names:
         return
-    try:
-        import dataclasses as dc
-
-        from vllm.engine.arg_utils import EngineArgs
-    except Exception:  # no vLLM here: validate() already said so
+    known = engine_arg_names()
+    if not known:  # no vLLM here: validate() already said so
         return
-    known = {f.name for f in dc.fields(EngineArgs)}
     bad = [n for n in names if n not in known]
     if bad:
         raise ConfigError(f"engine_kwargs {bad[0]!r} is not an argument vLLM's engine takes "
