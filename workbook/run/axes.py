@@ -233,6 +233,29 @@ def generate(llm, prompts: list[dict], sps: list, arrival: str = "step0", filler
 _ids = itertools.count()
 
 
+def refusals(llm, prompts: list[dict], sps: list) -> dict[int, Exception]:
+    """The requests vLLM refuses (its own validation when a request is added, e.g. "The min_p
+    and logit_bias sampling parameters are not yet supported with speculative decoding"),
+    found before the batch is sent so one refused request does not take its batch with it:
+    each is added through ``LLMEngine.add_request`` and, when accepted, aborted at once
+    (nothing is scheduled: no step runs in between). Returns index -> vLLM's exception."""
+    from workbook.run.constraints import is_refusal
+
+    eng = llm.llm_engine
+    out: dict[int, Exception] = {}
+    for i, (p, sp) in enumerate(zip(prompts, sps)):
+        rid = f"wb-probe-{next(_ids)}"
+        try:
+            eng.add_request(rid, p, sp)
+        except Exception as e:
+            if not is_refusal(e):
+                raise
+            out[i] = e
+            continue
+        eng.abort_request([rid])
+    return out
+
+
 def steer_plan(mode: str, name: str, kw: dict, reference: list[int] | None, encode=None
                ) -> list[int] | None:
     """The drafter's steering plan for case ``name`` (keywords ``kw``): a token per output

@@ -230,6 +230,12 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
         st = hsteer.Steer(engine.runner, plans).install() if plans else None
         try:
             rc = hooks.row_check(backend.hooks)
+            if len(prompts) > 1:  # one refused request must not take its batch with it
+                for i, e in sorted(axes.refusals(llm, prompts, sps).items(), reverse=True):
+                    cells[names[i]] = Cell(names[i], "", batch, "refused", _msg(e))
+                    del prompts[i], sps[i], names[i]
+                if not names:
+                    return cells, evidence
             filler = {"prompt_token_ids": prompt_for(tok, "nothing")} \
                 if getattr(cfg, "arrival", "step0") == "staggered" and len(prompts) == 1 else None
             outs = axes.generate(llm, prompts, sps, getattr(cfg, "arrival", "step0"),
