@@ -56,6 +56,23 @@ def test_healthy_mixed_batch_no_false_alarm(engine, cases):
     assert sum(cl.accepted_drafts for cl in cells.values()) > 0
 
 
+def test_axes_smoke_staggered_arrival_and_steered_drafter(engine, cases):
+    """Two axis values on the module's engine (request-level: no engine of their own): the
+    requests arrive at steps 0 and 2 and the drafter is steered to the token
+    ``allowed_token_ids`` allows; every cell holds, and the steer really replaced drafts."""
+    from workbook.run import axes as A
+
+    sent = {c: cases[c] for c in ("allowed_token_ids", "min_tokens")}
+    cfg = G.config_for("mtp").replace(arrival="staggered", drafter_steer="allowed")
+    plans = {c: A.steer_plan("allowed", c, kw, None) for c, kw in sent.items()}
+    cells, _ = C.run_batch(engine, sent, zero_head=True, batch="mixed", cfg=cfg,
+                           steer_plans=plans)
+    assert {c: cl.status for c, cl in cells.items()} == {c: "holds" for c in sent}
+    assert all(cl.steered > 0 and cl.preemptions == 0 for cl in cells.values())
+    assert cells["allowed_token_ids"].output and set(cells["allowed_token_ids"].output) <= \
+        set(sent["allowed_token_ids"]["allowed_token_ids"])
+
+
 def test_logit_bias_refused_with_spec_names_vllms_message(engine, cases):
     cells, _ = C.run_batch(engine, {"logit_bias": cases["logit_bias"]}, zero_head=True,
                            batch="single")

@@ -140,13 +140,15 @@ def cmd_run(args) -> int:
     from workbook.run import grid
 
     overrides = dict(args.overrides)
-    chosen = [o for o in ("methods", "constraints", "batches") if getattr(args, o)]
+    chosen = [o for o in ("methods", "constraints", "batches", "axes", "vary")
+              if getattr(args, o, None)]
     if grid.is_grid(args.env):
         if args.probes or args.timeout is not None:
             raise ConfigError("--probes / --timeout are for notebook runs; a constraints grid "
                               "takes --only, --methods, --constraints, --batches, --set")
         return grid.command(args.env, overrides, only=args.only, methods=args.methods,
                             constraints=args.constraints, batches=args.batches, out=args.out,
+                            axes=getattr(args, "axes", None), vary=getattr(args, "vary", None),
                             report=None if args.no_report else rep.write)
     if chosen:
         raise ConfigError(f"--{chosen[0]} is for a constraints grid (an environment with "

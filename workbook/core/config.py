@@ -31,6 +31,9 @@ from workbook.core.hypotheses import FAULTS as FAULT_DEFS, PROFILE_FAULTS
 LOCALIZE = ("none", "module", "op")
 # the constraint faults (``workbook.core.constraint_fault_catalogue``)
 CONSTRAINT_FAULTS = ("none", *constraint_fault_catalogue.FAULTS)
+from workbook.core.contracts.base import LOGPROBS_MODES  # the logprobs contract's modes
+ARRIVALS = ("step0", "staggered")  # how a batch's requests reach the engine (workbook.run.constraints)
+DRAFTER_STEERS = ("none", "allowed", "greedy", "forbidden")  # workbook.hooks.steer
 CHECK_NAMES = ("A", "B")  # the deterministic checks (workbook.run.request, docs/facts.md)
 
 
@@ -61,6 +64,9 @@ class RunConfig:
     reasoning_start_str: str | None = None  # vLLM's ReasoningConfig (--reasoning-config): the string that starts reasoning; None: the parser's
     reasoning_end_str: str | None = None  # the string forced when the budget binds (may hold a transition phrase before the parser's end); None: the parser's
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed through to vllm.LLM
+    logprobs_mode: str | None = None  # raw_logprobs | processed_logprobs | raw_logits | processed_logits; None: vLLM's default
+    async_on_cpu: bool = False  # CPU: keep async_scheduling=True on (vLLM turns it off there; workbook.vllm.async_shim)
+    kv_blocks: int | None = None  # vLLM's num_gpu_blocks_override: a KV cache this many blocks small (preemption)
     # request
     thinking_token_budget: int = 1  # -1: no budget
     max_tokens: int = 32
@@ -71,6 +77,8 @@ class RunConfig:
     enable_thinking: bool = True
     preserve_thinking: bool = True
     prompt: str = "What is 1+1?"
+    arrival: str = "step0"  # step0: every request of a batch added at once | staggered: request i added at step 2*i
+    drafter_steer: str = "none"  # none | allowed | greedy | forbidden: the drafter's proposals replaced (workbook.hooks.steer)
     # workbook
     mode: str = "in-process"  # in-process | server
     zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process)
@@ -248,9 +256,21 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None, checks=None) -> RunC
     if cfg.fault == "H-i-profile-mtp":
         _check(cfg.spec_method == "mtp", "fault='H-i-profile-mtp' hides in the MTP drafter: "
                "use spec_method='mtp' (H-i-profile hides in the target)")
-    if on_cpu and cfg.async_scheduling:
+    if on_cpu and cfg.async_scheduling and not cfg.async_on_cpu:
         raise ConfigError("async_scheduling=True is not possible on the CPU platform "
-                          "(vLLM forces it off); use None or False")
+                          "(vLLM forces it off); use None or False, or async_on_cpu=True "
+                          "(workbook.vllm.async_shim keeps it on)")
+    _check(not cfg.async_on_cpu or cfg.async_scheduling is True,
+           "async_on_cpu=True keeps async_scheduling on: set async_scheduling=True too")
+    _check(cfg.logprobs_mode is None or cfg.logprobs_mode in LOGPROBS_MODES,
+           f"logprobs_mode={cfg.logprobs_mode!r} is unknown; choose one of {LOGPROBS_MODES}")
+    _check(cfg.kv_blocks is None or (isinstance(cfg.kv_blocks, int) and cfg.kv_blocks >= 1),
+           f"kv_blocks={cfg.kv_blocks!r} must be None or an integer >= 1")
+    _check(cfg.arrival in ARRIVALS, f"arrival={cfg.arrival!r} is unknown; choose one of {ARRIVALS}")
+    _check(cfg.drafter_steer in DRAFTER_STEERS,
+           f"drafter_steer={cfg.drafter_steer!r} is unknown; choose one of {DRAFTER_STEERS}")
+    _check(cfg.drafter_steer == "none" or cfg.spec_method != "none",
+           f"drafter_steer={cfg.drafter_steer!r} steers a drafter: spec_method='none' has none")
     check_reasoning_config(cfg)
     if checks is not None:
         check_checks(cfg, checks)

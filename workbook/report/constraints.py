@@ -231,8 +231,10 @@ def section_html(grids: list[dict]) -> str:
     """The report section over one grid per vLLM version."""
     if not grids:
         return ""
+    from workbook.report import axes as raxes
+
     body = "".join(f"<h3>vLLM {html.escape(wording.value_text(g.get('vllm_version')))}</h3>"
-                   f"{_notes_html(g)}{table_html(g)}{_affected_html(g)}" for g in grids)
+                   f"{_notes_html(g)}{raxes.axes_html(g) or table_html(g)}{_affected_html(g)}" for g in grids)
     return (f'<section id="constraints"><style>{CSS}</style><h2>{TITLE}</h2>'
             '<p class="note">Each cell: ✓ the contract held at every logits row (draft rows '
             'included) and on the output; ✗ the first violating step and row; "not judged": '

@@ -131,6 +131,7 @@ class Cell:
     method: str
     batch: str
     status: str  # holds | violated | not judged | refused | method refused | error | not run
+    # | not available (an axis this workbook does not have yet: run.axes)
     message: str = ""
     first: dict | None = None  # step, row, local_pos, out_index, contract, stage, what
     breaches: int = 0
@@ -146,6 +147,10 @@ class Cell:
     # another request's constraint found on this request's rows (``rowjudge``): not a breach of
     # this cell's contracts
     affected_by: list = field(default_factory=list)
+    axes: dict = field(default_factory=dict)  # the grid point: axis name -> value (run.grid)
+    preemptions: int | None = None  # vLLM's Request.num_preemptions when freed (hooks.preempt)
+    steered: int = 0  # draft rows whose proposals the drafter steer replaced (hooks.steer)
+    unreached: list = field(default_factory=list)  # an axis value vLLM did not run (axes.verify)
 
     def to_dict(self) -> dict:
         from workbook.run import verdicts
@@ -182,14 +187,18 @@ def sampling_params(kw: dict, max_tokens: int = 16):
 
 
 def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
-              fault: str | None = None, scale: float | None = None, cfg=None
+              fault: str | None = None, scale: float | None = None, cfg=None,
+              steer_plans: dict[str, list[int]] | None = None
               ) -> tuple[dict[str, Cell], dict]:
     """Send ``cases`` (name -> SamplingParams keywords) as one batch on ``engine`` under the
     hooks of ``cfg`` (default: the grid's plain configuration) with the row check on and
     ``fault`` (a constraint fault; default ``cfg.constraint_fault``), installed and removed
     by the in-process backend (``workbook.hooks.install``, as for any run); ``zero_head``: the
     lm_heads zeroed, ``scale``: multiplied by it. Returns the cells (method filled by the
-    caller) and the evidence, judged by ``workbook.run.rowjudge``."""
+    caller) and the evidence, judged by ``workbook.run.rowjudge``. ``cfg.arrival``: how the
+    requests reach the engine (``generate``); ``steer_plans`` (case -> token per output index,
+    ``steer_plan``): the drafter's proposals replaced for those requests (``hooks.steer``);
+    every request's preemptions are read from vLLM's own counter (``hooks.preempt``)."""
     from workbook import hooks
     from workbook.run import request as rq
     from workbook.run import rowjudge
@@ -214,11 +223,27 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     head = rq.zeroed_lm_head(engine) if zero_head else rq.scaled_lm_head(engine, scale) \
         if scale else contextlib.nullcontext()
     backend = BACKENDS["in-process"](cfg, engine=engine)
+    from workbook.hooks import preempt, steer as hsteer
+    from workbook.run import axes
+
+    plans = {tuple(prompts[names.index(n)]["prompt_token_ids"]): v
+             for n, v in (steer_plans or {}).items() if n in names and v}
     with head:
         backend.start()
+        pc = preempt.PreemptionCount().install()
+        st = hsteer.Steer(engine.runner, plans).install() if plans else None
         try:
             rc = hooks.row_check(backend.hooks)
-            outs = llm.generate(prompts, sps, use_tqdm=False)
+            if len(prompts) > 1:  # one refused request must not take its batch with it
+                for i, e in sorted(axes.refusals(llm, prompts, sps).items(), reverse=True):
+                    cells[names[i]] = Cell(names[i], "", batch, "refused", _msg(e))
+                    del prompts[i], sps[i], names[i]
+                if not names:
+                    return cells, evidence
+            filler = {"prompt_token_ids": prompt_for(tok, "nothing")} \
+                if getattr(cfg, "arrival", "step0") == "staggered" and len(prompts) == 1 else None
+            outs = axes.generate(llm, prompts, sps, getattr(cfg, "arrival", "step0"),
+                                 filler=filler)
         except Exception as e:
             msg = _msg(e)
             status = "refused" if _is_refusal(e) else "error"
@@ -226,6 +251,9 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
                 cells[n] = Cell(n, "", batch, status, msg)
             return cells, {"error": msg}
         finally:
+            if st is not None:
+                st.remove()
+            pc.remove()
             backend.stop()
     by_prompt = {tuple(p): r for r, p in rc.prompts.items()}
     labels = {by_prompt.get(tuple(o.prompt_token_ids or ())): n for n, o in zip(names, outs)}
@@ -235,6 +263,12 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
         cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req), engine,
                                     tok=tok, sp=sps[names.index(name)])
         cells[name].kwargs = _jsonable(cases[name])
+        cells[name].preemptions = pc.of(prompt_for(tok, name))
+        if st is not None:
+            cells[name].steered = st.of(prompt_for(tok, name))
+            if st.errors:
+                cells[name].message = "; ".join(x for x in (cells[name].message,
+                                                             *st.errors[:2]) if x)
         evidence[name] = {"req_id": req, "registration": next(
             (r for r in rc.registrations if r["req_id"] == req), None),
             "params": _jsonable(asdict(rc.params[req])) if req in rc.params else None,
@@ -479,15 +513,24 @@ def _jsonable(x):
     return json.loads(json.dumps(x, default=str))
 
 
-def differential(cells: list[Cell], evidence: dict, reference: list[Cell] | None = None
-                 ) -> None:
-    """Fill each spec cell's ``differential`` against method ``none``'s same request: the
-    cells of ``reference`` (the healthy configuration's, when the grid injects a constraint
-    fault), else the grid's own ``none`` cells."""
-    ref = {(c.constraint, c.batch): c for c in (cells if reference is None else reference)
-           if c.method == "none"}
+def evidence_key(batch: str, axes: dict | None) -> str:
+    """The evidence file of a batch at a grid point: ``<batch>`` at the default point (no axes
+    given), else ``<batch>@axis=value,...``."""
+    return batch + ("@" + ",".join(f"{k}={v}" for k, v in axes.items()) if axes else "")
+
+
+def differential(cells: list[Cell], evidence: dict, reference: list[Cell] | None = None,
+                 spec_only=()) -> None:
+    """Fill each spec cell's ``differential`` against method ``none``'s same request at the
+    same grid point (axes in ``spec_only`` — the drafter's — ignored: ``none`` has no
+    drafter): the cells of ``reference`` (the healthy configuration's, when the grid injects
+    a constraint fault), else the grid's own ``none`` cells."""
+    point = lambda c: tuple(sorted((k, str(v)) for k, v in (c.axes or {}).items()
+                                   if k not in spec_only))
+    ref = {(c.constraint, c.batch, point(c)): c
+           for c in (cells if reference is None else reference) if c.method == "none"}
     for c in cells:
-        r = ref.get((c.constraint, c.batch))
+        r = ref.get((c.constraint, c.batch, point(c)))
         if c.method == "none" or r is None or not c.output or not r.output:
             continue
         c.differential = None  # filled afresh (the grid refills it as methods finish)
@@ -499,7 +542,8 @@ def differential(cells: list[Cell], evidence: dict, reference: list[Cell] | None
                               **({"prompt_logprobs": c.differential["prompt_logprobs"]}
                                  if c.differential else {})}
             continue
-        ev = evidence.get(c.method, {}).get(c.batch, {}).get(c.constraint, {})
+        ev = evidence.get(c.method, {}).get(evidence_key(c.batch, c.axes), {}).get(
+            c.constraint, {})
         at = _emitted_at(ev, i)
         c.differential = {"vs": "none", "identical": False, "out_index": i,
                           "token": c.output[i] if i < len(c.output) else None,

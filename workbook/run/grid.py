@@ -29,11 +29,12 @@ from dataclasses import asdict, dataclass, field
 
 from workbook.core import contracts, envfiles, rundir
 from workbook.core.config import ConfigError, RunConfig, installed_vllm_version, validate
+from workbook.run import axes as A
 from workbook.run import constraints as C
 
 ENV = "constraints"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENTRY_KEYS = ("name", "description", "method", "constraint", "batches")
+ENTRY_KEYS = ("name", "description", "method", "constraint", "batches", "axes", "vary")
 # request fields the grid never reads (its requests are its cases): --set of one is an error
 UNUSED = ("thinking_token_budget", "prompt", "top_p", "top_k", "ignore_eos", "enable_thinking",
           "preserve_thinking", "zero_lm_head", "probes", "spec_method")
@@ -48,6 +49,8 @@ class Plan:
     name: str = "grid"  # the entry's name, else "grid" (the defaults)
     env_path: str = ""
     hardware: str = "cpu"
+    axes: dict = field(default_factory=dict)  # the environment's axes (run.axes.Axis)
+    points: list = field(default_factory=lambda: [{}])  # the grid points, default first
 
     @property
     def fault(self) -> str | None:
@@ -55,8 +58,13 @@ class Plan:
         return next((f for f in (self.base.constraint_fault, self.base.fault) if f != "none"),
                     None)
 
-    def config(self, method: str) -> RunConfig:
-        return self.base.replace(spec_method=method)
+    def config(self, method: str, point: dict | None = None) -> RunConfig:
+        cfg = A.config(self.base, self.axes, point) if point else self.base
+        return cfg.replace(spec_method=method)
+
+    @property
+    def spec_only(self) -> tuple[str, ...]:
+        return tuple(n for n, a in self.axes.items() if a.spec_only)
 
 
 find = envfiles.find_environment
@@ -92,9 +100,12 @@ def _names(value, known, what: str) -> list[str]:
 
 
 def plan(env: str = ENV, overrides: dict | None = None, *, only=None, methods=None,
-         constraints=None, batches=None, on_cpu: bool | None = None) -> Plan:
+         constraints=None, batches=None, on_cpu: bool | None = None, axes=None,
+         vary: str | None = None) -> Plan:
     """The grid ``env`` (+ the entry ``only`` names, + ``overrides``) asks for; ``methods`` /
-    ``constraints`` / ``batches`` replace the entry's. ``ConfigError`` for any bad input."""
+    ``constraints`` / ``batches`` / ``axes`` (names, ``NAME=V1,V2`` or a mapping;
+    ``run.axes.select``) and ``vary`` replace the entry's. ``ConfigError`` for any bad input,
+    an axis value included (every point's configuration is validated)."""
     path, raw = _read(env)
     overrides = dict(overrides or {})
     fields = set(RunConfig.field_names())
@@ -164,9 +175,64 @@ def plan(env: str = ENV, overrides: dict | None = None, *, only=None, methods=No
             validate(base.replace(spec_method=m), on_cpu=on_cpu)
         except ConfigError as e:
             raise ConfigError(f"method {m!r}: {e}") from None
+    known = A.parse(raw.get("axes"))
+    sel = A.select(known, entry.get("axes") if axes is None else axes)
+    pts = A.points(known, sel, vary or entry.get("vary") or "product")
+    for pt in pts:
+        if A.unavailable(known, pt):
+            continue
+        for m in methods:
+            if not A.runs_for(m, known, pt):
+                continue
+            try:
+                validate(A.config(base, known, pt).replace(spec_method=m), on_cpu=on_cpu)
+            except ConfigError as e:
+                raise ConfigError(f"axis {A.label(pt)} (method {m!r}): {e}") from None
+            except TypeError as e:
+                raise ConfigError(f"axis {A.label(pt)}: {e}") from None
+    check_engine_kwargs([base] + [A.config(base, known, pt) for pt in pts
+                                  if not A.unavailable(known, pt)])
     hardware = str(raw.get("hardware") or os.path.splitext(os.path.basename(path))[0])
     return Plan(base, methods, constraints, batches, name=entry.get("name", "grid"),
-                env_path=path, hardware=hardware)
+                env_path=path, hardware=hardware, axes=known, points=pts)
+
+
+def engine_arg_names() -> set[str]:
+    """The fields of vLLM's ``EngineArgs`` dataclass, read from the installed
+    ``vllm/engine/arg_utils.py``'s source (importing vLLM here would disable the CPU shim's
+    Triton for the engines this process starts later)."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm")
+        root = os.path.dirname(spec.origin) if spec and spec.origin else None
+        with open(os.path.join(root, "engine", "arg_utils.py")) as f:
+            tree = ast.parse(f.read())
+    except (OSError, TypeError, SyntaxError, ValueError, ImportError):
+        return set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
+            return {st.target.id for st in node.body if isinstance(st, ast.AnnAssign)
+                    and isinstance(st.target, ast.Name)}
+    return set()
+
+
+def check_engine_kwargs(cfgs) -> None:
+    """``engine_kwargs`` passed through (``--set``, an environment file, an axis) must be
+    arguments vLLM's engine takes in-process (``vllm.engine.arg_utils.EngineArgs``' fields):
+    ``ConfigError`` naming the first that is not, before any engine starts (vLLM's own
+    start-up would fail with a traceback from inside its argument parsing)."""
+    names = sorted({k for c in cfgs for k in (c.engine_kwargs or {})})
+    if not names:
+        return
+    known = engine_arg_names()
+    if not known:  # no vLLM here: validate() already said so
+        return
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ConfigError(f"engine_kwargs {bad[0]!r} is not an argument vLLM's engine takes "
+                          f"in-process (vllm.engine.arg_utils.EngineArgs has no such field)")
 
 
 def config_for(method: str, k: int = 3, model: str | None = None) -> RunConfig:
@@ -183,10 +249,12 @@ def jsonable(x):
 
 
 def send_batch(eng, cfg: RunConfig, cases: dict[str, dict], *, batch: str, zero_head: bool,
-               scale: float | None = None) -> tuple[dict, dict]:
+               scale: float | None = None, steer_plans: dict | None = None) -> tuple[dict, dict]:
     """``cases`` as one batch on engine ``eng`` under the hooks ``cfg`` asks for (the row
-    check on; ``constraint_fault``): ``constraints.run_batch``, the one sender."""
-    return C.run_batch(eng, cases, zero_head=zero_head, batch=batch, scale=scale, cfg=cfg)
+    check on; ``constraint_fault``; ``cfg.arrival``; the drafter steered by ``steer_plans``):
+    ``constraints.run_batch``, the one sender."""
+    return C.run_batch(eng, cases, zero_head=zero_head, batch=batch, scale=scale, cfg=cfg,
+                       steer_plans=steer_plans)
 
 
 def baselines(eng) -> dict[str, list[int]]:
@@ -204,10 +272,28 @@ def baselines(eng) -> dict[str, list[int]]:
     return out
 
 
-def run_batches(eng, cfg: RunConfig, method: str, constraints, batches, baseline: dict
+def steer_plans(eng, cfg: RunConfig, cases: dict, batch: str, point: dict | None,
+                refs: list | None, spec_only=()) -> dict | None:
+    """The drafter's plans for ``cases`` under ``cfg.drafter_steer`` (``axes.steer_plan``):
+    ``greedy`` takes method ``none``'s output for the same request at the same point
+    (``refs``: the cells so far)."""
+    mode = getattr(cfg, "drafter_steer", "none")
+    if mode == "none":
+        return None
+    key = lambda ax: tuple(sorted((k, str(v)) for k, v in (ax or {}).items()
+                                  if k not in spec_only))
+    ref = {c.constraint: c.output for c in refs or [] if c.method == "none"
+           and c.batch == batch and key(c.axes) == key(point)}
+    enc = lambda w: eng.tokenizer.encode(w, add_special_tokens=False)
+    return {c: A.steer_plan(mode, c, kw, ref.get(c), enc) for c, kw in cases.items()}
+
+
+def run_batches(eng, cfg: RunConfig, method: str, constraints, batches, baseline: dict,
+                point: dict | None = None, refs: list | None = None, spec_only=()
                 ) -> tuple[list, dict]:
-    """Every batch of one method on its engine: ``single`` one request per constraint, the
-    others one batch of every constraint ``single`` did not see refused."""
+    """Every batch of one method at one grid point on its engine: ``single`` one request per
+    constraint, the others one batch of every constraint ``single`` did not see refused.
+    Evidence keys: ``constraints.evidence_key(batch, point)``."""
     decode = lambda ids: eng.tokenizer.decode(ids)
     cells: list = []
     evidence: dict = {}
@@ -216,24 +302,31 @@ def run_batches(eng, cfg: RunConfig, method: str, constraints, batches, baseline
         scale = C.SCALE if batch == "mixed-scaled" else None
         base = baseline["zero" if zero else "scaled" if scale else "natural"]
         cases = {c: C.case_kwargs(c, base, decode) for c in constraints}
+        plans = steer_plans(eng, cfg, cases, batch, point, refs, spec_only)
+        ek = C.evidence_key(batch, point)
         if batch == "single":
             for c in constraints:
-                got, ev = send_batch(eng, cfg, {c: cases[c]}, batch=batch, zero_head=zero)
-                cells += _fill(got, method)
-                evidence.setdefault(batch, {}).update(ev)
+                got, ev = send_batch(eng, cfg, {c: cases[c]}, batch=batch, zero_head=zero,
+                                     steer_plans=plans)
+                cells += _fill(got, method, point)
+                evidence.setdefault(ek, {}).update(ev)
             continue
-        refused = {cl.constraint: cl.message for cl in cells if cl.status == "refused"}
+        refused = {cl.constraint: cl.message for cl in cells if cl.status == "refused"
+                   and cl.batch == "single"}
         ok = {c: kw for c, kw in cases.items() if c not in refused}
-        got, ev = send_batch(eng, cfg, ok, batch=batch, zero_head=zero, scale=scale)
-        cells += _fill(got, method)
-        cells += [C.Cell(c, method, batch, "refused", refused[c]) for c in cases if c in refused]
-        evidence[batch] = ev
+        got, ev = send_batch(eng, cfg, ok, batch=batch, zero_head=zero, scale=scale,
+                             steer_plans=plans)
+        cells += _fill(got, method, point)
+        cells += [C.Cell(c, method, batch, "refused", refused[c], axes=dict(point or {}))
+                  for c in cases if c in refused]
+        evidence[ek] = ev
     return cells, evidence
 
 
-def _fill(cells: dict, method: str) -> list:
+def _fill(cells: dict, method: str, point: dict | None = None) -> list:
     for c in cells.values():
         c.method = method
+        c.axes = dict(point or {})
     return list(cells.values())
 
 
@@ -278,22 +371,64 @@ def _version() -> str:
     return str(v) if v else ".".join(map(str, installed_vllm_version() or ()))
 
 
+def engine_groups(p: Plan, method: str) -> tuple[list[list[dict]], list[tuple[dict, str]]]:
+    """The points ``method`` runs, grouped by engine (one group per distinct engine
+    configuration: ``workbook.vllm.engine.engine_key``, the CPU async shim included), in the
+    order of ``p.points``; and the points not available on this branch (with why)."""
+    from workbook.vllm import engine as vengine
+
+    groups: dict[str, list[dict]] = {}
+    missing = []
+    for pt in p.points:
+        if not A.runs_for(method, p.axes, pt):
+            continue
+        why = A.unavailable(p.axes, pt)
+        if why:
+            missing.append((pt, why))
+            continue
+        cfg = p.config(method, pt)
+        groups.setdefault(vengine.engine_key(cfg, cfg.async_on_cpu), []).append(pt)
+    return list(groups.values()), missing
+
+
+def benchmark(grid: dict) -> dict:
+    """Engine starts, cells per start and wall time of a grid (``grid.json``'s ``engines``)."""
+    rows = grid.get("engines") or []
+    started = [r for r in rows if r.get("status") == "ok"]
+    ran = sum(r.get("cells", 0) for r in started)
+    return {"engine_starts": len(started), "engines_refused": len(rows) - len(started),
+            "cells": len(grid.get("cells") or []), "cells_run": ran,
+            "cells_per_start": round(ran / len(started), 1) if started else 0.0,
+            "start_seconds": round(sum(r.get("start_s", 0.0) for r in started), 1),
+            "wall_seconds": grid.get("seconds")}
+
+
 def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
-    """Run plan ``p``; ``grid.json`` and ``evidence/`` under ``out`` after every method.
-    ``on_method(row)``: each engine's row (method, status, seconds, message) as it ends."""
+    """Run plan ``p``; ``grid.json`` and ``evidence/`` under ``out`` after every engine.
+    One engine per method and engine configuration serves every point that shares it
+    (``engine_groups``). ``on_method(row)``: each engine's row (method, points, status,
+    start and total seconds, cells, message) as it ends."""
+    from workbook.vllm import async_shim
+
     cells: list = []
     ref_cells: list = []
     evidence: dict = {}
+    engines: list = []
     baseline = None
     t0 = time.time()
 
     def assemble(status: str) -> dict:
         ref = ref_cells if p.fault else None
-        C.differential(cells, evidence, reference=ref)
+        C.differential(cells, evidence, reference=ref, spec_only=p.spec_only)
         grid = {"vllm_version": _version(), "methods": p.methods, "batches": p.batches,
                 "constraints": p.constraints, "fault": p.fault, "run": p.name,
                 "config": p.base.to_dict(), "status": status,
+                "axes": {n: list(a.values) for n, a in p.axes.items()
+                         if any(n in pt for pt in p.points)},
+                "axis_defaults": {n: a.default for n, a in p.axes.items()},
+                "points": p.points, "engines": engines,
                 "seconds": round(time.time() - t0, 1), "cells": [c.to_dict() for c in cells]}
+        grid["benchmark"] = benchmark(grid)
         if p.fault:
             grid["reference"] = {"method": "none", "fault": None,
                                  "cells": [c.to_dict() for c in ref_cells]}
@@ -306,33 +441,68 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
                     rundir.write_json(os.path.join(out, "evidence", m, f"{b}.json"), jsonable(e))
         return grid
 
+    def blank(m, pts, st, msg):
+        return [C.Cell(c, m, b, st, msg, axes=dict(pt)) for pt in pts for c in p.constraints
+                for b in p.batches]
+
     try:
         for m in p.methods:
-            cfg = p.config(m)
-            t1, row = time.time(), {"method": m, "status": "ok"}
-            log = os.path.join(out, "logs", m) if out else None
-            try:
-                with Engine(cfg, log) as eng:
-                    if baseline is None:
-                        baseline = baselines(eng)
-                    got, ev = run_batches(eng, cfg, m, p.constraints, p.batches, baseline)
-                    if m == "none" and p.fault:  # the reference: the healthy configuration
-                        ref, rev = run_batches(eng, cfg.replace(constraint_fault="none",
-                                                                fault="none"),
-                                               m, p.constraints, p.batches, baseline)
-                        ref_cells += ref
-                        evidence["reference"] = rev
-            except Exception as e:  # the method cannot start here: its message is the result
-                st, msg = ("method refused", str(e)) if isinstance(e, C.MethodRefused) \
-                    else ("error", C.one_line(e))
-                got, ev = [C.Cell(c, m, b, st, msg) for c in p.constraints for b in p.batches], {}
-                row.update(status=st, message=msg)
-            cells += got
-            evidence[m] = ev
-            row["seconds"] = round(time.time() - t1, 1)
-            assemble("running")
-            if on_method:
-                on_method(row)
+            groups, missing = engine_groups(p, m)
+            for pt, why in missing:
+                cells += blank(m, [pt], "not available", why)
+            refused_method = None
+            for gi, pts in enumerate(groups):
+                cfg0 = p.config(m, pts[0])
+                t1 = time.time()
+                row = {"method": m, "points": [A.label(x) for x in pts], "status": "ok"}
+                if refused_method is not None:  # vLLM refused the method itself: not again
+                    cells += blank(m, pts, "method refused", refused_method)
+                    engines.append({**row, "status": "method refused", "seconds": 0.0,
+                                    "message": refused_method, "cells": 0})
+                    continue
+                suffix = "" if not pts[0] else "@" + A.label(pts[0]).replace(", ", ",")
+                log = os.path.join(out, "logs", m + suffix.replace("/", "_")) if out else None
+                done: list = []
+                n0 = len(cells)
+                try:
+                    with Engine(cfg0, log) as eng:
+                        row["start_s"] = round(time.time() - t1, 1)
+                        facts = {"async": async_shim.effective(eng.llm)}
+                        row["async_scheduling"] = facts["async"]
+                        if baseline is None:
+                            baseline = baselines(eng)
+                        for pt in pts:
+                            cfg = p.config(m, pt)
+                            got, ev = run_batches(eng, cfg, m, p.constraints, p.batches,
+                                                  baseline, point=pt, refs=cells,
+                                                  spec_only=p.spec_only)
+                            A.verify(got, p.axes, pt, facts)
+                            if m == "none" and p.fault:  # the healthy configuration
+                                ref, rev = run_batches(
+                                    eng, cfg.replace(constraint_fault="none", fault="none"),
+                                    m, p.constraints, p.batches, baseline, point=pt)
+                                ref_cells += ref
+                                evidence.setdefault("reference", {}).update(rev)
+                            cells += got
+                            evidence.setdefault(m, {}).update(ev)
+                            done.append(pt)
+                except Exception as e:  # this engine cannot start here: vLLM's message
+                    rest = [pt for pt in pts if pt not in done]
+                    if isinstance(e, C.MethodRefused):
+                        msg = str(e)
+                        st = "method refused" if gi == 0 else "refused"
+                        if gi == 0:
+                            refused_method = msg
+                    else:
+                        st, msg = "error", C.one_line(e)
+                    cells += blank(m, rest, st, msg)
+                    row.update(status=st, message=msg)
+                row["cells"] = len(cells) - n0
+                row["seconds"] = round(time.time() - t1, 1)
+                engines.append(row)
+                assemble("running")
+                if on_method:
+                    on_method(row)
     except BaseException:  # a signal, Ctrl-C: the grid keeps what it had
         assemble("stopped")
         raise
@@ -417,27 +587,41 @@ def summary_lines(grid: dict) -> list[str]:
     lines = [f"{len(cells)} cells: " + ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
              + (f" (fault {grid['fault']}; reference: none without it)"
                 if grid.get("fault") else "")]
+    b = grid.get("benchmark")
+    if b:
+        lines.append(f"engine starts {b['engine_starts']} ({b['start_seconds']} s starting), "
+                     f"{b['cells_per_start']} cells per start, wall time {b['wall_seconds']} s"
+                     + (f"; {b['engines_refused']} engine(s) refused by vLLM"
+                        if b["engines_refused"] else ""))
+    unreached = sum(1 for c in cells if c.get("unreached"))
+    if unreached:
+        lines.append(f"{unreached} cell(s) did not reach their axis value (e.g. no preemption "
+                     "happened): see each cell's 'unreached'")
     for c in cells:
         if c["status"] in ("violated", "error", "method refused"):
             first = c.get("first") or {}
             where = (f" at step {first.get('step')} row {first.get('row')} "
                      f"({first.get('stage')}): {first.get('what')}" if first
                      else f": {c.get('message')}")
+            at = f" [{A.label(c['axes'])}]" if c.get("axes") else ""
             lines.append(f"  {c['status']}: {c['constraint']} / {c['method']} / "
-                         f"{c['batch']}{where}")
+                         f"{c['batch']}{at}{where}")
     return lines
 
 
 def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods=None,
-            constraints=None, batches=None, out: str = "outputs", report=None) -> int:
+            constraints=None, batches=None, out: str = "outputs", report=None, axes=None,
+            vary=None) -> int:
     """``workbook run constraints``: plan (bad input: ``ConfigError``, nothing started), run,
     print the counts, the violations, the report and — last — the run folder. Exit 0 when the
     grid ran (violations are findings), 1 when it failed, 128 + N when signal N stopped it."""
     p = plan(env, overrides, only=only, methods=methods, constraints=constraints,
-             batches=batches)
+             batches=batches, axes=axes, vary=vary)
     entry = "" if p.name == "grid" else f" {p.name}"
     print(f"constraints grid{entry}: methods {', '.join(p.methods)}; "
           f"{len(p.constraints)} constraint(s); batches {', '.join(p.batches)}"
+          + (f"; {len(p.points)} axis point(s): " + " | ".join(A.label(x) for x in p.points)
+             if p.points != [{}] else "")
           + (f"; constraint fault {p.fault}" if p.fault else ""), flush=True)
     run_dir, manifest = execute(p, out, report=report)
     grid = rundir.read_json(os.path.join(run_dir, "grid.json"), {}) or {}
@@ -467,6 +651,11 @@ def add_arguments(ap) -> None:
                     help="constraints grid: the constraints (default: the entry's, else all)")
     ap.add_argument("--batches", nargs="+", metavar="BATCH",
                     help=f"constraints grid: the batches ({', '.join(C.BATCHES)})")
+    ap.add_argument("--axis", dest="axes", action="append", metavar="NAME[=V1,V2]",
+                    help="constraints grid: an axis of the environment's 'axes' (all its "
+                         "values, or those named); repeat for several")
+    ap.add_argument("--vary", choices=A.VARY,
+                    help="constraints grid: the axes' product (default) or one at a time")
 
 
 def main(argv=None) -> int:
@@ -496,7 +685,7 @@ def main(argv=None) -> int:
                  if v is not None})
     try:
         return command(a.env, over, only=a.only, methods=a.methods, constraints=a.constraints,
-                       batches=a.batches, out=a.out)
+                       batches=a.batches, out=a.out, axes=a.axes, vary=a.vary)
     except ConfigError as e:
         print(f"workbook: configuration error: {e}", file=sys.stderr)
         return 2

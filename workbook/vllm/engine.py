@@ -78,6 +78,10 @@ def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
           if getattr(cfg, k) is not None}
     if rc:  # --reasoning-config (a dict here; vllm.LLM gets a ReasoningConfig: llm_kwargs)
         kw["reasoning_config"] = rc
+    if cfg.logprobs_mode is not None:
+        kw["logprobs_mode"] = cfg.logprobs_mode
+    if cfg.kv_blocks is not None:
+        kw["num_gpu_blocks_override"] = cfg.kv_blocks
     kw.update(cfg.engine_kwargs)
     return kw
 
@@ -237,6 +241,10 @@ def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
 
             hookpoints.resolve()  # a moved hook point: HookPointError before the engine starts
             _without_cutedsl_warmup(cfg)
+            if cfg.async_on_cpu:  # vLLM's CPU platform turns async scheduling off: keep it on
+                from workbook.vllm import async_shim
+
+                async_shim.install()
             if before_start is not None:
                 before_start()
             t1 = time.perf_counter()
