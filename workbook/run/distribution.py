@@ -409,3 +409,177 @@ def params_of(engine, case: str, temperature: float) -> contracts.Params:
     sp = SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True,
                         **sampling_kwargs(case))
     return contracts.Params.of(sp)
+
+
+# ------------------------------------------------------------------ the batch and its command
+
+@dataclass
+class Plan:
+    methods: list
+    cases: list
+    faults: list  # constraint faults run on the spec methods (case: fault_cases)
+    fault_cases: list
+    samples: int = 256
+    temperature: float = 0.8
+    positions: int = 4
+    seed: int = 0
+    max_num_seqs: int = 128
+    repeats: int = 1
+
+
+def plan(methods="none,mtp", cases="unconstrained", faults="", fault_cases="unconstrained",
+         samples=256, temperature=0.8, positions=4, seed=0, max_num_seqs=128,
+         repeats=1) -> Plan:
+    """The batch asked for; ``ConfigError`` naming any bad value (before an engine starts)."""
+    from workbook.core import constraint_fault_catalogue as cat
+
+    split = lambda v: [x for x in (v.split(",") if isinstance(v, str) else v) if x]
+    p = Plan(split(methods), split(cases), split(faults), split(fault_cases), int(samples),
+             float(temperature), int(positions), int(seed), int(max_num_seqs), int(repeats))
+    for what, got, known in (("method", p.methods, METHODS), ("case", p.cases, CASES),
+                             ("case", p.fault_cases, CASES),
+                             ("fault", p.faults, cat.FAULTS)):
+        bad = [x for x in got if x not in known]
+        if bad:
+            raise ConfigError(f"{what} {bad[0]!r} is unknown; known: {', '.join(known)}")
+    if "none" not in p.methods:
+        p.methods.insert(0, "none")  # the two-sample tests' reference
+    p.methods = ["none"] + [m for m in p.methods if m != "none"]
+    if not 0 < p.temperature <= 2:
+        raise ConfigError(f"temperature={p.temperature!r}: the distribution test needs "
+                          "0 < temperature <= 2 (temperature 0 is greedy: the grid's)")
+    if p.temperature == 1.0 and p.faults:
+        raise ConfigError("temperature=1.0: vLLM skips the temperature step at 1, so the "
+                          "temperature faults do nothing there; use e.g. 0.8")
+    for name, v, lo in (("samples", p.samples, 20), ("positions", p.positions, 1),
+                        ("max_num_seqs", p.max_num_seqs, 1), ("repeats", p.repeats, 1)):
+        if v < lo:
+            raise ConfigError(f"{name}={v}: must be >= {lo}")
+    return p
+
+
+@dataclass
+class Cell:
+    case: str
+    method: str
+    fault: str
+    repeat: int
+    status: str  # holds | violated | refused | error
+    message: str = ""
+    samples: int = 0
+    wall_s: float = 0.0
+    samples_per_s: float = 0.0
+    tests: list = field(default_factory=list)
+    min_p: float | None = None
+    seeds: list = field(default_factory=list)  # first and last seed
+
+
+def run(p: Plan, out: str, log=print) -> dict:
+    """Every cell of ``p``, one engine per method (``none`` first: the reference samples,
+    seeds disjoint from the spec cells'); writes ``out/distribution.json`` after each cell."""
+    import json
+
+    from workbook.vllm import engine as vengine
+
+    os.makedirs(out, exist_ok=True)
+    res: dict = {"plan": asdict(p), "alpha": ALPHA, "cells": [], "engines": {}}
+    try:
+        import vllm
+
+        res["vllm_version"] = vllm.__version__
+    except Exception:
+        pass
+    reference: dict = {}
+    t_all = time.perf_counter()
+
+    def save():
+        res["wall_s"] = round(time.perf_counter() - t_all, 1)
+        with open(os.path.join(out, "distribution.json"), "w") as f:
+            json.dump(res, f, indent=1, default=str)
+
+    for method in p.methods:
+        t0 = time.perf_counter()
+        eng = vengine.start(engine_config(method, p.max_num_seqs),
+                            log=os.path.join(out, f"engine-{method}.log"))
+        res["engines"][method] = {"start_s": round(time.perf_counter() - t0, 1)}
+        try:
+            # after the engine start: its process environment (the CPU shim's Triton
+            # interpreter) must be in place before vLLM's kernels are imported
+            from workbook.hooks import constraint_faults
+
+            with known_model(eng) as km:
+                cal = calibration(eng)
+                res["engines"][method].update(premise=km.premise, calibration_spread=cal[
+                    "spread"], calibration_vs_designed=cal["vs_designed"])
+                runs = [(c, "none") for c in p.cases]
+                if method != "none":
+                    runs += [(c, f) for f in p.faults for c in p.fault_cases]
+                for case, fault in runs:
+                    for r in range(p.repeats):
+                        seed0 = p.seed + r * p.samples + (10 ** 6 if method == "none" else 0)
+                        ps = constraint_faults.inject(fault) if fault != "none" else None
+                        try:
+                            outs, wall, msg = sample(eng, case, n=p.samples, seed0=seed0,
+                                                     temperature=p.temperature,
+                                                     max_tokens=p.positions)
+                        finally:
+                            if ps is not None:
+                                ps.remove()
+                        cell = Cell(case, method, fault, r, "refused" if msg else "holds",
+                                    msg or "", len(outs), round(wall, 1),
+                                    round(len(outs) / wall, 2) if wall else 0.0,
+                                    seeds=[seed0, seed0 + p.samples - 1])
+                        if outs:
+                            if method == "none":
+                                reference[(case, r)] = outs
+                            pred = Predictor(params_of(eng, case, p.temperature), cal["raw"],
+                                             PROMPT)
+                            ref = reference.get((case, r)) if method != "none" else None
+                            j = judge_cell(outs, pred, ref)
+                            cell.status, cell.tests, cell.min_p = j["verdict"], j["tests"], \
+                                j["min_p"]
+                            cell.message = describe(j["first"])
+                        res["cells"].append(asdict(cell))
+                        log(f"{method:5s} {case:18s} fault={fault:24s} rep {r}: {cell.status}"
+                            f" ({cell.message}); {cell.samples} samples, "
+                            f"{cell.samples_per_s} samples/s", flush=True)
+                        save()
+        finally:
+            eng.shutdown()
+            del eng
+    save()
+    return res
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m workbook.run.distribution",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="a new folder for distribution.json")
+    ap.add_argument("--methods", default="none,mtp")
+    ap.add_argument("--cases", default="unconstrained")
+    ap.add_argument("--faults", default="", help="distribution faults run on the spec methods")
+    ap.add_argument("--fault-cases", default="unconstrained")
+    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--positions", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1)
+    a = ap.parse_args(argv)
+    try:
+        if os.path.exists(os.path.join(a.out, "distribution.json")):
+            raise ConfigError(f"--out {a.out}: holds a distribution.json already (runs never "
+                              "overwrite)")
+        p = plan(a.methods, a.cases, a.faults, a.fault_cases, a.samples, a.temperature,
+                 a.positions, a.seed, a.max_num_seqs, a.repeats)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    run(p, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
