@@ -483,12 +483,6 @@ def run(p: Plan, out: str, log=print) -> dict:
 
     os.makedirs(out, exist_ok=True)
     res: dict = {"plan": asdict(p), "alpha": ALPHA, "cells": [], "engines": {}}
-    try:
-        import vllm
-
-        res["vllm_version"] = vllm.__version__
-    except Exception:
-        pass
     reference: dict = {}
     t_all = time.perf_counter()
 
@@ -502,6 +496,7 @@ def run(p: Plan, out: str, log=print) -> dict:
         eng = vengine.start(engine_config(method, p.max_num_seqs),
                             log=os.path.join(out, f"engine-{method}.log"))
         res["engines"][method] = {"start_s": round(time.perf_counter() - t0, 1)}
+        res["vllm_version"] = eng.effective.get("vllm_version")  # vLLM imported only now
         try:
             # after the engine start: its process environment (the CPU shim's Triton
             # interpreter) must be in place before vLLM's kernels are imported
