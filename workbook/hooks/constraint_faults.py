@@ -281,7 +281,53 @@ def inject(name: str) -> patching.PatchSet:
         _penalties_next_column(ps, _cls("penalties", "PenaltiesState"))
     elif name == "allowed-mask-every-row":
         _allowed_mask_every_row(ps, _cls("logit_bias", "LogitBiasState"))
+    elif name == "rejection-tempered-twice":
+        _rejection_tempered_twice(ps)
+    elif name == "draft-rows-untempered":
+        _draft_rows_untempered(ps)
     return ps.install()
+
+
+def _rejection_tempered_twice(ps):
+    """``rejection_sampler.rejection_sample`` receives its target rows divided by each row's
+    temperature once more (rows at temperature 0 or 1 unchanged): a sharper (T < 1) target
+    distribution for every token the rejection sampler emits; greedy output is unchanged."""
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler as rs
+
+    def make(orig):
+        def rejection_sample(target_logits, draft_logits, draft_sampled, cu_num_logits, pos,
+                             idx_mapping, expanded_idx_mapping, expanded_local_pos,
+                             temperature, *a, **k):
+            t = temperature[expanded_idx_mapping.long()].float()
+            t = t.where((t != 0) & (t != 1), t.new_ones(())).unsqueeze(1)
+            return orig(target_logits / t, draft_logits, draft_sampled, cu_num_logits, pos,
+                        idx_mapping, expanded_idx_mapping, expanded_local_pos, temperature,
+                        *a, **k)
+
+        return rejection_sample
+
+    ps.wrap(rs, "rejection_sample", make)
+
+
+def _draft_rows_untempered(ps):
+    """``Sampler.apply_sampling_params`` undoes the temperature on draft rows (local position
+    >= 1; only the rejection sampler has them): those rows are sampled at T = 1."""
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+
+    def make(orig):
+        def apply_sampling_params(self, logits, expanded_idx_mapping, idx_mapping,
+                                  idx_mapping_np, pos, input_ids, expanded_local_pos, *a, **k):
+            out = orig(self, logits, expanded_idx_mapping, idx_mapping, idx_mapping_np, pos,
+                       input_ids, expanded_local_pos, *a, **k)
+            if out is logits:
+                return out
+            t = self.sampling_states.temperature.gpu[expanded_idx_mapping.long()].float()
+            t = t.where((expanded_local_pos >= 1) & (t != 0), t.new_ones(())).unsqueeze(1)
+            return out * t
+
+        return apply_sampling_params
+
+    ps.wrap(Sampler, "apply_sampling_params", make)
 
 
 def _max_tokens_step_end(ps):

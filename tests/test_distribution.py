@@ -1,0 +1,100 @@
+"""The distribution oracle's statistics (workbook.run.distribution), no engine: table tests of the
+goodness-of-fit, the two-sample test, Holm, the contracts' predicted rows and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbook.core import contracts
+from workbook.core.config import ConfigError
+from workbook.run import distribution as D
+
+
+def _draw(p, n, rng):
+    return [[int(t)] for t in rng.choice(len(p), size=n, p=p)]
+
+
+@pytest.mark.parametrize("pvals,want", [
+    ([0.001, 0.2, 0.004], [True, False, True]),   # 0.001 <= 0.01/3, 0.004 <= 0.01/2
+    ([0.004, 0.006], [True, True]),               # 0.004 <= 0.005, 0.006 <= 0.01
+    ([0.006, 0.006], [False, False]),             # 0.006 > 0.005: Holm stops
+    ([], []),
+])
+def test_holm(pvals, want):
+    assert D.holm(pvals, 0.01) == want
+
+
+def test_gof_masked_token_is_a_violation_without_statistics():
+    r = D.gof({1: 10, 2: 3}, {1: 13.0})
+    assert r["p"] == 0.0 and r["masked"] == {"2": 3}
+
+
+def test_gof_pools_small_categories():
+    r = D.gof({1: 50, 2: 48, 3: 1, 4: 1}, {1: 50.0, 2: 48.0, 3: 1.0, 4: 1.0})
+    assert r["categories"] == 3 and r["p"] > 0.9  # 1, 2, other
+
+
+def test_predictor_applies_the_contracts_and_temperature():
+    raw = np.zeros(contracts_vocab := 16)
+    raw[3], raw[5] = 2.0, 1.0
+    p = contracts.Params(temperature=0.5, allowed_token_ids=(3, 5, 7))
+    row = D.Predictor(p, raw, [1, 2]).row([])
+    want = np.exp(np.array([4.0, 2.0, 0.0]))
+    assert np.allclose(row[[3, 5, 7]], want / want.sum()) and row.sum() == pytest.approx(1)
+    assert row[[0, 1, 2, 4, 6]].sum() == 0
+    # penalties: history-dependent, from the prefix (presence: every seen token -0.5 / T)
+    pp = contracts.Params(temperature=1.0, presence_penalty=0.5)
+    pr = D.Predictor(pp, np.zeros(contracts_vocab), [0])
+    a, b = pr.row([]), pr.row([4])
+    assert a[4] == pytest.approx(a[5]) and b[4] / b[5] == pytest.approx(np.exp(-0.5))
+
+
+def test_power_and_false_alarm_on_synthetic_samples():
+    """The tests' behaviour at the batch's sample size (256, 4 positions) on draws from known
+    distributions: a healthy sampler is rarely flagged, a temperature applied twice (T 0.8 ->
+    0.64 on the known model's row) nearly always."""
+    rng = np.random.default_rng(0)
+    raw = np.zeros(D.VOCAB)  # the known model's row: 8 hot tokens, the rest 0
+    for t, v in D.TARGET_LOGITS.items():
+        raw[t] = v
+    p = contracts.Params(temperature=0.8)
+    pred = D.Predictor(p, raw, D.PROMPT)
+    good, bad = pred.row([]), D.softmax(raw / 0.64)
+    flagged_good = flagged_bad = 0
+    for _ in range(40):
+        seqs = lambda q, k: [list(map(int, rng.choice(len(q), size=k, p=q))) for _ in range(256)]
+        outs, ref = seqs(good, 4), seqs(good, 4)
+        sharp = [o[:1] + s for o, s in zip(outs, seqs(bad, 3))]
+        flagged_good += D.judge_cell(outs, pred, ref)["verdict"] == "violated"
+        flagged_bad += D.judge_cell(sharp, pred, ref)["verdict"] == "violated"
+    assert flagged_good <= 2 and flagged_bad >= 36
+
+
+def test_two_sample_same_and_shifted():
+    rng = np.random.default_rng(1)
+    p = np.array([0.4, 0.3, 0.2, 0.1])
+    q = np.array([0.5, 0.25, 0.15, 0.1])
+    a = D.counts(_draw(p, 3000, rng), 0)
+    b = D.counts(_draw(p, 3000, rng), 0)
+    c = D.counts(_draw(q, 3000, rng), 0)
+    assert D.two_sample(a, b)["p"] > 0.001 and D.two_sample(a, c)["p"] < 1e-6
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"methods": "none,eagle9"}, "method 'eagle9' is unknown"),
+    ({"cases": "nope"}, "case 'nope' is unknown"),
+    ({"faults": "nope"}, "fault 'nope' is unknown"),
+    ({"temperature": 0}, "0 < temperature <= 2"),
+    ({"temperature": 1.0, "faults": "rejection-tempered-twice"}, "skips the temperature"),
+    ({"samples": 3}, "samples=3"),
+])
+def test_bad_input_is_one_line(kw, msg):
+    with pytest.raises(ConfigError, match=msg):
+        D.plan(**kw)
+
+
+def test_command_bad_input_rc2(capsys, tmp_path):
+    assert D.main(["--out", str(tmp_path), "--methods", "bogus"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: method 'bogus'") and "\n" not in err

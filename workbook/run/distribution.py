@@ -1,0 +1,580 @@
+"""The distribution oracle (issue 30, brief §10.2): under temperature > 0 a constraint and
+speculative decoding must leave the *distribution* of every sampled token as vLLM promises —
+a masked token never sampled, every other one with probability softmax(processed row / T),
+the processed row being what the contracts (``workbook.core.contracts.expected``) predict, and
+the same distribution with speculation as without ("lossless": vLLM's docs). A defect that
+changes a distribution but not the argmax (a rejection step on the wrong probabilities, a
+temperature applied twice or skipped on draft rows) is invisible to the greedy row check,
+output check and differential; this is the fourth oracle.
+
+The model: a real engine on a tiny model with two weight edits (``known_model``, restored on
+exit): every token embedding set to one row, so every position of every sequence has the same
+hidden state (attention over identical values returns that value) — the target's raw logits
+are the same vector at every position whatever the context; then the ``lm_head`` (shared by
+MTP's drafter) set to ``TARGET_LOGITS`` h^T / |h|^2 for that state h, so the target's raw logits
+are exactly ``TARGET_LOGITS``: a concentrated, known distribution (8 hot tokens, the rest of the
+vocabulary one "other" category). MTP's drafter states are nearly orthogonal to h, so its
+logits are a small multiple of the same row and it drafts the target's most likely token
+(accepted about a third of the time at T = 0.8). (Solving the drafter's logits independently
+needs a component ~1e4 times larger than h's, which the CPU's reduced-precision float32 GEMM
+turns into errors of several logits: measured, not used.) The
+raw row is read back through vLLM's own ``raw_logits`` logprobs (``calibration``) and the
+prediction is built from what vLLM returned, not from what was asked for.
+
+The tests (pure statistics, scipy.stats; no engine): per case × method × position,
+- ``contract``: the empirical token counts vs the expected counts sum_i softmax(expected row_i
+  / T) (history-dependent rows — penalties — predicted per sample from its own prefix);
+  categories with an expected count below ``MIN_EXPECTED`` pooled into "other"; Pearson's
+  chi-square (``scipy.stats.chisquare``; with per-sample rows the statistic is dominated by the
+  identical-rows one, so the test is conservative). A sampled token whose predicted
+  probability is 0 (masked) is a violation by itself (``masked``), no statistics needed.
+- ``spec vs none``: the two samples' counts at the position (and of adjacent pairs, position
+  t-1 and t: losslessness is about the joint distribution) in a contingency table,
+  ``scipy.stats.chi2_contingency`` (pooled the same way).
+Multiple testing: Holm–Bonferroni (``holm``) over every p-value of one cell (positions × tests)
+at ``ALPHA`` = 0.01: a healthy cell is flagged with probability at most 0.01, whatever its
+number of positions; a batch of C cells at most C × 0.01 (the batch's Holm over all cells is
+reported too).
+
+Command: ``python -m workbook.run.distribution --out DIR [--methods none,mtp,ngram] [--cases
+...] [--samples N] [--temperature T] [--fault NAME] [--repeats R]`` writes ``distribution.json``
+(per cell: p-values per position, samples, samples/s, wall time, verdict) into a fresh folder;
+bad input is one line and rc 2 before any engine starts.
+
+Not here: the contracts (``workbook.core.contracts``), the faults
+(``workbook.hooks.constraint_faults``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from workbook.core import contracts
+from workbook.core.config import ConfigError
+from workbook.core.models import VOCAB
+
+ALPHA = 0.01  # family-wise error rate per cell (Holm over its positions and tests)
+MIN_EXPECTED = 5.0  # categories expected below this are pooled (chi-square's validity rule)
+HOT = tuple(range(100, 108))  # the hot tokens of the known model (ordinary BPE ids)
+TARGET_LOGITS = {t: 7.5 - 0.5 * i for i, t in enumerate(HOT)}  # the rest of the vocabulary: 0
+METHODS = ("none", "mtp", "ngram")
+# the cases: SamplingParams keywords beyond temperature / seed / max_tokens
+CASES = {
+    "unconstrained": {},
+    "allowed_token_ids": {"allowed_token_ids": [HOT[0], HOT[1], HOT[3], HOT[6], 7]},
+    "bad_words": {"bad_words_ids": [[HOT[0]]]},  # token ids (as the contracts read them)
+    "penalties": {"presence_penalty": 0.6, "frequency_penalty": 0.4, "repetition_penalty": 1.3},
+    "logit_bias": {"logit_bias": {HOT[5]: 3.0, HOT[0]: -2.0}},
+}
+PROMPT = [HOT[0], HOT[1], HOT[0], HOT[2], HOT[0], HOT[1], HOT[3], HOT[0], HOT[1]]
+
+
+# ------------------------------------------------------------------ statistics (no engine)
+
+def holm(pvalues: list[float], alpha: float = ALPHA) -> list[bool]:
+    """Holm–Bonferroni: which of ``pvalues`` are rejected at family-wise level ``alpha``."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    rejected = [False] * len(pvalues)
+    m = len(pvalues)
+    for k, i in enumerate(order):
+        if pvalues[i] > alpha / (m - k):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def pooled(expected: dict, min_expected: float = MIN_EXPECTED) -> tuple[list, set]:
+    """The categories kept on their own (expected >= ``min_expected``, largest first) and the
+    set pooled into "other"."""
+    keep = [c for c, e in sorted(expected.items(), key=lambda kv: -kv[1]) if e >= min_expected]
+    return keep, set(expected) - set(keep)
+
+
+def gof(observed: dict, expected: dict, min_expected: float = MIN_EXPECTED) -> dict:
+    """Goodness of fit of the observed counts (category -> count) to the expected counts
+    (category -> expected count, summing to the number of samples; a category missing from
+    ``expected`` has expected count 0). An observed category with expected count 0 is
+    ``masked``: a violation with p = 0. Else Pearson's chi-square over the kept categories +
+    "other" (``scipy.stats.chisquare``, ddof 0)."""
+    from scipy import stats
+
+    n = sum(observed.values())
+    masked = {c: k for c, k in observed.items() if k and expected.get(c, 0.0) <= 0.0}
+    if masked:
+        return {"p": 0.0, "masked": {str(c): int(k) for c, k in masked.items()}, "n": n,
+                "categories": None, "statistic": None}
+    keep, rest = pooled(expected, min_expected)
+    obs = [observed.get(c, 0) for c in keep]
+    exp = [expected[c] for c in keep]
+    other_e = sum(expected[c] for c in rest)
+    if other_e > 0:
+        obs.append(n - sum(obs))
+        exp.append(other_e)
+    if len(obs) < 2:
+        return {"p": 1.0, "masked": {}, "n": n, "categories": len(obs), "statistic": 0.0}
+    exp = np.asarray(exp, float) * (n / sum(exp))  # float rounding of the predicted rows
+    res = stats.chisquare(np.asarray(obs, float), exp)
+    return {"p": float(res.pvalue), "masked": {}, "n": n, "categories": len(obs),
+            "statistic": float(res.statistic)}
+
+
+def two_sample(a: dict, b: dict, min_expected: float = MIN_EXPECTED) -> dict:
+    """Whether counts ``a`` and ``b`` (category -> count) come from one distribution: a 2 × K
+    contingency table (categories whose pooled expected count in either sample falls below
+    ``min_expected`` pooled into "other"), ``scipy.stats.chi2_contingency``."""
+    from scipy import stats
+
+    na, nb = sum(a.values()), sum(b.values())
+    if not na or not nb:
+        return {"p": 1.0, "n": [na, nb], "categories": 0, "statistic": None}
+    tot = {c: a.get(c, 0) + b.get(c, 0) for c in set(a) | set(b)}
+    frac = min(na, nb) / (na + nb)
+    keep, rest = pooled({c: t * frac for c, t in tot.items()}, min_expected)
+    rows = [[a.get(c, 0) for c in keep], [b.get(c, 0) for c in keep]]
+    if rest:
+        rows[0].append(sum(a.get(c, 0) for c in rest))
+        rows[1].append(sum(b.get(c, 0) for c in rest))
+    table = np.asarray(rows, float)
+    table = table[:, table.sum(0) > 0]
+    if table.shape[1] < 2:
+        return {"p": 1.0, "n": [na, nb], "categories": int(table.shape[1]), "statistic": 0.0}
+    res = stats.chi2_contingency(table, correction=False)
+    return {"p": float(res.pvalue), "n": [na, nb], "categories": int(table.shape[1]),
+            "statistic": float(res.statistic)}
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, float)
+    m = np.max(x[np.isfinite(x)]) if np.isfinite(x).any() else 0.0
+    e = np.where(np.isfinite(x), np.exp(x - m), 0.0)
+    return e / e.sum()
+
+
+class Predictor:
+    """The predicted distribution of a position: softmax(processed row / T), the processed row
+    being ``contracts.expected`` per column from the raw row ``raw`` (the known model's, read
+    back from vLLM) and the sample's own prefix. Columns no contract names and no history
+    touches are computed once; the history's columns per distinct prefix."""
+
+    def __init__(self, p: contracts.Params, raw: np.ndarray, prompt: list[int]):
+        self.p, self.raw, self.prompt = p, np.asarray(raw, float), tuple(prompt)
+        ctx = contracts.RowContext(self.prompt, ())
+        self.base = np.array([contracts.expected(p, ctx, c, float(x)).value
+                              for c, x in enumerate(self.raw)])
+        self.history_dependent = p.penalised
+        self._cache: dict[tuple, np.ndarray] = {}
+
+    def row(self, prefix) -> np.ndarray:
+        """The predicted probabilities (over the vocabulary) of the token after ``prefix``."""
+        key = tuple(prefix) if self.history_dependent else ()
+        got = self._cache.get(key)
+        if got is None:
+            x = self.base.copy()
+            if self.history_dependent:
+                ctx = contracts.RowContext(self.prompt, key)
+                for c in set(self.prompt) | set(key):
+                    x[c] = contracts.expected(self.p, ctx, c, float(self.raw[c])).value
+            got = self._cache[key] = softmax(x)
+        return got
+
+
+def expected_counts(pred: Predictor, outputs: list[list[int]], pos: int) -> dict:
+    """sum over samples of the predicted distribution at ``pos`` (each after its own prefix),
+    as token -> expected count (tokens with expected mass 0 left out)."""
+    tot = np.zeros(len(pred.raw))
+    for o in outputs:
+        if len(o) > pos:
+            tot += pred.row(o[:pos])
+    return {int(c): float(tot[c]) for c in np.flatnonzero(tot > 0)}
+
+
+def counts(outputs: list[list[int]], pos: int, pairs: bool = False) -> dict:
+    out: dict = {}
+    for o in outputs:
+        if len(o) > pos and (not pairs or pos >= 1):
+            k = (o[pos - 1], o[pos]) if pairs else o[pos]
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+def judge_cell(outputs: list[list[int]], pred: Predictor | None,
+               reference: list[list[int]] | None, alpha: float = ALPHA) -> dict:
+    """Every test of one cell (``outputs``: the samples, one token list each): per position
+    the contract test (``pred``; None: not judged against the contract) and, with
+    ``reference`` (method none's samples of the same case), the two-sample tests of the token
+    and of the adjacent pair; Holm over all of them at ``alpha``. Returns the tests, the
+    rejected ones and the verdict ("holds" / "violated")."""
+    positions = max((len(o) for o in outputs), default=0)
+    tests = []
+    for t in range(positions):
+        if pred is not None:
+            r = gof(counts(outputs, t), expected_counts(pred, outputs, t))
+            tests.append({"position": t, "test": "contract", **r})
+        if reference is not None:
+            r = two_sample(counts(outputs, t), counts(reference, t))
+            tests.append({"position": t, "test": "spec vs none", **r})
+            if t >= 1:
+                r = two_sample(counts(outputs, t, True), counts(reference, t, True))
+                tests.append({"position": t, "test": "spec vs none (pairs)", **r})
+    rejected = holm([x["p"] for x in tests], alpha)
+    for x, rej in zip(tests, rejected):
+        x["rejected"] = rej
+    first = next((x for x in tests if x["rejected"]), None)
+    return {"verdict": "violated" if first else "holds", "tests": tests, "first": first,
+            "min_p": min((x["p"] for x in tests), default=1.0), "alpha": alpha}
+
+
+def describe(first: dict | None) -> str:
+    """One sentence for a cell's first rejected test."""
+    if first is None:
+        return "every test holds"
+    where = f"position {first['position']}, {first['test']}"
+    if first.get("masked"):
+        toks = ", ".join(f"{c} ({k}x)" for c, k in first["masked"].items())
+        return f"{where}: masked token(s) sampled: {toks}"
+    return f"{where}: p = {first['p']:.3g} over {first['categories']} categories"
+
+
+# ------------------------------------------------------------------ the known model (engine)
+
+def _modules(runner, suffix: str) -> list:
+    mods, seen = [], set()
+    for model in (getattr(runner, "model", None),
+                  getattr(getattr(runner, "speculator", None), "model", None)):
+        if model is None:
+            continue
+        for name, mod in model.named_modules():
+            if name.endswith(suffix) and hasattr(mod, "weight") and id(mod) not in seen:
+                seen.add(id(mod))
+                mods.append(mod)
+    return mods
+
+
+def _head_of(model):
+    return next((m for n, m in model.named_modules() if n.endswith("lm_head")), None)
+
+
+class known_model:
+    """Context manager on a started engine: every embedding row set to row ``HOT[0]``'s (one
+    hidden state at every position), then each ``lm_head`` solved so the target's raw logits
+    are ``TARGET_LOGITS`` and the drafter's ``DRAFT_LOGITS``; the weights are restored on exit.
+    ``self.premise``: the largest spread of the hidden states seen (relative), which must be
+    ~0 for the prediction to hold."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.premise = None
+
+    def __enter__(self):
+        import torch
+
+        from workbook.run import request as rq
+
+        runner = self.engine.runner
+        self.embeds = _modules(runner, "embed_tokens")
+        self.heads = _modules(runner, "lm_head")
+        self.saved = [m.weight.detach().clone() for m in self.embeds + self.heads]
+        with torch.no_grad():
+            for m in self.embeds:
+                m.weight.copy_(m.weight[HOT[0]].expand_as(m.weight))
+        h = self._hidden_state()
+        target = np.zeros(VOCAB)
+        for t, v in TARGET_LOGITS.items():
+            target[t] = v
+        with torch.no_grad():
+            for head in self.heads:
+                # W h = target exactly (W = target h^T / |h|^2); the drafter's states, nearly
+                # orthogonal to h, get a small multiple of the target's row: its argmax
+                W = np.outer(target, h / float(h @ h))
+                head.weight.copy_(torch.as_tensor(W, dtype=head.weight.dtype))
+                rq._repack(head)
+            # compute_logits normalises the state it receives (the final norm) before the
+            # head: the logits are target * (a . g) for the normalised state g; rescale once
+            got = runner.model.compute_logits(torch.as_tensor(h[None], dtype=torch.float32))
+            c = float(got[0, HOT[0]]) / TARGET_LOGITS[HOT[0]]
+            for head in self.heads:
+                head.weight.div_(c)
+                rq._repack(head)
+        return self
+
+    def _hidden_state(self) -> np.ndarray:
+        """Run one short request and return the hidden state the target's ``compute_logits``
+        received (their mean; ``self.premise``: their largest relative spread)."""
+        model = self.engine.runner.model
+        got: list = []
+        orig = model.compute_logits
+
+        def capture(hidden_states, *a, **k):
+            got.append(hidden_states.detach().float().cpu().numpy().copy())
+            return orig(hidden_states, *a, **k)
+
+        model.compute_logits = capture
+        try:
+            from vllm import SamplingParams
+
+            self.engine.llm.generate([{"prompt_token_ids": PROMPT}],
+                                     SamplingParams(temperature=0, max_tokens=6,
+                                                    ignore_eos=True), use_tqdm=False)
+        finally:
+            del model.compute_logits
+        rows = np.concatenate([g.reshape(-1, g.shape[-1]) for g in got])
+        self.premise = float(np.abs(rows - rows[0]).max() / np.abs(rows[0]).max())
+        return rows.astype(np.float64).mean(0)
+
+    def __exit__(self, *exc):
+        import torch
+
+        from workbook.run import request as rq
+
+        with torch.no_grad():
+            for m, w in zip(self.embeds + self.heads, self.saved):
+                m.weight.copy_(w)
+            for h in self.heads:
+                rq._repack(h)
+        return False
+
+
+def engine_config(method: str, max_num_seqs: int = 64, k: int = 3):
+    """The grid's engine configuration of ``method`` (``environments/constraints.yaml``) with
+    room for ``max_num_seqs`` sequences, float32 weights (the solved ``lm_head`` in bfloat16
+    would round the target's logits by ~1) and vLLM's raw logits returned as logprobs (the
+    calibration reads the raw row back; sampling does not depend on ``logprobs_mode``)."""
+    from workbook.run import grid as G
+
+    cfg = G.config_for(method, k=k)
+    return cfg.replace(max_num_seqs=max_num_seqs, dtype="float32", engine_kwargs={
+        **cfg.engine_kwargs, "logprobs_mode": "raw_logits", "max_logprobs": VOCAB})
+
+
+def calibration(engine, positions: int = 4) -> dict:
+    """The target's raw logits as vLLM returns them (``raw_logits``, every column) at
+    ``positions`` greedy positions of the known model: the row the prediction uses (their
+    mean) and the largest difference between positions (the premise: one row everywhere)."""
+    from vllm import SamplingParams
+
+    out = engine.llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(
+        temperature=0, max_tokens=positions, ignore_eos=True, logprobs=VOCAB),
+        use_tqdm=False)[0].outputs[0]
+    rows = []
+    for d in out.logprobs:
+        r = np.zeros(VOCAB)
+        for t, lp in d.items():
+            r[int(t)] = float(getattr(lp, "logprob", lp))
+        rows.append(r)
+    rows = np.stack(rows)
+    want = np.zeros(VOCAB)
+    for t, v in TARGET_LOGITS.items():
+        want[t] = v
+    return {"raw": rows.mean(0), "spread": float(np.abs(rows - rows[0]).max()),
+            "vs_designed": float(np.abs(rows.mean(0) - want).max()), "tokens": list(out.token_ids)}
+
+
+def sampling_kwargs(case: str) -> dict:
+    kw = dict(CASES[case])
+    return kw
+
+
+def sample(engine, case: str, *, n: int, seed0: int, temperature: float, max_tokens: int
+           ) -> tuple[list[list[int]], float, str | None]:
+    """``n`` samples of ``case`` (seeds ``seed0`` .. ``seed0 + n - 1``, one request each, in
+    one ``generate`` call: vLLM batches them up to ``max_num_seqs``). Returns the token lists,
+    the wall time, and vLLM's message when it refused the request (no samples)."""
+    from vllm import SamplingParams
+
+    from workbook.run.constraints import one_line
+
+    try:
+        sps = [SamplingParams(temperature=temperature, seed=seed0 + i, max_tokens=max_tokens,
+                              ignore_eos=True, **sampling_kwargs(case)) for i in range(n)]
+    except Exception as e:
+        return [], 0.0, one_line(e)
+    t0 = time.perf_counter()
+    try:
+        outs = engine.llm.generate([{"prompt_token_ids": PROMPT}] * n, sps, use_tqdm=False)
+    except Exception as e:
+        return [], time.perf_counter() - t0, one_line(e)
+    return [[int(t) for t in o.outputs[0].token_ids] for o in outs], \
+        time.perf_counter() - t0, None
+
+
+def params_of(engine, case: str, temperature: float) -> contracts.Params:
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True,
+                        **sampling_kwargs(case))
+    return contracts.Params.of(sp)
+
+
+# ------------------------------------------------------------------ the batch and its command
+
+@dataclass
+class Plan:
+    methods: list
+    cases: list
+    faults: list  # constraint faults run on the spec methods (case: fault_cases)
+    fault_cases: list
+    samples: int = 256
+    temperature: float = 0.8
+    positions: int = 4
+    seed: int = 0
+    max_num_seqs: int = 128
+    repeats: int = 1
+
+
+def plan(methods="none,mtp", cases="unconstrained", faults="", fault_cases="unconstrained",
+         samples=256, temperature=0.8, positions=4, seed=0, max_num_seqs=128,
+         repeats=1) -> Plan:
+    """The batch asked for; ``ConfigError`` naming any bad value (before an engine starts)."""
+    from workbook.core import constraint_fault_catalogue as cat
+
+    split = lambda v: [x for x in (v.split(",") if isinstance(v, str) else v) if x]
+    p = Plan(split(methods), split(cases), split(faults), split(fault_cases), int(samples),
+             float(temperature), int(positions), int(seed), int(max_num_seqs), int(repeats))
+    for what, got, known in (("method", p.methods, METHODS), ("case", p.cases, CASES),
+                             ("case", p.fault_cases, CASES),
+                             ("fault", p.faults, cat.FAULTS)):
+        bad = [x for x in got if x not in known]
+        if bad:
+            raise ConfigError(f"{what} {bad[0]!r} is unknown; known: {', '.join(known)}")
+    if "none" not in p.methods:
+        p.methods.insert(0, "none")  # the two-sample tests' reference
+    p.methods = ["none"] + [m for m in p.methods if m != "none"]
+    if not 0 < p.temperature <= 2:
+        raise ConfigError(f"temperature={p.temperature!r}: the distribution test needs "
+                          "0 < temperature <= 2 (temperature 0 is greedy: the grid's)")
+    if p.temperature == 1.0 and p.faults:
+        raise ConfigError("temperature=1.0: vLLM skips the temperature step at 1, so the "
+                          "temperature faults do nothing there; use e.g. 0.8")
+    for name, v, lo in (("samples", p.samples, 20), ("positions", p.positions, 1),
+                        ("max_num_seqs", p.max_num_seqs, 1), ("repeats", p.repeats, 1)):
+        if v < lo:
+            raise ConfigError(f"{name}={v}: must be >= {lo}")
+    return p
+
+
+@dataclass
+class Cell:
+    case: str
+    method: str
+    fault: str
+    repeat: int
+    status: str  # holds | violated | refused | error
+    message: str = ""
+    samples: int = 0
+    wall_s: float = 0.0
+    samples_per_s: float = 0.0
+    tests: list = field(default_factory=list)
+    min_p: float | None = None
+    seeds: list = field(default_factory=list)  # first and last seed
+
+
+def run(p: Plan, out: str, log=print) -> dict:
+    """Every cell of ``p``, one engine per method (``none`` first: the reference samples,
+    seeds disjoint from the spec cells'); writes ``out/distribution.json`` after each cell."""
+    import json
+
+    from workbook.vllm import engine as vengine
+
+    os.makedirs(out, exist_ok=True)
+    res: dict = {"plan": asdict(p), "alpha": ALPHA, "cells": [], "engines": {}}
+    reference: dict = {}
+    t_all = time.perf_counter()
+
+    def save():
+        res["wall_s"] = round(time.perf_counter() - t_all, 1)
+        with open(os.path.join(out, "distribution.json"), "w") as f:
+            json.dump(res, f, indent=1, default=str)
+
+    for method in p.methods:
+        t0 = time.perf_counter()
+        eng = vengine.start(engine_config(method, p.max_num_seqs),
+                            log=os.path.join(out, f"engine-{method}.log"))
+        res["engines"][method] = {"start_s": round(time.perf_counter() - t0, 1)}
+        res["vllm_version"] = eng.effective.get("vllm_version")  # vLLM imported only now
+        try:
+            # after the engine start: its process environment (the CPU shim's Triton
+            # interpreter) must be in place before vLLM's kernels are imported
+            from workbook.hooks import constraint_faults
+
+            with known_model(eng) as km:
+                cal = calibration(eng)
+                res["engines"][method].update(premise=km.premise, calibration_spread=cal[
+                    "spread"], calibration_vs_designed=cal["vs_designed"])
+                runs = [(c, "none") for c in p.cases]
+                if method != "none":
+                    runs += [(c, f) for f in p.faults for c in p.fault_cases]
+                for case, fault in runs:
+                    for r in range(p.repeats):
+                        seed0 = p.seed + r * p.samples + (10 ** 6 if method == "none" else 0)
+                        ps = constraint_faults.inject(fault) if fault != "none" else None
+                        try:
+                            outs, wall, msg = sample(eng, case, n=p.samples, seed0=seed0,
+                                                     temperature=p.temperature,
+                                                     max_tokens=p.positions)
+                        finally:
+                            if ps is not None:
+                                ps.remove()
+                        cell = Cell(case, method, fault, r, "refused" if msg else "holds",
+                                    msg or "", len(outs), round(wall, 1),
+                                    round(len(outs) / wall, 2) if wall else 0.0,
+                                    seeds=[seed0, seed0 + p.samples - 1])
+                        if outs:
+                            if method == "none":
+                                reference[(case, r)] = outs
+                            pred = Predictor(params_of(eng, case, p.temperature), cal["raw"],
+                                             PROMPT)
+                            ref = reference.get((case, r)) if method != "none" else None
+                            j = judge_cell(outs, pred, ref)
+                            cell.status, cell.tests, cell.min_p = j["verdict"], j["tests"], \
+                                j["min_p"]
+                            cell.message = describe(j["first"])
+                        res["cells"].append(asdict(cell))
+                        log(f"{method:5s} {case:18s} fault={fault:24s} rep {r}: {cell.status}"
+                            f" ({cell.message}); {cell.samples} samples, "
+                            f"{cell.samples_per_s} samples/s", flush=True)
+                        save()
+        finally:
+            eng.shutdown()
+            del eng
+    save()
+    return res
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m workbook.run.distribution",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="a new folder for distribution.json")
+    ap.add_argument("--methods", default="none,mtp")
+    ap.add_argument("--cases", default="unconstrained")
+    ap.add_argument("--faults", default="", help="distribution faults run on the spec methods")
+    ap.add_argument("--fault-cases", default="unconstrained")
+    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--positions", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1)
+    a = ap.parse_args(argv)
+    try:
+        if os.path.exists(os.path.join(a.out, "distribution.json")):
+            raise ConfigError(f"--out {a.out}: holds a distribution.json already (runs never "
+                              "overwrite)")
+        p = plan(a.methods, a.cases, a.faults, a.fault_cases, a.samples, a.temperature,
+                 a.positions, a.seed, a.max_num_seqs, a.repeats)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    run(p, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
