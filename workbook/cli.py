@@ -34,6 +34,7 @@ redirected log gets one line per finished run. Argument parsing only: the work i
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -157,7 +158,8 @@ def cmd_run(args) -> int:
                                  only=args.only)
     run_dir = batch.execute(env, out=args.out, only=args.only, timeout=args.timeout,
                             progress=_terminal() if args.progress is None else args.progress,
-                            report=None if args.no_report else rep.write,
+                            report=None if args.no_report else functools.partial(
+                                rep.write, committed=True),
                             executor="in-process" if args.in_process else "papermill",
                             hide_code=args.hide_code, notebook_html=not args.no_notebook_html)
     manifest = rundir.read_json(os.path.join(run_dir, rundir.MANIFEST))
