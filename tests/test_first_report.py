@@ -53,3 +53,24 @@ def test_time_parts_cover_every_second_of_each_run():
         wall = float(r.row["wall_s"])
         assert abs(sum(v for _, v in parts) - wall) < 0.05 * wall, (r.label, parts, wall)
         assert all(label and v >= 0 for label, v in parts)
+
+
+def test_a_run_on_a_reused_engine_keeps_its_vllm_log(tmp_path):
+    """Notebook 04 starts its engine in a session without the run folder, then runs the
+    pipeline on it: the run folder still gets that engine's start-up log."""
+    from workbook.core.config import RunConfig
+    from workbook.run.backends import InProcess
+    from workbook.vllm.engine import Engine
+
+    log = tmp_path / "started-elsewhere.log"
+    log.write_text("INFO engine started\n")
+    cfg = RunConfig(trace=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    InProcess(cfg, str(run), engine=Engine(cfg, None, {}, log=str(log))).save_files(str(run))
+    text = (run / "vllm.log").read_text()
+    assert text.startswith("# vLLM's start-up log of the engine this run reused")
+    assert "INFO engine started" in text
+    (run / "vllm.log").write_text("own\n")  # a run that started its engine keeps its own log
+    InProcess(cfg, str(run), engine=Engine(cfg, None, {}, log=str(log))).save_files(str(run))
+    assert (run / "vllm.log").read_text() == "own\n"
