@@ -449,11 +449,17 @@ def time_parts(run: Run) -> list[tuple[str, float]]:
         start = t.get("start_s", imp + eng)
         checks = sum(v for k, v in t.items() if k.startswith("check_") and k.endswith("_s"))
         req = t.get("request_s", t.get("generate_s", 0.0))
+        named = [("trace read", t.get("trace_s", 0.0)),
+                 ("trace files written", t.get("trace_save_s", 0.0)),
+                 ("diagnosis", t.get("diagnose_s", 0.0)), ("probes", t.get("probes_s", 0.0)),
+                 ("stop (hooks removed)", t.get("stop_s", 0.0))]
+        named = [(k, v) for k, v in named if v]
+        rest = total - start - req - checks - sum(v for _, v in named)
         parts += [("vLLM import", imp), ("engine start", eng),
                   ("hooks installed", max(start - imp - eng, 0.0)), ("request", req),
-                  ("checks (A/B)", checks),
-                  ("trace, diagnosis, evidence files, stop", max(total - start - req - checks,
-                                                                 0.0))]
+                  ("checks (A/B)", checks), *named,
+                  ("evidence files, the rest of the pipeline"
+                   if named else "trace, diagnosis, evidence files, stop", max(rest, 0.0))]
     else:
         total = 0.0
     nb = _notebook_times(run)
