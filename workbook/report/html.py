@@ -447,6 +447,8 @@ def time_parts(run: Run) -> list[tuple[str, float]]:
     if total is not None:
         imp, eng = t.get("import_s", 0.0), t.get("engine_start_s", 0.0)
         start = t.get("start_s", imp + eng)
+        if imp + eng > start + 0.5:  # the engine was started before this pipeline (a notebook
+            imp = eng = 0.0          # cell's session): its time is in the notebook's cells
         checks = sum(v for k, v in t.items() if k.startswith("check_") and k.endswith("_s"))
         req = t.get("request_s", t.get("generate_s", 0.0))
         named = [("trace read", t.get("trace_s", 0.0)),
