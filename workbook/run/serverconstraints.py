@@ -422,7 +422,20 @@ def _one(ep, model, name, kw, markers, given, own, mode, decode, max_tokens, bas
     # natural top-k at the server's default --max-logprobs: vLLM 0.32 with MTP answers HTTP 500
     # to logprob_token_ids past the first output token (docs/server-check.md)
     k = max(ROW_LOGPROBS, int(kw.get("logprobs") or 0))
-    case = send(ep, completion_body(model, prompt, kw, max_tokens=max_tokens, logprobs=k))
+    failed = None
+    try:
+        case = send(ep, completion_body(model, prompt, kw, max_tokens=max_tokens, logprobs=k))
+    except sc.ServerCheckError as e:
+        if "HTTP 5" not in str(e):
+            raise
+        # the server failed building the logprobs (e.g. an emitted token its sampler never
+        # scored: KeyError in vLLM's completion logprobs): the tokens without logprobs
+        failed = str(e).split(": ", 1)[-1]
+        body = completion_body(model, prompt, {a: b for a, b in kw.items() if a != "logprobs"},
+                               max_tokens=max_tokens,
+                               logprobs=0)
+        body.pop("logprobs")
+        case = send(ep, body)
     control = None
     if cols and mode != "raw":
         control = send(ep, completion_body(model, prompt, {}, max_tokens=max_tokens,
@@ -437,7 +450,14 @@ def _one(ep, model, name, kw, markers, given, own, mode, decode, max_tokens, bas
                            finish_reason=case.finish_reason)
     texts = [decode(case.output[:i + 1]) for i in range(len(case.output))] \
         if p.stop_strings else None
-    return judge(name, kw, p, case, control, markers, mode, texts)
+    if failed:
+        control = None
+    v = judge(name, kw, p, case, control, markers, mode if not failed else "raw", texts)
+    if failed:
+        v.message = "; ".join(x for x in (v.message, f"with logprobs the server failed the "
+                                          f"request ({failed}); judged on the tokens of the "
+                                          "same request without logprobs") if x)
+    return v
 
 
 # --- text -------------------------------------------------------------------------------------
@@ -456,6 +476,8 @@ def render(res: Result) -> str:
             detail = f"{f['contract']}{at}: {f['what']}"
         elif v["status"] in ("refused", "wrong setting", "error", "not judged"):
             detail = v["message"]
+        elif v["message"]:
+            detail = "judged on: " + ", ".join(v["judged"]) + f" ({v['message']})"
         else:
             detail = "judged on: " + ", ".join(v["judged"])
         lines.append(f"{v['case']:<26} {v['status'].upper():<14} {detail}")
