@@ -473,7 +473,8 @@ def render(res: Result) -> str:
         if v["status"] == "violated":
             f = v["first"]
             at = "" if f.get("out_index") is None else f" at output index {f['out_index']}"
-            detail = f"{f['contract']}{at}: {f['what']}"
+            detail = f"{f['contract']}{at}: {f['what']}" + (f" ({v['message']})"
+                                                             if v["message"] else "")
         elif v["status"] in ("refused", "wrong setting", "error", "not judged"):
             detail = v["message"]
         elif v["message"]:

@@ -51,8 +51,10 @@ class ThinkingBudget(Contract):
             return []
         j = budget.judge(o.prompt, o.output, p.thinking_token_budget, o.markers)
         if j.honored is False:
-            return [Breach(self.name, f"end marker due at {j.expected_end_index}, first at "
-                                      f"{j.actual_end_index}", None, j.expected_end_index)]
+            at = j.actual_end_index
+            found = f"first at {at}" if at is not None and at >= 0 else "never emitted"
+            return [Breach(self.name, f"end marker due at {j.expected_end_index}, {found}",
+                           None, j.expected_end_index)]
         return []
 
     def validate(self, p, vocab_size, max_logprobs):
