@@ -120,6 +120,11 @@ def test_serve_then_check_healthy_and_wrong_markers(tmp_path):
         proc = _cli(srv.url, "--json", out)
         wrong_ids = _cli(srv.url, "--marker-ids", "248068/248069")
         wrong_end = _cli(srv.url, "--end", "</reason>")
+        cons_out = str(tmp_path / "constraints.json")
+        cons = _cli(srv.url, "--constraints", "thinking_token_budget,stop,max_tokens,logit_bias,"
+                    "penalties", "--json", cons_out)
+        cons_wrong = _cli(srv.url, "--constraints", "thinking_token_budget", "--marker-ids",
+                          "248068/248069")
         markers = Markers.of(srv.effective())
     finally:
         rc = srv.interrupt()
@@ -136,6 +141,31 @@ def test_serve_then_check_healthy_and_wrong_markers(tmp_path):
         assert len(line.splitlines()) == 1 and "are not the server's" in line
         assert f"the server forced {end} (" in line and f"as {end}, and" in line, line
     assert "start 248068, end 248069" in wrong_ids.stderr
+    _constraints(cons, json.load(open(cons_out)), cons_wrong)
+
+
+def _constraints(proc, res, wrong):
+    """``--constraints`` on the healthy server: a verdict per case from what it returned; the
+    budget's markers given wrong are a wrong setting (exit 2), never "violated"."""
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    got = {v["case"]: v for v in res["verdicts"]}
+    assert list(got) == ["thinking_token_budget", "logit_bias", "penalties", "stop",
+                         "max_tokens"]
+    for case in ("thinking_token_budget", "stop", "max_tokens"):
+        assert got[case]["status"] == "holds", got[case]
+        assert "output" in got[case]["judged"]
+    assert "the budget per position (processed_logprobs)" in \
+        got["thinking_token_budget"]["judged"]
+    # MRV2 0.32 refuses logit_bias with speculative decoding: the server's own message
+    assert got["logit_bias"]["status"] in ("refused", "holds"), got["logit_bias"]
+    if got["logit_bias"]["status"] == "refused":
+        assert "HTTP 400" in got["logit_bias"]["message"]
+    # the repetition penalty scales logits: processed logprobs cannot show it
+    assert got["penalties"]["status"] == "not judged"
+    assert "processed_logits" in got["penalties"]["message"]
+    assert "VERDICT: " in proc.stdout and "None" not in proc.stdout
+    assert wrong.returncode == 2 and "WRONG SETTING" in wrong.stdout
+    assert "VIOLATED" not in wrong.stdout and "are not the server's" in wrong.stdout
 
 
 def _healthy(proc, res, markers):

@@ -34,6 +34,7 @@ redirected log gets one line per finished run. Argument parsing only: the work i
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -159,7 +160,8 @@ def cmd_run(args) -> int:
                                  only=args.only)
     run_dir = batch.execute(env, out=args.out, only=args.only, timeout=args.timeout,
                             progress=_terminal() if args.progress is None else args.progress,
-                            report=None if args.no_report else rep.write,
+                            report=None if args.no_report else functools.partial(
+                                rep.write, committed=True),
                             executor="in-process" if args.in_process else "papermill",
                             hide_code=args.hide_code, notebook_html=not args.no_notebook_html)
     manifest = rundir.read_json(os.path.join(run_dir, rundir.MANIFEST))
@@ -442,6 +444,9 @@ def _check_server_parser(sub) -> None:
     s.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                    help="bearer token (default: $OPENAI_API_KEY)")
     s.add_argument("--json", dest="json_out", help="also write the full result as JSON here")
+    s.add_argument("--constraints", nargs="?", const="all", metavar="NAMES",
+                   help="check every per-request constraint instead of the budget alone (all, "
+                        "or comma-separated case names; workbook.run.serverconstraints)")
 
 
 def cmd_check_server(args) -> int:
@@ -461,6 +466,8 @@ def cmd_check_server(args) -> int:
                   f"248068/248069; got {args.marker_ids!r}", file=sys.stderr)
             return 2
         markers = Markers(start, end)
+    if args.constraints is not None:
+        return _check_server_constraints(args, markers)
     req = servercheck.Request(prompt=args.prompt, budget=args.budget, max_tokens=args.max_tokens)
     try:
         res = servercheck.check(args.url, args.model, req=req, mode=args.logprobs_mode,
@@ -474,6 +481,27 @@ def cmd_check_server(args) -> int:
         with open(args.json_out, "w") as f:
             json.dump(res.to_dict(), f, indent=1)
     return {"honored": 0, "violated": 1}.get(res.verdict, 3)
+
+
+def _check_server_constraints(args, markers) -> int:
+    """Exit 0 nothing violated, 1 a violation, 2 a wrong setting / the check could not be made,
+    3 a request failed otherwise."""
+    import json
+
+    from workbook.run import servercheck, serverconstraints as sck
+
+    try:
+        names = sck.parse_names(args.constraints)
+        res = sck.check_constraints(args.url, args.model, names, mode=args.logprobs_mode,
+                                    markers=markers, timeout=args.timeout, api_key=args.api_key)
+    except servercheck.ServerCheckError as e:
+        print(f"workbook check-server: {e}", file=sys.stderr)
+        return 2
+    print(sck.render(res))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(res.to_dict(), f, indent=1)
+    return res.rc
 
 
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify,

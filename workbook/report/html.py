@@ -229,9 +229,16 @@ def failures_table(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _short(v, limit: int = 90) -> str:
+# effective-configuration keys whose None is a reading, not a gap: the engine was built without
+# speculative decoding (``workbook.vllm.effective`` sets them from vLLM's speculative_config)
+NONE_MEANS = {"spec_method": "none (no speculative decoding)",
+              "speculator_class": "none (no speculative decoding)",
+              "rejection_sampler_class": "none (no speculative decoding)"}
+
+
+def _short(v, limit: int = 90, key: str | None = None) -> str:
     if wording.absent(v):
-        return NOT_RECORDED
+        return NONE_MEANS.get(key, NOT_RECORDED)
     s = v if isinstance(v, str) else json.dumps(v, default=str)
     return s if len(s) <= limit else s[:limit - 1] + "…"
 
@@ -248,8 +255,8 @@ def effective_tables(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame]:
     differ = [k for k in keys if len({n[k] for n in norm.values()}) > 1]
     same = [k for k in keys if k not in differ]
     first = next(iter(eff.values()))
-    common = pd.DataFrame([{"setting": k, "value": _short(first.get(k), 160)} for k in same])
-    rows = [{"run": lab, **{k: _short(eff[lab].get(k)) for k in differ}} for lab in eff]
+    common = pd.DataFrame([{"setting": k, "value": _short(first.get(k), 160, k)} for k in same])
+    rows = [{"run": lab, **{k: _short(eff[lab].get(k), key=k) for k in differ}} for lab in eff]
     return pd.DataFrame(rows), common
 
 
@@ -406,26 +413,102 @@ def plot_end_index(runs: list[Run]) -> str | None:
     return png(fig)
 
 
+def _notebook_times(run: Run) -> tuple[float, float] | None:
+    """(seconds from papermill's start to the first cell: the kernel start, seconds of the
+    notebook's cells) from the executed notebook's papermill metadata; None without it."""
+    nb = run.row.get("executed_notebook")
+    path = os.path.join(run.folder, nb) if nb else None
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        t0 = dt.datetime.fromisoformat(data["metadata"]["papermill"]["start_time"])
+        cells = [c["metadata"].get("papermill") or {} for c in data["cells"]]
+        first = min(dt.datetime.fromisoformat(m["start_time"]) for m in cells
+                    if m.get("start_time"))
+        return (first - t0).total_seconds(), sum(m.get("duration") or 0.0 for m in cells)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def time_parts(run: Run) -> list[tuple[str, float]]:
+    """Every second of the run's wall time in labelled parts (they add up to ``wall_s``): the
+    pipeline's own timings (``timings.json``: vLLM's import and the engine start inside the
+    start, the request, each check, the rest: trace, diagnosis, evidence files, engine stop),
+    then what happened outside the pipeline (the executed notebook's papermill metadata: the
+    kernel start, its other cells; the remainder: papermill's own start and the notebook's
+    reading and writing)."""
+    t = {k: float(v) for k, v in (run.data.get("timings") or {}).items()
+         if isinstance(v, (int, float))}
+    wall = float(run.row.get("wall_s") or 0.0)
+    total = t.get("total_s")
+    parts: list[tuple[str, float]] = []
+    if total is not None:
+        imp, eng = t.get("import_s", 0.0), t.get("engine_start_s", 0.0)
+        start = t.get("start_s", imp + eng)
+        if imp + eng > start + 0.5:  # the engine was started before this pipeline (a notebook
+            imp = eng = 0.0          # cell's session): its time is in the notebook's cells
+        checks = sum(v for k, v in t.items() if k.startswith("check_") and k.endswith("_s"))
+        req = t.get("request_s", t.get("generate_s", 0.0))
+        named = [("trace read", t.get("trace_s", 0.0)),
+                 ("trace files written", t.get("trace_save_s", 0.0)),
+                 ("diagnosis", t.get("diagnose_s", 0.0)), ("probes", t.get("probes_s", 0.0)),
+                 ("stop (hooks removed)", t.get("stop_s", 0.0))]
+        named = [(k, v) for k, v in named if v]
+        rest = total - start - req - checks - sum(v for _, v in named)
+        parts += [("vLLM import", imp), ("engine start", eng),
+                  ("hooks installed", max(start - imp - eng, 0.0)), ("request", req),
+                  ("checks (A/B)", checks), *named,
+                  ("evidence files, the rest of the pipeline"
+                   if named else "trace, diagnosis, evidence files, stop", max(rest, 0.0))]
+    else:
+        total = 0.0
+    nb = _notebook_times(run)
+    outside = max(wall - total, 0.0)
+    if nb is not None and wall:
+        kernel, cells = nb
+        kernel = min(max(kernel, 0.0), outside)
+        other_cells = min(max(cells - total, 0.0), outside - kernel)
+        parts += [("kernel start", kernel), ("notebook cells outside the pipeline", other_cells),
+                  ("papermill (start, notebook read / write)",
+                   max(outside - kernel - other_cells, 0.0))]
+    elif outside:
+        parts.append(("outside the pipeline (not split: no executed notebook)", outside))
+    return parts
+
+
 def plot_timings(runs: list[Run]) -> str | None:
     plt = _plt()
-    parts = ("import_s", "engine_start_s", "generate_s")
-    data = [(r.short, [(r.data.get("timings") or {}).get(p) or 0.0 for p in parts],
-             r.row.get("wall_s") or 0.0) for r in runs]
+    data = [(r.short, time_parts(r), r.row.get("wall_s") or 0.0) for r in runs]
+    data = [d for d in data if d[1]]
     if not data:
         return None
-    fig, ax = plt.subplots(figsize=(10, 0.3 * len(data) + 1.2))
+    labels = list(dict.fromkeys(lab for d in data for lab, _ in d[1]))
+    fig, ax = plt.subplots(figsize=(10, 0.3 * len(data) + 1.8))
     left = [0.0] * len(data)
-    for j, p in enumerate(parts):
-        vals = [d[1][j] for d in data]
-        ax.barh(range(len(data)), vals, left=left, label=p[:-2].replace("_", " "))
+    for lab in labels:
+        vals = [dict(d[1]).get(lab, 0.0) for d in data]
+        ax.barh(range(len(data)), vals, left=left, label=lab)
         left = [a + b for a, b in zip(left, vals)]
     ax.scatter([d[2] for d in data], range(len(data)), marker="x", color="k",
                label="run wall time")
     ax.set_yticks(range(len(data)), [d[0] for d in data], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=7)
     return png(fig)
+
+
+def timings_table(runs: list[Run]) -> pd.DataFrame:
+    """The time chart's numbers: a row per run, a column per part, and the wall time."""
+    rows = []
+    for r in runs:
+        parts = time_parts(r)
+        if parts:
+            rows.append({"run": r.short, **{k: round(v, 1) for k, v in parts},
+                         "wall time": round(float(r.row.get("wall_s") or 0.0), 1)})
+    return pd.DataFrame(rows).fillna("—") if rows else pd.DataFrame()
 
 
 # ---------------------------------------------------------------- HTML
@@ -471,6 +554,11 @@ def _violations(page: Page, runs: list[Run]) -> None:
             focus_step = fv.get("step") if fv.get("req_id") == req.get("req_id") else \
                 grid.violation_step(g, gr)
             win = grid.window_around(steps, focus_step, 14)
+            if len(win) < len(steps):
+                page.p(f"Steps {win[0]}–{win[-1]} of {len(steps)} shown (steps {steps[0]}–"
+                       f"{steps[-1]} traced; the window starts a few steps before the "
+                       "violating one); the executed notebook's step explorer shows every "
+                       "step.", "note")
             page.raw(grid.grid_html(g, gr, r.decode, r.end_ids, steps=win))
             if focus_step is not None:
                 page.plain(grid.rows_at_step(g, int(focus_step), r.decode),
@@ -527,9 +615,11 @@ def _divergences(page: Page, runs: list[Run]) -> None:
                    empty="Neither run emitted a token for this request.")
 
 
-def build(batches: list[Batch], base: str | None = None, grids: list[dict] | None = None) -> str:
+def build(batches: list[Batch], base: str | None = None, grids: list[dict] | None = None,
+          grid_source: str | None = None) -> str:
     """The page over ``batches``; ``base``: the report's folder (for relative links);
-    ``grids``: constraints grids (``constraints_section.load``) — a section when any."""
+    ``grids``: constraints grids (``constraints_section.load``) — a section when any;
+    ``grid_source``: a sentence saying where they come from when not from these runs."""
     runs = [r for b in batches for r in b.runs]
     if not runs and grids:  # a constraints grid's run folder (workbook.run.grid): its grid
         page = Page(constraints_section.TITLE)
@@ -550,6 +640,8 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
     page.raw(_finding_html(finding(batches)))
     if grids:
         page.raw(constraints_section.finding_html(grids))
+        if grid_source:
+            page.p(grid_source, "note")
     page.raw('<nav class="toc"><a href="#verdicts">Verdicts</a><a href="#violations">'
              'Violations</a><a href="#where">Where &lt;/think&gt; came</a><a href="#failures">'
              'Failures</a><a href="#time">Time</a><a href="#folders">Run folders</a>'
@@ -575,6 +667,8 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
         page.plain(ft, "runs that did not finish (interrupted: stopped by a signal)")
     page.h(2, "Time per run", "time")
     page.image(plot_timings(runs), "timings")
+    page.plain(timings_table(runs), "seconds per part (every part of a run's wall time)",
+               empty="No run recorded its timings.")
     page.h(2, "Run folders", "folders")
     page.plain(batches_table(batches), empty="No batch folder.")
     page.h(2, "Effective configuration", "effective")
@@ -591,6 +685,8 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
                    empty="No setting is the same in every run.")
     if grids:
         page.raw(constraints_section.section_html(grids))
+        if grid_source:
+            page.p(grid_source, "note")
     for b in batches:
         ce = (b.environment.get("collect_env") or {}).get("output")
         if ce:
@@ -624,19 +720,45 @@ def default_path(out: str = "outputs") -> str:
     return os.path.join(out, "reports", f"report-{stamp}.html")
 
 
-def write(run_dirs: list[str], path: str, grid_paths: list[str] | None = None) -> str:
+REPO_OUTPUTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "outputs")
+
+
+def committed_grids(root: str = REPO_OUTPUTS) -> tuple[list[str], str | None]:
+    """The constraints grids committed with the workbook (``outputs/<hardware>/constraints-*``)
+    and the sentence that says so; ([], None) when there are none."""
+    import glob
+
+    found = sorted(glob.glob(os.path.join(root, "*", "constraints-*", constraints_section.GRID)))
+    if not found:
+        return [], None
+    rel = sorted({os.path.relpath(os.path.dirname(os.path.dirname(p)), os.path.dirname(root))
+                  for p in found})
+    return found, (f"The constraints grids shown are the ones committed with the workbook "
+                   f"({len(found)} grid(s) under {', '.join(r + '/constraints-*' for r in rel)}),"
+                   " not this run's: `.venv/bin/workbook run constraints` runs a grid of your "
+                   "own (docs/constraints.md).")
+
+
+def write(run_dirs: list[str], path: str, grid_paths: list[str] | None = None,
+          committed: bool = False) -> str:
     """Build the report over ``run_dirs`` and write it to ``path``; return the path.
     ``grid_paths``: where to look for constraints ``grid.json`` files (default: the run
-    folders themselves) — the "Constraints under speculative decoding" section shows them.
+    folders themselves) — the "Constraints under speculative decoding" section shows them;
+    ``committed``: when those hold none, show the grids committed with the workbook (said so
+    on the page: ``workbook run``'s first report).
 
     Raises ``NoRuns`` when the folders hold no run (nothing is written then)."""
     batches = [load_batch(d) for d in run_dirs]
     base = os.path.dirname(os.path.abspath(path))
     grids = constraints_section.load(list(run_dirs if grid_paths is None else grid_paths))
-    text = build(batches, base, grids)
+    source = None
+    if not grids and committed:
+        paths, source = committed_grids()
+        grids = constraints_section.load(paths)
+    text = build(batches, base, grids, source if grids else None)
     os.makedirs(base, exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(path + ".tmp", path)
     return path
-

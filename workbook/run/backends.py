@@ -143,7 +143,14 @@ class InProcess:
         self.hooks = []
 
     def save_files(self, outdir: str) -> None:
-        return None
+        """A run that reused an engine started elsewhere (without this run's folder, e.g. a
+        notebook's session) still gets that engine's start-up log as its ``vllm.log``."""
+        src = getattr(self.engine, "log", None)
+        dst = os.path.join(outdir, "vllm.log")
+        if src and os.path.exists(src) and not os.path.exists(dst):
+            with open(src, errors="replace") as f, open(dst, "w") as g:
+                g.write(f"# vLLM's start-up log of the engine this run reused (started earlier "
+                        f"in this process, logged to {src})\n" + f.read())
 
 
 class Served:

@@ -163,7 +163,8 @@ class Run:
 
             res.frames["guard"] = guard.repairs_table(runner)
         if res.outdir and res.frames:
-            tracefiles.save(res.frames, os.path.join(res.outdir, "trace"))
+            self._timed("trace_save", lambda: tracefiles.save(
+                res.frames, os.path.join(res.outdir, "trace")))
         return res.frames
 
     def watch(self) -> dict | None:
@@ -237,7 +238,9 @@ class Run:
         self._stage("finish")
         try:
             if self.started:
+                t = time.perf_counter()
                 self.backend.stop()
+                res.timings["stop_s"] = time.perf_counter() - t
         finally:
             res.timings.update(self.backend.timings)
             # the pipeline's own time: vLLM's import and the engine start happen inside it

@@ -103,6 +103,7 @@ class Engine:
     llm: Any
     effective: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+    log: str | None = None  # its start-up log (vLLM's output while it started)
 
     @property
     def runner(self):
@@ -278,7 +279,7 @@ def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
           f"{runner_name}{mrv2}{spec}; start-up log ({n} lines, {warnings} warnings): {path}",
           flush=True)
     return Engine(cfg=cfg, llm=llm, effective=eff,
-                  timings={"import_s": t1 - t0, "engine_start_s": t2 - t1})
+                  timings={"import_s": t1 - t0, "engine_start_s": t2 - t1}, log=path)
 
 
 _SHARED: dict[str, Engine] = {}

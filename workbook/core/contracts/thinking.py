@@ -55,8 +55,9 @@ class ThinkingBudget(Contract):
             return []
         j = budget.judge(o.prompt, o.output, p.thinking_token_budget, o.markers)
         if j.honored is False:
-            where = (f"first complete at {j.actual_end_index}" if j.actual_end_index >= 0
-                     else "complete nowhere in the output")
+            at = j.actual_end_index
+            where = (f"first complete at {at}" if at is not None and at >= 0
+                     else "never emitted whole")
             return [Breach(self.name, f"end string due whole from {j.expected_end_index}, "
                                       f"{where}", None, j.expected_end_index)]
         return []

@@ -1,0 +1,499 @@
+"""``workbook check-server --constraints``: every per-request constraint of the contract family
+sent to a running server through its OpenAI endpoint, and judged on what the server returns.
+
+Installs nothing; the server is any ``vllm serve`` (``workbook serve`` starts one). Processing
+order (``check_constraints``):
+
+1. the model, the server's reasoning markers and its logprobs mode (``workbook.run.servercheck``);
+2. the baseline: the unconstrained greedy output of the grid's baseline prompt
+   (``constraints.prompt_for``'s text, ``"Say nothing."``) — the cases are derived from it
+   exactly as the constraints grid derives them (``contracts.case_kwargs``);
+3. per case (``contracts.CASES``, or the ones ``--constraints`` names): the case's prompt
+   through the server's chat template (``POST /tokenize`` with ``messages``), then
+   ``POST /v1/completions`` on those prompt ids with the case's parameters, greedy,
+   ``ignore_eos`` (as the grid sends them), ``return_token_ids`` and ``logprobs``; the same
+   prompt once more without the constraint (the control);
+4. the verdict per case, from what the server returned, by the contracts' own output checks
+   (``contracts.check_output``, ``check_stop_strings`` on the returned tokens' decoded prefixes
+   from ``POST /detokenize``, ``check_prompt_logprobs``) and, where the logprobs mode shows the
+   processed row, the columns the contracts name (``row_breaches``): in ``processed_logits``
+   each visible column against ``contracts.expected`` of the control's value at the same
+   position (same prefix: the raw row is the same); in ``processed_logprobs`` the same for
+   additive contracts, as differences to an unchanged column (the log-softmax's constant
+   cancels; the repetition penalty is not additive and is not judged there); in raw mode
+   nothing of the rows is visible.
+
+Per case: ``holds`` (every check it could make passed, and at least one check of its own
+contract ran), ``violated`` (the first breach: the output index, the contract, what was seen),
+``not judged`` (why: the contract's own ``unjudged`` reason, or what the endpoint cannot show),
+``refused`` (the server rejected the parameters: vLLM's message; the server's setting, not a
+defect) or ``wrong setting`` (the reasoning markers given are not the server's:
+``servercheck.marker_mismatch``). What is judged host-side only: no draft rows, no rejected
+tokens, no step, no stage — the hooked run (``workbook run constraints``) has those.
+
+Not here: the contracts (``workbook.core.contracts``), the budget's per-position forcing
+(``servercheck.judge_positions``, reused for the budget's cases), starting a server.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from workbook.core import budget, contracts
+from workbook.core.budget import Markers
+from workbook.core.contracts import Params, RowContext
+from workbook.run import constraints as C
+from workbook.run import servercheck as sc
+
+MAX_TOKENS = 16  # the grid's
+ROW_LOGPROBS = 20  # vLLM's default --max-logprobs
+HOST_ATOL = 1e-3  # two requests' rows (not one row twice): float32 batch-shape differences
+HOST_RTOL = 1e-4
+ROW_CONTRACTS_NOTE = ("a row contract: the returned output cannot show it, and the logprobs "
+                      "mode shows no processed row")
+
+
+class UnknownConstraint(sc.ServerCheckError):
+    """A constraint name that is not a case of the family (a wrong setting, exit 2)."""
+
+
+def parse_names(spec: str | None) -> list[str]:
+    """``--constraints``: ``all`` / empty → every case; else comma-separated case names."""
+    if not spec or spec.strip() == "all":
+        return list(C.CONSTRAINTS)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    bad = [n for n in names if n not in C.CONSTRAINTS]
+    if bad:
+        raise UnknownConstraint(f"--constraints: {', '.join(map(repr, bad))} unknown; known: "
+                                f"all, {', '.join(C.CONSTRAINTS)}")
+    return [n for n in C.CONSTRAINTS if n in names]  # catalogue order
+
+
+# --- the requests ---------------------------------------------------------------------------
+
+def prompt_ids(ep: sc.Endpoint, model: str, name: str) -> list[int]:
+    """The case's prompt (``constraints.PROMPT_TEXT`` or "Say <name>.") through the server's
+    chat template, thinking on except for ``constraints.NO_THINKING``."""
+    text = C.PROMPT_TEXT.get(name, f"Say {name}.")
+    r = ep.post("/tokenize", {"model": model, "messages": [{"role": "user", "content": text}],
+                              "add_generation_prompt": True,
+                              "chat_template_kwargs": {"enable_thinking":
+                                                       name not in C.NO_THINKING}})
+    return [int(t) for t in r.get("tokens") or []]
+
+
+def completion_body(model: str, prompt: list[int], kw: dict, *, max_tokens: int,
+                    logprobs: int, token_ids: Sequence[int] = ()) -> dict:
+    """``/v1/completions`` for the case keywords ``kw`` (``SamplingParams`` names; the grid's
+    base: greedy, ``ignore_eos``), with logprobs (``token_ids``: the columns to return at every
+    position, vLLM's ``logprob_token_ids``)."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "temperature": 0.0,
+                            "max_tokens": max_tokens, "ignore_eos": True, "seed": 0,
+                            "return_token_ids": True, "return_tokens_as_token_ids": True,
+                            "logprobs": logprobs, "skip_special_tokens": True}
+    for k, v in kw.items():
+        if k == "logit_bias":
+            body[k] = {str(t): float(b) for t, b in v.items()}
+        elif k == "logprobs":
+            body[k] = max(int(v), 0)
+        else:
+            body[k] = v
+    if token_ids:
+        body["logprob_token_ids"] = sorted({int(t) for t in token_ids})
+    return body
+
+
+def _tops(choice: dict) -> list[dict[int, float]]:
+    """Per output position ``{token id: value}`` from a completion's ``logprobs``."""
+    lp = choice.get("logprobs") or {}
+    out = []
+    for i, d in enumerate(lp.get("top_logprobs") or []):
+        row: dict[int, float] = {}
+        for tok, v in (d or {}).items():
+            t = sc._token_id({"token": tok})
+            if t is not None and v is not None:
+                row[t] = float(v)
+        out.append(row)
+    return out
+
+
+def _returned_logprobs(choice: dict) -> list[float | None] | None:
+    lp = choice.get("logprobs")
+    if not lp or lp.get("token_logprobs") is None:
+        return None
+    return [None if v is None else float(v) for v in lp["token_logprobs"]]
+
+
+def _prompt_logprobs(resp: dict, choice: dict) -> list[dict | None] | None:
+    pl = choice.get("prompt_logprobs", resp.get("prompt_logprobs"))
+    if pl is None:
+        return None
+    return [None if d is None else {int(t): float(v["logprob"] if isinstance(v, dict) else v)
+                                    for t, v in d.items()} for d in pl]
+
+
+@dataclass
+class Sent:
+    """One completion: what was sent and what came back."""
+
+    body: dict
+    prompt: list[int]
+    output: list[int]
+    finish_reason: str | None
+    text: str | None
+    tops: list[dict[int, float]]
+    logprobs: list[float | None] | None
+    prompt_logprobs: list[dict | None] | None
+
+
+def send(ep: sc.Endpoint, body: dict) -> Sent:
+    resp = ep.post("/v1/completions", body)
+    ch = resp["choices"][0]
+    if ch.get("token_ids") is None:
+        raise sc.ServerCheckError("the server returned no token ids (return_token_ids): it "
+                                  "needs a vLLM with return_token_ids (0.11+)")
+    prompt = ch.get("prompt_token_ids") or resp.get("prompt_token_ids") or body["prompt"]
+    return Sent(body, [int(t) for t in prompt], [int(t) for t in ch["token_ids"]],
+                ch.get("finish_reason"), ch.get("text"), _tops(ch), _returned_logprobs(ch),
+                _prompt_logprobs(resp, ch))
+
+
+# --- judging ----------------------------------------------------------------------------------
+
+@dataclass
+class Verdict:
+    case: str
+    status: str  # holds | violated | not judged | refused | wrong setting | error
+    message: str = ""
+    first: dict | None = None  # contract, what, column, out_index
+    breaches: int = 0
+    judged: list = field(default_factory=list)  # the checks that ran
+    not_judged: dict = field(default_factory=dict)  # contract -> why
+    kwargs: dict = field(default_factory=dict)
+    output: list = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _params(kw: dict, bad_words_ids: list[tuple[int, ...]], mode: str) -> Params:
+    d = {"temperature": 0.0, "max_tokens": MAX_TOKENS, "ignore_eos": True, **kw}
+    d.pop("structured_outputs", None)
+    schema = (kw.get("structured_outputs") or {}).get("json")
+    d["bad_words"] = bad_words_ids
+    p = Params.of(d, logprobs_mode={"raw": "raw_logprobs"}.get(mode, mode))
+    return p if schema is None else Params(**{**asdict(p), "json_schema": schema})
+
+
+def bad_word_ids(ep: sc.Endpoint, model: str, words: Sequence[str]) -> list[tuple[int, ...]]:
+    """Each banned word as the server's tokenizer splits it, bare and after a space (both
+    spellings end the word; vLLM bans the last token of either)."""
+    out = []
+    for w in words:
+        for text in (w, " " + w):
+            ids = ep.post("/tokenize", {"model": model, "prompt": text,
+                                        "add_special_tokens": False}).get("tokens") or []
+            if ids and tuple(ids) not in out:
+                out.append(tuple(int(t) for t in ids))
+    return out
+
+
+def row_breaches(p: Params, case: Sent, control: Sent, markers: Markers,
+                 mode: str) -> tuple[list[contracts.Breach], str | None]:
+    """The processed rows the logprobs show, at the columns both requests returned, against
+    ``contracts.expected`` of the control's value (same prompt and same output prefix: the
+    same raw row). Returns the breaches and, when rows could not be judged, why."""
+    if mode == "raw":
+        return [], "the server returns raw logprobs: no processed row is visible"
+    if mode == "processed_logprobs" and p.repetition_penalty != 1.0:
+        return [], ("the repetition penalty scales logits, which processed logprobs do not "
+                    "show (the server's --logprobs-mode processed_logits does)")
+    out: list[contracts.Breach] = []
+    compared = 0
+    n = min(len(case.output), len(control.output), len(case.tops), len(control.tops))
+    for i in range(n + 1):
+        if i >= len(case.tops) or i >= len(control.tops):
+            break
+        if case.output[:i] != control.output[:i]:
+            break  # another prefix: another raw row
+        ctx = RowContext(tuple(case.prompt), tuple(case.output[:i]), markers=markers)
+        got, raw = case.tops[i], control.tops[i]
+        cols = [c for c in got if c in raw]
+        exp = {c: contracts.expected(p, ctx, c, raw[c]) for c in cols}
+        if any(e.forced for e in exp.values()):
+            continue  # the budget's forced column: judged per position by judge_positions
+        ref = None
+        if mode == "processed_logprobs":
+            ref = next((c for c in cols if not exp[c].by and got[c] > sc.CLAMP + 1), None)
+            if ref is None:
+                continue
+        for c in cols:
+            e, g = exp[c], got[c]
+            if e.value == contracts.NEG_INF:
+                ok = g <= sc.CLAMP + 1
+            elif g <= sc.CLAMP + 1:
+                ok = False
+            elif ref is None:
+                ok = abs(g - e.value) <= HOST_ATOL + HOST_RTOL * abs(e.value)
+            else:
+                want = e.value - raw[ref]
+                ok = abs((g - got[ref]) - want) <= HOST_ATOL + HOST_RTOL * abs(want)
+            compared += 1
+            if not ok:
+                what = (f"column {c} at output index {i}: expected "
+                        f"{'-inf (masked)' if e.value == contracts.NEG_INF else f'{e.value:.6g}'}"
+                        f" from the control's {raw[c]:.6g}"
+                        f"{' via ' + ', '.join(e.by) if e.by else ' (unchanged)'}"
+                        f"{f', relative to column {ref}' if ref is not None else ''}, "
+                        f"found {g:.6g}")
+                out.append(contracts.Breach(e.by[-1] if e.by else contracts.row_owner(p),
+                                            what, c, i))
+                break
+        if out:
+            break
+    if not compared and not out:
+        return [], "no column the contracts name came back in both requests' logprobs"
+    return out, None
+
+
+def judge(name: str, kw: dict, p: Params, case: Sent, control: Sent | None, markers: Markers,
+          mode: str, texts: list[str] | None) -> Verdict:
+    """One case's verdict from what the server returned."""
+    v = Verdict(name, "holds", kwargs=json.loads(json.dumps(kw, default=str)),
+                output=case.output, finish_reason=case.finish_reason)
+    own = C.CASE_CONTRACTS.get(name, (name,))
+    want_lp = p.logprobs is not None
+    br = contracts.check_output(p, case.prompt, case.output, case.finish_reason, markers,
+                                text=case.text, logprobs=case.logprobs if want_lp else None)
+    host = contracts.Outcome(prompt=case.prompt, output=case.output, texts=texts,
+                             prompt_logprobs=case.prompt_logprobs, text=case.text,
+                             finish_reason=case.finish_reason)
+    for c in contracts.catalogue():
+        if c.active(p) and c.host_evidence:
+            br += c.check_output(p, host)
+    v.not_judged = {**contracts.unjudged(p, case.output, case.finish_reason, case.text,
+                                         no_grammar="the grammar is the server's; its endpoint "
+                                                    "returns no grammar state"),
+                    **contracts.unjudged_host(p, texts, case.prompt_logprobs)}
+    v.judged.append("output")
+    if p.thinking_token_budget is not None:
+        pos = sc.judge_positions(case.prompt, case.output, case.tops, p.thinking_token_budget,
+                                 markers, mode)
+        v.judged.append(f"the budget per position ({mode})")
+        bad = [q for q in pos["positions"] if not q["ok"]]
+        if p.json_schema is not None or p.allowed_token_ids is not None:
+            # a row the grammar or the mask leaves one column looks forced in processed
+            # logprobs: only a due position is the budget's evidence there
+            bad = [q for q in bad if q["due"] is not None]
+        fb = bad[0] if bad else None
+        if fb is not None:
+            br.append(contracts.Breach("thinking_token_budget", fb["status"], fb.get("forced"),
+                                       fb["index"]))
+    rows_why = "no control request (no column to compare)"
+    if control is not None:
+        rb, rows_why = row_breaches(p, case, control, markers, mode)
+        br += rb
+        if rows_why is None:
+            v.judged.append(f"processed rows vs the control ({mode})")
+    if p.logprobs is not None:
+        v.not_judged["logprobs"] = ("the count is judged; each value against its own row "
+                                    "needs the row evidence of a hooked run")
+    for c in own:
+        k = contracts.get(c)
+        if k.step is not None and not _has_output_check(k) and rows_why is not None:
+            v.not_judged[c] = f"{ROW_CONTRACTS_NOTE} ({rows_why})"
+    v.not_judged = {k: w for k, w in v.not_judged.items() if w}
+    br.sort(key=lambda b: (b.out_index if b.out_index is not None else 1 << 30))
+    v.breaches = len(br)
+    if br:
+        v.status, v.first = "violated", br[0].to_dict()
+    elif all(c in v.not_judged and c != "logprobs" for c in own):
+        v.status = "not judged"
+        v.message = "; ".join(f"{c}: {v.not_judged[c]}" for c in own)
+    return v
+
+
+def _has_output_check(c: contracts.Contract) -> bool:
+    return type(c).check_output is not contracts.Contract.check_output
+
+
+def _is_refusal(e: sc.ServerCheckError) -> bool:
+    return bool(re.search(r"HTTP 4\d\d", str(e)))
+
+
+# --- the whole check --------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    url: str
+    model: str
+    mode: str
+    mode_evidence: dict
+    markers: dict
+    baseline: list
+    verdicts: list
+    texts: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def rc(self) -> int:
+        """0 every case held or was not judged, 1 a violation, 2 a wrong setting only."""
+        st = {v["status"] for v in self.verdicts}
+        return 1 if "violated" in st else 2 if "wrong setting" in st else \
+            3 if "error" in st else 0
+
+
+def check_constraints(url: str, model: str | None = None, names: Sequence[str] | None = None,
+                      *, mode: str = "auto", markers: Markers | None = None,
+                      timeout: float = sc.TIMEOUT_S, api_key: str | None = None,
+                      max_tokens: int = MAX_TOKENS) -> Result:
+    if mode not in sc.MODES:
+        raise sc.ServerCheckError(f"mode={mode!r} is unknown; choose one of {sc.MODES}")
+    names = list(names or C.CONSTRAINTS)
+    ep = sc.Endpoint(url, timeout, api_key)
+    model = sc.served_model(ep, model)
+    try:
+        own = sc.server_markers(ep, model, sc.START_TEXT, sc.END_TEXT)
+    except sc.ServerCheckError:
+        own = None
+    given = Markers.of(markers) if markers is not None and Markers.of(markers).complete \
+        else None
+    use = given or own or Markers()
+    evidence: dict = {}
+    if mode == "auto":
+        mode, evidence = sc.infer_mode(ep, model, sc.Request())
+        evidence["from"] = "temperature control (two one-token requests, no budget)"
+        if mode == "unknown":
+            mode, evidence["note"] = "raw", "the control could not tell the mode (flat logits)"
+    base_prompt = prompt_ids(ep, model, "nothing")
+    baseline = send(ep, completion_body(model, base_prompt, {}, max_tokens=max_tokens,
+                                        logprobs=0)).output
+    decode_cache: dict[tuple, str] = {}
+
+    def decode(ids):
+        key = tuple(int(t) for t in ids)
+        if key not in decode_cache:
+            decode_cache[key] = ep.post("/detokenize", {"model": model,
+                                                        "tokens": list(key)}).get("prompt", "")
+        return decode_cache[key]
+
+    verdicts = []
+    for name in names:
+        kw = C.case_kwargs(name, baseline, decode)
+        try:
+            verdicts.append(_one(ep, model, name, kw, use, given, own, mode, decode,
+                                 max_tokens, baseline))
+        except sc.ServerCheckError as e:
+            if not _is_refusal(e):
+                raise
+            verdicts.append(Verdict(name, "refused", str(e).split(": ", 1)[-1],
+                                    kwargs=json.loads(json.dumps(kw, default=str))))
+    return Result(ep.base, model, mode, evidence, use.to_dict(), baseline,
+                  [v.to_dict() for v in verdicts])
+
+
+def columns(p: Params, markers: Markers, prompt: Sequence[int], baseline: Sequence[int]
+            ) -> list[int]:
+    """The columns the case's rows change: the contracts' own (``Params.columns``), for
+    penalties the prompt's last and the baseline's first tokens (a control request is sent
+    when there is any), and two reference columns no contract names."""
+    cols = list(p.columns(markers if markers.complete else None))
+    if p.penalised:
+        cols += list(prompt[-6:]) + list(baseline[:6])
+    if not cols:
+        return []
+    named = set(cols) | set(p.masked_by_min_tokens) | {t for w in p.bad_words for t in w}
+    cols += [t for t in range(9, 200) if t not in named][:2]
+    return list(dict.fromkeys(int(t) for t in cols))[:sc.TOP_LOGPROBS * 4]
+
+
+def _one(ep, model, name, kw, markers, given, own, mode, decode, max_tokens, baseline
+         ) -> Verdict:
+    prompt = prompt_ids(ep, model, name)
+    words = kw.get("bad_words") or []
+    p = _params(kw, bad_word_ids(ep, model, words) if words else [], mode)
+    cols = columns(p, markers, prompt, baseline)
+    # natural top-k at the server's default --max-logprobs: vLLM 0.32 with MTP answers HTTP 500
+    # to logprob_token_ids past the first output token (docs/server-check.md)
+    k = max(ROW_LOGPROBS, int(kw.get("logprobs") or 0))
+    failed = None
+    try:
+        case = send(ep, completion_body(model, prompt, kw, max_tokens=max_tokens, logprobs=k))
+    except sc.ServerCheckError as e:
+        if "HTTP 5" not in str(e):
+            raise
+        # the server failed building the logprobs (e.g. an emitted token its sampler never
+        # scored: KeyError in vLLM's completion logprobs): the tokens without logprobs
+        failed = str(e).split(": ", 1)[-1]
+        body = completion_body(model, prompt, {a: b for a, b in kw.items() if a != "logprobs"},
+                               max_tokens=max_tokens,
+                               logprobs=0)
+        body.pop("logprobs")
+        case = send(ep, body)
+    control = None
+    if cols and mode != "raw":
+        control = send(ep, completion_body(model, prompt, {}, max_tokens=max_tokens,
+                                           logprobs=k))
+    if p.thinking_token_budget is not None and given is not None and own is not None:
+        found = sc.marker_mismatch(given, own, case.prompt, case.output, case.tops, mode)
+        if found and found["evidence"] != "neither":
+            texts = {t: decode([t]) for t in set(own.start) | set(own.end)
+                     | {found.get("column", own.end[0])}}
+            return Verdict(name, "wrong setting", sc.mismatch_line(given, own, found, texts),
+                           kwargs=json.loads(json.dumps(kw, default=str)), output=case.output,
+                           finish_reason=case.finish_reason)
+    texts = [decode(case.output[:i + 1]) for i in range(len(case.output))] \
+        if p.stop_strings else None
+    if failed:
+        control = None
+    v = judge(name, kw, p, case, control, markers, mode if not failed else "raw", texts)
+    if failed:
+        v.message = "; ".join(x for x in (v.message, f"with logprobs the server failed the "
+                                          f"request ({failed}); judged on the tokens of the "
+                                          "same request without logprobs") if x)
+    return v
+
+
+# --- text -------------------------------------------------------------------------------------
+
+def render(res: Result) -> str:
+    lines = [f"server {res.url}  model {res.model}",
+             f"logprobs mode: {res.mode} ({res.mode_evidence.get('from', 'given')}); reasoning "
+             f"markers used: start {sc._ids(res.markers.get('start'))} end "
+             f"{sc._ids(res.markers.get('end'))}; baseline (unconstrained greedy) "
+             f"{' '.join(map(str, res.baseline)) or 'empty'}",
+             "", f"{'constraint':<26} {'verdict':<14} detail"]
+    for v in res.verdicts:
+        if v["status"] == "violated":
+            f = v["first"]
+            at = "" if f.get("out_index") is None else f" at output index {f['out_index']}"
+            detail = f"{f['contract']}{at}: {f['what']}" + (f" ({v['message']})"
+                                                             if v["message"] else "")
+        elif v["status"] in ("refused", "wrong setting", "error", "not judged"):
+            detail = v["message"]
+        elif v["message"]:
+            detail = "judged on: " + ", ".join(v["judged"]) + f" ({v['message']})"
+        else:
+            detail = "judged on: " + ", ".join(v["judged"])
+        lines.append(f"{v['case']:<26} {v['status'].upper():<14} {detail}")
+        if v["status"] in ("holds", "violated"):
+            for c, why in v["not_judged"].items():
+                lines.append(f"{'':<26} {'':<14} not judged here: {c}: {why}")
+    st = [v["status"] for v in res.verdicts]
+    counts = ", ".join(f"{st.count(s)} {s}" for s in dict.fromkeys(st))
+    lines += ["", f"VERDICT: {counts} of {len(st)} constraint cases",
+              "refused: the server rejected the parameters (its own validation, e.g. "
+              "--max-logprobs or a missing reasoning parser): its setting, not a defect"
+              if "refused" in st else None,
+              "Judged host-side from the endpoint: the returned tokens, text, finish reason, "
+              "logprobs and prompt logprobs; with processed logprobs the columns the contracts "
+              "name, against the same prompt without the constraint. Not visible from a "
+              "server: draft rows, rejected tokens, steps and stages (workbook run "
+              "constraints has them)."]
+    return "\n".join(x for x in lines if x is not None)
