@@ -20,6 +20,7 @@
 //                  uint64 value) — src is 0 for a memset, value 0 for a copy.
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <atomic>
