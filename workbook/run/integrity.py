@@ -292,8 +292,6 @@ def writer_lines(stage: dict, writer: dict | None) -> list[str]:
         return [f"sanitizer stage: {_or(stage.get('message'), 'skipped (no reason recorded)')}"]
     lines = [f"sanitizer stage ({mode}): "
              f"{_or(stage.get('verdict'), 'no verdict (the stage recorded none)')}"]
-    if stage.get("api_writes"):
-        lines.append(f"CUDA API watcher (CUPTI): {stage['api_writes']}")
     if writer:
         lines.append(f"FIRST WRITER: {writer_text(writer)}")
         if writer.get("phase_source"):
@@ -303,6 +301,8 @@ def writer_lines(stage: dict, writer: dict | None) -> list[str]:
                          + "; ".join(writer["skipped_frames"][:6]))
         for f in (writer.get("stack") or [])[:6]:
             lines.append(f"    {f}")
+    if stage.get("api_writes"):
+        lines.append(f"CUDA API watcher (CUPTI): {stage['api_writes']}")
     return lines
 
 

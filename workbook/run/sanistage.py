@@ -95,8 +95,7 @@ def _api_stage(doc: dict | None, watch: dict | None, api: dict | None) -> dict:
     """The CUPTI watcher's part of the stage record: on or why not, calls seen, hits."""
     st = (((watch or {}).get("protection") or {}).get("api_writes")) or {}
     if doc is None and not st.get("on"):
-        return {"api_writes": st.get("message") or "the CUPTI watcher recorded nothing "
-                "(the watch never attached its guard)"}
+        return {"api_writes": st["message"]} if st.get("message") else {}
     n = len((doc or {}).get("records") or [])
     calls = (doc or {}).get("calls_seen", st.get("calls_seen"))
     return {"api_writes": (f"{n} write(s) through the CUDA API into watched memory"
@@ -159,7 +158,7 @@ def collect(stage: dict, outdir: str, watch: dict | None, rc, stopped: str | Non
                              if fault["writer"] else
                              "no write to a protected tensor (no fault)")}
     if mode in ("nvtx", "api"):
-        doc = rundir.read_json(stage["api_file"])
+        doc = rundir.read_json(stage.get("api_file") or os.path.join(outdir, "watch", "api_writes.json"))
         api = sanitizer.api_writer(doc, watch, _modules(outdir))
         stage = {**stage, **_api_stage(doc, watch, api)}
         if writer is None and api is not None:
