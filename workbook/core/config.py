@@ -94,7 +94,7 @@ class RunConfig:
     localize_within: str = ""  # op level only inside modules whose name starts with this (e.g. target.model.layers.0)
     localize_timeout_s: float = 600.0  # localization stops here and keeps what it narrowed down
     cpu_profile_run: bool = False  # CPU: run the worker's profiling run as the GPU worker always does
-    sanitize: str = "none"  # none | auto | nvtx | page: the budget state's markers read-only so a write names its writer (workbook.hooks.protect; implies watch)
+    sanitize: str = "none"  # none | auto | nvtx | page | api (CUPTI only): the budget state's markers read-only so a write names its writer (workbook.hooks.protect; implies watch)
     sampler_warmup: bool = False  # profiling run's dummy sampler with SamplingParams.for_sampler_warmup() registered (vLLM PR #57926's window)
 
     @property
@@ -238,8 +238,8 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None, checks=None) -> RunC
            f"localize_timeout_s={cfg.localize_timeout_s!r} must be a number > 0")
     _check(not cfg.localize_within or cfg.localize == "op",
            f"localize_within={cfg.localize_within!r} narrows the op level: set localize='op'")
-    _check(cfg.sanitize in ("none", "auto", "nvtx", "page"),
-           f"sanitize={cfg.sanitize!r} is unknown; choose one of none, auto, nvtx, page")
+    _check(cfg.sanitize in ("none", "auto", "nvtx", "page", "api"),
+           f"sanitize={cfg.sanitize!r} is unknown; choose one of none, auto, nvtx, page, api")
     _check(cfg.sanitize != "page" or on_cpu is not False,
            "sanitize='page' is the CPU twin (read-only host pages): on a GPU use 'nvtx'")
     if on_cpu is False:

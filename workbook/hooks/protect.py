@@ -62,7 +62,7 @@ import sysconfig
 from workbook.vllm import startup
 from workbook.vllm.patching import PatchSet
 
-MODES = ("none", "auto", "nvtx", "page")
+MODES = ("none", "auto", "nvtx", "page", "api")
 SHIM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "native",
                     "nvtx_protect.cpp")
 FAULT_FILE = "fault.txt"
@@ -126,6 +126,10 @@ def find_compiler() -> str | None:
 def requirements(mode: str = "nvtx") -> dict:
     """What the ``mode`` needs and whether it is there: ``{"ok", "missing": [...], "found",
     "message"}`` (the message names each missing piece and says the stage is skipped)."""
+    if mode == "api":  # CUPTI alone (no memcheck): writes through the CUDA API
+        from workbook.hooks import apiwrites
+
+        return apiwrites.requirements("cuda")
     if mode == "page":
         ok = hasattr(mmap, "mmap") and sys.platform.startswith("linux")
         return {"ok": ok, "missing": [] if ok else ["Linux mmap/mprotect"], "found": {},
@@ -322,10 +326,36 @@ class _Base:
         self.notes: list[str] = []
         self.lifts = 0
         self.error: str | None = None
+        self.api = None  # its apiwrites.ApiWatch (GPU: writes through the CUDA API)
+        self.api_status: dict = {"on": False, "message": "not asked for"}
+
+    def _named_ptrs(self, names) -> list[dict]:
+        out = []
+        for n in names:
+            t = startup._resolve(self.state, n)
+            if t is not None and hasattr(t, "data_ptr") and t.numel():
+                out.append({"name": n, "ptr": t.data_ptr(), "nbytes": t.numel() * t.element_size()})
+        return out
+
+    def api_ranges(self, lifted: bool = True) -> None:
+        """Hand the watched ranges (markers, canaries, marker caches) to the CUPTI subscriber."""
+        if self.api is None:
+            return
+        canaries = getattr(self, "canaries", None) or {}
+        rows = self._named_ptrs(MARKERS + (LIFTED if lifted else ())) + [
+            {"name": n, "ptr": t.data_ptr(), "nbytes": t.numel() * t.element_size()}
+            for n, t in canaries.items()]
+        self.api.set_ranges(rows)
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "protected": list(self.protected), "lifts": self.lifts,
-                "notes": list(self.notes), "error": self.error}
+        out = {"mode": self.mode, "protected": list(self.protected), "lifts": self.lifts,
+               "notes": list(self.notes), "error": self.error,
+               "api_writes": {**self.api_status}}
+        if self.api is not None:
+            d = self.api.to_dict()
+            out["api_writes"].update(calls_seen=d["calls_seen"], hits=len(d["records"]),
+                                     suspensions=d["suspensions"], error=d["error"])
+        return out
 
 
 class PageGuard(_Base):
@@ -458,6 +488,8 @@ class NvtxGuard(_Base):
 
     def lift(self) -> None:
         self.lifts += 1
+        if self.api is not None:
+            self.api.suspend()
         if self._lifted:
             self.lib.wbp_assign(_arr(self._lifted), len(self._lifted), self.RW)
 
@@ -468,11 +500,49 @@ class NvtxGuard(_Base):
             self._register_segments(new)
         self._lifted = ptrs
         self.lib.wbp_assign(_arr(ptrs), len(ptrs), self.READ)
+        if self.api is not None:
+            self.api_ranges()
+            self.api.resume()
 
     def release(self) -> None:
         ptrs = self._ptrs(MARKERS) + self._lifted + [t.data_ptr() for t in
                                                      self.canaries.values()]
         self.lib.wbp_assign(_arr(ptrs), len(ptrs), self.RW)
+        if self.api is not None:
+            self.api.stop()
+
+
+class ApiGuard(_Base):
+    """CUPTI alone (``sanitize="api"``, no memcheck): no permission, only the CUDA API's
+    copies and memsets into the watched ranges named at the call (``workbook.hooks.apiwrites``);
+    suspended around the state's own writers like the other forms' lifts."""
+
+    mode = "api"
+
+    def __init__(self, state, out_dir: str | None, canaries: dict):
+        super().__init__(state, out_dir)
+        self.canaries = canaries
+
+    def attach(self) -> None:
+        self.protected = list(MARKERS) + list(self.canaries) + list(LIFTED)
+        self.notes.append("no read-only permission (sanitize='api'): kernels' writes are the "
+                          "watch's value comparison's; copies and memsets through the CUDA API "
+                          "are named at the call (CUPTI)")
+        self.api_ranges()
+
+    def lift(self) -> None:
+        self.lifts += 1
+        if self.api is not None:
+            self.api.suspend()
+
+    def restore(self) -> None:
+        if self.api is not None:
+            self.api_ranges()
+            self.api.resume()
+
+    def release(self) -> None:
+        if self.api is not None:
+            self.api.stop()
 
     def to_dict(self) -> dict:
         return {**super().to_dict(), "tool_attached": self.attached == 0,
@@ -511,10 +581,27 @@ def _wire() -> None:
     _patches.install()
 
 
-def attach(mode: str, state, *, out_dir: str | None, canaries: dict | None = None):
-    """Protect ``state``'s tensors in ``mode`` (``page`` / ``nvtx``); returns the guard.
-    Raises ``ProtectError`` naming what is missing."""
-    if mode == "page":
+def _with_api(g, out_dir: str | None, where) -> None:
+    """Subscribe the CUPTI watcher for guard ``g`` (GPU forms); what fails is recorded."""
+    from workbook.hooks import apiwrites
+
+    g.api, g.api_status = apiwrites.attach("cuda", out_dir, where)
+    if g.api is None:
+        g.notes.append(g.api_status["message"])
+
+
+def attach(mode: str, state, *, out_dir: str | None, canaries: dict | None = None,
+           where=None):
+    """Protect ``state``'s tensors in ``mode`` (``page`` / ``nvtx`` / ``api``); returns the
+    guard. Raises ``ProtectError`` naming what is missing. ``where``: the watch's position
+    (for the CUPTI watcher's records, GPU forms)."""
+    if mode == "api":
+        g = ApiGuard(state, out_dir, canaries or {})
+        _with_api(g, out_dir, where)
+        if g.api is None:
+            raise ProtectError(g.api_status["message"])
+        g.attach()
+    elif mode == "page":
         g = PageGuard(state, out_dir)
         g.attach()
     elif mode == "nvtx":
@@ -523,6 +610,8 @@ def attach(mode: str, state, *, out_dir: str | None, canaries: dict | None = Non
                 not req["found"]["CUDA runtime headers"]:
             raise ProtectError(req["message"])
         g = NvtxGuard(state, out_dir, load_shim(build_shim()), canaries or {})
+        if os.environ.get("WORKBOOK_API_WRITES", "1") != "0":
+            _with_api(g, out_dir, where)
         g.attach()
     else:
         raise ProtectError(f"protect={mode!r}: choose one of {MODES[2:]}")

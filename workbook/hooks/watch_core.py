@@ -200,7 +200,7 @@ class Watch:
             self.layout_evidence["at_state_creation"] = self._neighbours()
         finally:
             self.busy = False
-        if self.protection.get("mode") == "nvtx":
+        if self.protection.get("mode") in ("nvtx", "api"):
             self._protect(state, self.canaries)
         b = self.last[0]
         self._phase_seen(b, [])
@@ -247,7 +247,8 @@ class Watch:
     def _protect(self, state, canaries: dict) -> None:
         try:
             self.guard = protect.attach(self.protection["mode"], state,
-                                        out_dir=self.opts.out_dir, canaries=canaries)
+                                        out_dir=self.opts.out_dir, canaries=canaries,
+                                        where=self.position)
         except Exception as e:  # the stage is skipped, the watch goes on
             self.protection.update(mode="skipped", message=f"{type(e).__name__}: {e}")
 

@@ -7,6 +7,9 @@ profiling run only, once. It zeroes the budget state's marker tensors with:
 
 - ``alias_fill``:   ``fill_(0)`` on a raw alias of the storage (a PyTorch op, ``_version``
   unchanged: ``faults.raw_alias_zero``);
+- ``copy``:         ``copy_`` of a zero tensor into a raw alias of the storage (same dtype,
+  contiguous: PyTorch copies device to device with ``cudaMemcpyAsync``, a write through the
+  CUDA API that memcheck does not hold to NVTX permissions);
 - ``memset``:       a raw memset through ctypes, outside the dispatcher: libc ``memset`` on
   CPU, ``cudaMemsetAsync`` on the current stream on a GPU;
 - ``triton_store``: a Triton kernel storing 0 (Triton's interpreter on CPU);
@@ -30,7 +33,7 @@ import os
 
 from workbook.vllm.patching import PatchSet
 
-KINDS = ("alias_fill", "memset", "triton_store", "triton_user")
+KINDS = ("alias_fill", "copy", "memset", "triton_store", "triton_user")
 USER_WRITER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "tests", "data", "user_kernels.py")
 WRITTEN: list[dict] = []
@@ -41,6 +44,17 @@ def alias_fill(t) -> None:
     from workbook.hooks.faults import raw_alias_zero
 
     raw_alias_zero(t)
+
+
+def copy(t) -> None:
+    """``copy_`` into a raw alias of ``t``'s storage (``_version`` of ``t`` unchanged)."""
+    import torch
+
+    from workbook.hooks.faults import raw_alias
+
+    with torch.inference_mode():
+        alias = raw_alias(t)
+        alias.copy_(torch.zeros_like(alias))
 
 
 def _cudart():
@@ -123,7 +137,7 @@ def triton_user(t) -> None:
         _user_module().clear_ids(t)
 
 
-WRITE = {"alias_fill": alias_fill, "memset": memset, "triton_store": triton_store,
+WRITE = {"alias_fill": alias_fill, "copy": copy, "memset": memset, "triton_store": triton_store,
          "triton_user": triton_user}
 FUNCTION = {"triton_user": "clear_ids"}  # the frame a test expects (else the WRITE function)
 

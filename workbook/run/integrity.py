@@ -262,8 +262,10 @@ def with_writer(section: dict, writer: dict | None) -> dict:
 
 def writer_text(w: dict) -> str:
     parts = [f"kernel {w['kernel']}" if w.get("kernel") else None,
+             f"CUDA API call {w['call']}" if w.get("call") else None,
              f"{w.get('access') or 'write'} of {w['size']} bytes" if w.get("size") else None,
              f"{w['relation']} {w['tensor']}" if w.get("tensor") and w.get("relation") else None,
+             w.get("range"),
              (f"from {w['frame']}" + (f" (module {w['module']})" if w.get("module") else ""))
              if w.get("frame") else None,
              f"during {w['phase']}" + _source_tag(w.get("phase_source"))
@@ -278,6 +280,8 @@ def _source_tag(src: str | None) -> str:
         return " (the watch's values)"
     if src.startswith("the watch's record"):
         return " (the watch's record)"
+    if src.startswith("the Python stack of the call"):
+        return " (the call's Python stack)"
     return " (the launch's Python stack)"
 
 
@@ -297,6 +301,8 @@ def writer_lines(stage: dict, writer: dict | None) -> list[str]:
                          + "; ".join(writer["skipped_frames"][:6]))
         for f in (writer.get("stack") or [])[:6]:
             lines.append(f"    {f}")
+    if stage.get("api_writes"):
+        lines.append(f"CUDA API watcher (CUPTI): {stage['api_writes']}")
     return lines
 
 

@@ -39,6 +39,12 @@ def plan(cfg, outdir: str) -> dict:
         return {"mode": "none"}
     platform = "cpu" if wb_env.on_cpu() else "cuda"
     mode = protect.resolve_mode(cfg.sanitize, platform)
+    if mode == "api" and platform != "cuda":
+        msg = ("writes through the CUDA API: not available on this platform "
+               f"({platform}: no CUDA API to subscribe to); stage skipped")
+        print(f"workbook watch: {msg}", file=sys.stderr, flush=True)
+        return {"mode": "skipped", "asked": cfg.sanitize, "platform": platform,
+                "missing": ["a CUDA device"], "message": msg}
     if mode == "page" and platform != "cpu":
         return {"mode": "skipped", "asked": cfg.sanitize, "platform": platform,
                 "missing": ["a CPU platform"], "message": "sanitize='page' is the CPU twin: "
@@ -57,7 +63,19 @@ def plan(cfg, outdir: str) -> dict:
             return {"mode": "skipped", "asked": cfg.sanitize, "platform": platform,
                     "missing": ["a shim that builds"], "message": f"sanitizer stage skipped: {e}"}
         st.update(sanitizer=req["found"]["compute-sanitizer"], log=os.path.join(outdir, LOG))
-    else:
+    if mode in ("nvtx", "api"):
+        st["api_file"] = os.path.join(outdir, "watch", "api_writes.json")
+    if mode == "api":
+        try:  # before any engine starts: a subscriber that does not build is named here
+            from workbook.hooks import apiwrites
+
+            st["cupti_shim"] = apiwrites.build()
+        except Exception as e:
+            msg = f"sanitizer stage skipped: {e}"
+            print(f"workbook watch: {msg}", file=sys.stderr, flush=True)
+            return {"mode": "skipped", "asked": cfg.sanitize, "platform": platform,
+                    "missing": ["a CUPTI subscriber that builds"], "message": msg}
+    elif mode != "nvtx":
         st["fault_file"] = os.path.join(outdir, "watch", protect.FAULT_FILE)
     return st
 
@@ -71,6 +89,19 @@ def _modules(outdir: str) -> dict | None:
         if m is not None:
             return m
     return None
+
+
+def _api_stage(doc: dict | None, watch: dict | None, api: dict | None) -> dict:
+    """The CUPTI watcher's part of the stage record: on or why not, calls seen, hits."""
+    st = (((watch or {}).get("protection") or {}).get("api_writes")) or {}
+    if doc is None and not st.get("on"):
+        return {"api_writes": st["message"]} if st.get("message") else {}
+    n = len((doc or {}).get("records") or [])
+    calls = (doc or {}).get("calls_seen", st.get("calls_seen"))
+    return {"api_writes": (f"{n} write(s) through the CUDA API into watched memory"
+                           if n else "no write through the CUDA API into watched memory")
+            + (f" ({calls} memcpy/memset calls checked)" if calls is not None else ""),
+            "api_hits": n}
 
 
 def wrap(stage: dict, cmd: list[str], env: dict) -> tuple[list[str], dict]:
@@ -102,7 +133,10 @@ def collect(stage: dict, outdir: str, watch: dict | None, rc, stopped: str | Non
             writer = rep.get("first_writer")
         else:
             stage = {**stage, "verdict": "compute-sanitizer wrote no log (see pass.log)"}
-    elif mode == "page":
+    elif mode == "api":
+        stage = {**stage, "verdict": "no read-only permission (CUPTI only): copies and memsets "
+                 "through the CUDA API are named at the call; kernels' writes are the watch's"}
+    if mode == "page":
         path = stage["fault_file"]
         text = open(path, errors="replace").read() if os.path.exists(path) else ""
         fault = sanitizer.parse_fault(text)
@@ -123,6 +157,15 @@ def collect(stage: dict, outdir: str, watch: dict | None, rc, stopped: str | Non
                              f"{fault['signal'] or 'a fault'}; the process ended there"
                              if fault["writer"] else
                              "no write to a protected tensor (no fault)")}
+    if mode in ("nvtx", "api"):
+        doc = rundir.read_json(stage.get("api_file") or os.path.join(outdir, "watch", "api_writes.json"))
+        api = sanitizer.api_writer(doc, watch, _modules(outdir))
+        stage = {**stage, **_api_stage(doc, watch, api)}
+        if writer is None and api is not None:
+            writer = api
+            if stage.get("verdict") and mode == "nvtx":
+                stage["verdict"] = ("a write through the CUDA API named at the call (CUPTI); "
+                                    "memcheck: " + stage["verdict"])
     if writer is not None and watch:
         writer["watch_last_phase"] = (watch.get("phase_order") or [None])[-1]
     if mode != "none":

@@ -427,6 +427,61 @@ def with_watch_phase(writer: dict, watch: dict | None, rc=None,
     return out
 
 
+def _range_text(o: dict) -> str:
+    """``bytes 0-3 of 4 (the whole tensor)`` for one overlap of an API write."""
+    whole = " (the whole tensor)" if o.get("whole") else ""
+    return f"bytes {o['first_byte']}-{o['last_byte']} of {o['tensor_nbytes']}{whole}"
+
+
+def api_writer(doc: dict | None, watch: dict | None = None,
+               modules: dict | None = None) -> dict | None:
+    """The first write through the CUDA API into watched memory (``api_writes.json`` of
+    ``workbook.hooks.apiwrites``) as the writer the watch summary names: the call, the bytes
+    it covered in each tensor, the launching Python frame judged by module (``name_writer``),
+    and the phase and step from the watch's position recorded at the call."""
+    recs = [r for r in (doc or {}).get("records") or [] if r.get("overlaps")]
+    if not recs:
+        return None
+    r = recs[0]
+    o = r["overlaps"][0]
+    w = name_writer(r.get("frames") or [], modules) or {}
+    pos = r.get("position") or {}
+    stack_phase = w.get("phase")
+    if pos.get("phase"):
+        phase, step = pos["phase"], pos.get("step") or 0
+        src = (f"the watch's record at the call: its last boundary ({pos.get('boundary')}, "
+               f"step {pos.get('step') or 0})")
+    else:
+        phase, step = stack_phase, None
+        src = "the Python stack of the call (the watch had no boundary yet)"
+    what = (f"value {r['value']:#x}" if r.get("kind") == "memset" and r.get("value") is not None
+            else f"from {r['src_hex']}" if r.get("src_hex") else None)
+    return {"source": "CUPTI callback (a write through the CUDA API)", "kernel": None,
+            "call": r["call"], "api_kind": r.get("kind"), "access": "write",
+            "size": r.get("bytes"), "address": r.get("dst_hex"), "permission": None,
+            "tensor": o["tensor"],
+            "relation": "inside" if o["bytes"] == r.get("bytes") else "running into",
+            "range": _range_text(o) + (f" ({what})" if what else ""),
+            "tensors": [x["tensor"] for x in r["overlaps"]],
+            "frame": w.get("frame"), "function": w.get("function"), "module": w.get("module"),
+            "module_how": w.get("module_how"), "skipped_frames": w.get("skipped_frames", []),
+            "in_forward_of": w.get("in_forward_of"), "phase": phase, "step": step,
+            "phase_source": src, "stack_phase": stack_phase,
+            "stack": (w.get("stack") or [])[:12], "n_api_writes": len(recs)}
+
+
+def read_api_writes(watch_json: str) -> dict | None:
+    """``api_writes.json`` beside a run's ``watch.json`` (None when the subscriber wrote none)."""
+    import os
+
+    p = os.path.join(os.path.dirname(watch_json), "api_writes.json")
+    try:
+        with open(p) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def _place(e: dict, layout: list[dict]) -> dict | None:
     addr = e.get("address")
     if addr is None or not layout:

@@ -310,13 +310,13 @@ def _probe(a) -> int:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--pass", dest="pass_dir")
-    ap.add_argument("--probe", choices=["alias_fill", "memset", "triton_store", "triton_user"])
+    ap.add_argument("--probe", choices=["alias_fill", "copy", "memset", "triton_store", "triton_user"])
     ap.add_argument("--writer-step", type=int, metavar="N",
                     help="--probe: write in real step N instead of the profiling run")
     ap.add_argument("--env")
     ap.add_argument("--run")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE")
-    ap.add_argument("--sanitize", default="auto", choices=["auto", "nvtx", "page", "none"])
+    ap.add_argument("--sanitize", default="auto", choices=["auto", "nvtx", "page", "api", "none"])
     ap.add_argument("--caching", choices=["on", "off"])
     ap.add_argument("--timeout", type=float)
     ap.add_argument("--out")
