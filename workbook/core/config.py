@@ -59,6 +59,8 @@ class RunConfig:
     gpu_memory_utilization: float | None = None  # None: vLLM's default
     reasoning_parser: str = "qwen3"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed through to vllm.LLM
+    tensor_parallel_size: int = 1  # vLLM's tensor parallelism: one worker process per rank (docs/parallel.md)
+    pipeline_parallel_size: int = 1  # vLLM's pipeline parallelism: one worker process per stage (docs/parallel.md)
     # request
     thinking_token_budget: int = 1  # -1: no budget
     max_tokens: int = 32
@@ -249,7 +251,32 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None, checks=None) -> RunC
     if on_cpu and cfg.async_scheduling:
         raise ConfigError("async_scheduling=True is not possible on the CPU platform "
                           "(vLLM forces it off); use None or False")
+    check_parallel(cfg, on_cpu=on_cpu)
     if checks is not None:
         check_checks(cfg, checks)
     return cfg
+
+
+def check_parallel(cfg: RunConfig, *, on_cpu: bool | None = None) -> None:
+    """The parallel layout (docs/parallel.md): sizes >= 1; with more than one rank the hooks
+    reach vLLM's worker processes only through the plugin, so the in-process-only hooks are
+    refused; on a CPU every rank is bound to its own core (vLLM's CPU worker), so the world
+    cannot exceed the cores this process may use."""
+    tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+    for name, v in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp)):
+        _check(isinstance(v, int) and v >= 1, f"{name}={v!r} must be an integer >= 1")
+    world = tp * pp
+    if world == 1:
+        return
+    for name in ("zero_lm_head", "probes", "row_check"):
+        _check(not getattr(cfg, name), f"{name}=True edits or re-runs the engine in this "
+               f"process; with tensor_parallel_size={tp} pipeline_parallel_size={pp} the model "
+               "lives in vLLM's worker processes: set it False")
+    _check(cfg.constraint_fault == "none", "constraint_fault is installed in this process only; "
+           f"with tensor_parallel_size={tp} pipeline_parallel_size={pp} use fault= instead")
+    if on_cpu:
+        cores = len(os.sched_getaffinity(0))
+        _check(world <= cores, f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} = {world} "
+               f"ranks, but vLLM's CPU platform binds each rank to its own core and this machine "
+               f"lets this process use {cores}")
 

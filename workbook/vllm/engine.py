@@ -74,6 +74,10 @@ def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
         kw["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
     if cfg.gpu_memory_utilization is not None:
         kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    if cfg.tensor_parallel_size != 1:
+        kw["tensor_parallel_size"] = cfg.tensor_parallel_size
+    if cfg.pipeline_parallel_size != 1:
+        kw["pipeline_parallel_size"] = cfg.pipeline_parallel_size
     kw.update(cfg.engine_kwargs)
     return kw
 
