@@ -19,6 +19,7 @@ from workbook.vllm import env, engine
     (dict(tensor_parallel_size=2, zero_lm_head=True), "zero_lm_head=True"),
     (dict(tensor_parallel_size=2, probes=True), "probes=True"),
     (dict(pipeline_parallel_size=2, constraint_fault="bias-target-row-only"), None),
+    (dict(pipeline_parallel_size=2, spec_method="mtp"), "vLLM #52071"),
 ])
 def test_a_parallel_layout_vllm_cannot_run_is_one_line_before_any_engine(kw, words):
     with pytest.raises(ConfigError) as e:

