@@ -111,7 +111,11 @@ def get_runner(llm):
     if inner is None:
         raise RuntimeError("the engine runs in another process (VLLM_ENABLE_V1_MULTIPROCESSING=1);"
                            " use the plugin (WORKBOOK_TRACE_DIR) to reach its runner")
-    return inner.model_executor.driver_worker.worker.model_runner
+    driver = getattr(inner.model_executor, "driver_worker", None)
+    if driver is None:  # tensor / pipeline parallel: MultiprocExecutor, one worker per rank
+        raise RuntimeError("the model runs in vLLM's worker processes (several ranks); the "
+                           "plugin reaches their runners (docs/parallel.md)")
+    return driver.worker.model_runner
 
 
 @contextlib.contextmanager
