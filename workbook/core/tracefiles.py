@@ -77,6 +77,21 @@ def _read_folder(path: str) -> dict[str, pd.DataFrame]:
     return out
 
 
+RANK_COLUMNS = ("tp_rank", "pp_rank")  # written by the plugin per process (rank.json)
+
+
+def read_rank(folder: str) -> dict[str, int]:
+    """The tp / pp rank of the process that wrote ``folder`` (its ``rank.json``); {} if none."""
+    import json
+
+    try:
+        with open(os.path.join(folder, "rank.json")) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: int(info[k]) for k in RANK_COLUMNS if k in info}
+
+
 def load(path: str) -> dict[str, pd.DataFrame]:
     """Tables of one trace folder, or of all ``<pid>/`` sub-folders merged (tagged ``pid``)."""
     frames = _read_folder(path)
@@ -84,8 +99,9 @@ def load(path: str) -> dict[str, pd.DataFrame]:
         if os.path.isdir(path) else []
     parts: dict[str, list[pd.DataFrame]] = {}
     for d in subs:
+        rank = read_rank(os.path.join(path, d))
         for name, df in _read_folder(os.path.join(path, d)).items():
-            parts.setdefault(name, []).append(df.assign(pid=d))
+            parts.setdefault(name, []).append(df.assign(pid=d, **rank))
     for name, dfs in parts.items():
         merged = pd.concat(dfs, ignore_index=True)
         frames[name] = pd.concat([frames[name], merged], ignore_index=True) \

@@ -17,6 +17,11 @@ and installs, in that process, what they ask for:
   when the runner is built (their modules are still importing when this hook runs)
 - ``WORKBOOK_CPU_PROFILE_RUN=1`` the CPU worker runs ``profile_run`` as the GPU worker does
 
+With tensor or pipeline parallelism every worker process (one per rank) loads the plugin and
+installs the same hooks; when its runner is built it writes ``<dir>/<pid>/rank.json`` (tp / pp
+rank, world, whether it samples) next to its trace and watch evidence, so every piece of
+evidence names its rank (``workbook.core.tracefiles.load`` adds the columns; docs/parallel.md).
+
 With none of them set it does nothing, so having the package installed never changes vLLM.
 The hooks go in when the process first imports a model-runner module (``RUNNER_MODULES``), so
 processes that never run a model (the OpenAI front-end, the engine core) stay untouched and
@@ -59,6 +64,9 @@ def install_from_env() -> None:
 
 
 def _install_hooks_from_env() -> None:
+    dirs = [os.environ.get(k) for k in (wenv.TRACE_DIR, wenv.WATCH_DIR, wenv.EFFECTIVE_DIR)]
+    if any(dirs):
+        _when_runner_built(lambda: _write_rank([d for d in dirs if d]))
     if os.environ.get(wenv.CPU_PROFILE_RUN) == "1":
         _when_runner_built(_force_cpu_profile_run)
     watch_dir = os.environ.get(wenv.WATCH_DIR)
@@ -91,6 +99,35 @@ def _install_hooks_from_env() -> None:
         from workbook.vllm.effective import effective_writer
 
         effective_writer(effective_dir)
+
+
+def rank_info() -> dict:
+    """This process's place in vLLM's parallel layout (read from vLLM's own groups; a process
+    without them is rank 0 of 1). Only the last pipeline stage samples (MRV2
+    ``GPUModelRunner.sample_tokens``); every tensor-parallel rank of it samples the same rows
+    with its own ``ThinkingBudgetState``."""
+    info = {"pid": os.getpid(), "tp_rank": 0, "tp_size": 1, "pp_rank": 0, "pp_size": 1}
+    try:
+        from vllm.distributed import parallel_state as ps
+
+        tp, pp = ps.get_tp_group(), ps.get_pp_group()
+        info.update(tp_rank=tp.rank_in_group, tp_size=tp.world_size,
+                    pp_rank=pp.rank_in_group, pp_size=pp.world_size)
+    except Exception as e:  # no distributed groups in this process (a single in-process rank)
+        info["groups"] = f"{type(e).__name__}: {e}"[:200]
+    info["samples"] = info["pp_rank"] == info["pp_size"] - 1
+    return info
+
+
+def _write_rank(dirs) -> None:
+    import json
+
+    info = rank_info()
+    for d in dirs:
+        folder = os.path.join(d, str(os.getpid()))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "rank.json"), "w") as f:
+            json.dump(info, f)
 
 
 def _force_cpu_profile_run() -> None:

@@ -68,6 +68,37 @@ def own_engine(cfg, outdir=None) -> tuple[_Own, bool]:
     return own, True
 
 
+_RANKED: dict[str, tuple] = {}
+
+
+def ranked_engine(cfg, outdir=None):
+    """An engine with several ranks (tensor / pipeline parallel): vLLM runs the model in worker
+    processes, so the hooks go in there through the plugin (the same install as ``vllm
+    serve``), set in this process's environment for the start only; each rank traces into
+    ``<dir>/<pid>/`` with its ``rank.json``. One engine per configuration and hook set."""
+    import tempfile
+
+    from workbook.vllm import env as wenv
+
+    key = engine.engine_key(cfg, cfg.fault, cfg.guard, cfg.trace, "ranks")
+    if key in _RANKED:
+        return _RANKED[key]
+    trace_dir = tempfile.mkdtemp(prefix="workbook-ranks-")
+    hook = wenv.hook_env(cfg, trace_dir=trace_dir, flush_every=1)
+    saved = {k: os.environ.get(k) for k in hook}
+    wenv.apply(hook)
+    try:
+        eng = engine.start(cfg, log=os.path.join(outdir, "vllm.log") if outdir else None)
+    finally:
+        wenv.apply(saved)  # later engines of this process start as vLLM would
+    _RANKED[key] = (eng, trace_dir)
+    return _RANKED[key]
+
+
+def world_size(cfg) -> int:
+    return getattr(cfg, "tensor_parallel_size", 1) * getattr(cfg, "pipeline_parallel_size", 1)
+
+
 class InProcess:
     """vLLM in this process (``vllm.LLM``), shared with every run of the same engine
     configuration; the run's fault, guard and tracer installed for the run only. A
@@ -86,12 +117,24 @@ class InProcess:
         self.hooks: list = []
         self.tracer = None
         self.timings: dict[str, float] = {}
+        self.rank_dir: str | None = None  # several ranks: their traces (ranked_engine)
+        self.before: set = set()
+        self.agreement: dict | None = None
 
     @property
     def handle(self):
         return self.engine
 
     def start(self) -> None:
+        if self.engine is None and world_size(self.cfg) > 1:
+            from workbook.core import tracefiles
+            from workbook.run import server as srv_
+
+            eng, self.rank_dir = ranked_engine(self.cfg, self.outdir)
+            self.timings.update(eng.timings)
+            self.engine = dataclasses.replace(eng, cfg=self.cfg)
+            self.before = srv_.traced_req_ids(tracefiles.load(self.rank_dir))
+            return
         if self.engine is None:
             if hooks.needs_pre_start(self.cfg):
                 self.own, self.started_own = own_engine(self.cfg, self.outdir)
@@ -135,7 +178,26 @@ class InProcess:
         return request.CHECKS[name](self.engine)
 
     def frames(self, n_tokens: int) -> dict:
+        if getattr(self, "rank_dir", None):
+            return self._rank_frames()
         return self.tracer.frames() if self.tracer is not None else {}
+
+    def _rank_frames(self) -> dict:
+        """This run's rows from every rank; the verdict's tables are the reference sampling
+        rank's, the others checked against it (``workbook.core.ranks.agreement``)."""
+        from workbook.core import ranks, tracefiles
+
+        time.sleep(1.0)  # each rank flushes after every step
+        frames = tracefiles.load(self.rank_dir)
+        for name, df in list(frames.items()):
+            if "req_id" in getattr(df, "columns", ()) and self.before:
+                frames[name] = df[~df["req_id"].isin(self.before)].reset_index(drop=True)
+        self.agreement = ranks.agreement(frames) if ranks.has_ranks(frames) else \
+            {"ranks": [], "agree": False, "why": "no rank.json was written by vLLM's workers"}
+        if ranks.has_ranks(frames) and self.agreement["ranks"]:
+            p, t = ranks.sampling_ranks(frames)[0]
+            return ranks.of_rank(frames, p, t)
+        return frames
 
     def stop(self) -> None:
         for h in reversed(self.hooks):
@@ -151,6 +213,13 @@ class InProcess:
             with open(src, errors="replace") as f, open(dst, "w") as g:
                 g.write(f"# vLLM's start-up log of the engine this run reused (started earlier "
                         f"in this process, logged to {src})\n" + f.read())
+        agreement = getattr(self, "agreement", None)
+        if agreement is not None:
+            from workbook.core import rundir
+
+            rundir.write_json(os.path.join(outdir, "ranks.json"), agreement)
+            shutil.copytree(self.rank_dir, os.path.join(outdir, "trace-ranks"),
+                            dirs_exist_ok=True)
 
 
 class Served:

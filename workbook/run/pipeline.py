@@ -186,6 +186,8 @@ class Run:
             res.verdict["integrity"] = integrity.verdict_from_watch(res.watch)
         if self.cfg.guard:
             res.verdict["guard"] = self.guard_section()
+        if getattr(self.backend, "agreement", None) is not None:  # several ranks (docs/parallel.md)
+            res.verdict["ranks"] = self.backend.agreement
         self.save("verdict", res.verdict)
         return res.verdict
 

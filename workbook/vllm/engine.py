@@ -82,6 +82,10 @@ def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
         kw["logprobs_mode"] = cfg.logprobs_mode
     if cfg.kv_blocks is not None:
         kw["num_gpu_blocks_override"] = cfg.kv_blocks
+    if cfg.tensor_parallel_size != 1:
+        kw["tensor_parallel_size"] = cfg.tensor_parallel_size
+    if cfg.pipeline_parallel_size != 1:
+        kw["pipeline_parallel_size"] = cfg.pipeline_parallel_size
     kw.update(cfg.engine_kwargs)
     return kw
 
@@ -127,7 +131,11 @@ def get_runner(llm):
     if inner is None:
         raise RuntimeError("the engine runs in another process (VLLM_ENABLE_V1_MULTIPROCESSING=1);"
                            " use the plugin (WORKBOOK_TRACE_DIR) to reach its runner")
-    return inner.model_executor.driver_worker.worker.model_runner
+    driver = getattr(inner.model_executor, "driver_worker", None)
+    if driver is None:  # tensor / pipeline parallel: MultiprocExecutor, one worker per rank
+        raise RuntimeError("the model runs in vLLM's worker processes (several ranks); the "
+                           "plugin reaches their runners (docs/parallel.md)")
+    return driver.worker.model_runner
 
 
 @contextlib.contextmanager

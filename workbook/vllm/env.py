@@ -33,7 +33,7 @@ WATCH_DIR = "WORKBOOK_WATCH_DIR"  # the start-up watch: options.json in, <pid>/w
 CPU_PROFILE_RUN = "WORKBOOK_CPU_PROFILE_RUN"  # CPU worker runs profile_run (as the GPU one)
 HOOK_VARS = (FAULT, GUARD, TRACE_DIR, EFFECTIVE_DIR, WATCH_DIR, CPU_PROFILE_RUN)
 TRITON_CPU = "WORKBOOK_TRITON_CPU"  # workbook.vllm.cpu_shim
-DEFAULTS = ("VLLM_TRITON_FORCE_FIRST_CONFIG",)  # the caller's value wins
+DEFAULTS = ("VLLM_TRITON_FORCE_FIRST_CONFIG", "VLLM_CPU_OMP_THREADS_BIND")  # the caller's value wins
 
 
 def on_cpu() -> bool:
@@ -55,7 +55,26 @@ def vllm_env(cfg, *, multiprocess: bool = False, cpu: bool | None = None) -> dic
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if on_cpu() if cpu is None else cpu:
         env[TRITON_CPU] = "1"
+        env.update(cpu_parallel_env(cfg))
     return env
+
+
+CPU_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_parallel_env(cfg) -> dict[str, str]:
+    """vLLM's CPU platform with several ranks (``tensor_parallel_size`` x
+    ``pipeline_parallel_size`` > 1): its default thread binding (``auto``) binds one NUMA node
+    per rank and refuses a one-node machine ("Not enough allowed NUMA nodes to bind threads of
+    2 local CPUWorkers"); one core per rank instead (``0|1``), from the cores this process may
+    use. The caller's own value wins (``DEFAULTS``)."""
+    world = getattr(cfg, "tensor_parallel_size", 1) * getattr(cfg, "pipeline_parallel_size", 1)
+    if world <= 1:
+        return {}
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < world:
+        return {}  # workbook.core.config.check_parallel refuses it before any engine starts
+    return {CPU_BIND: "|".join(str(c) for c in cores[:world])}
 
 
 def hook_env(cfg, *, trace_dir: str | None = None, effective_dir: str | None = None,
