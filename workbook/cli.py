@@ -124,9 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--checks", nargs="*", choices=["A", "B"], default=None,
                    help="deterministic checks after the request (default: the run's)")
     w.add_argument("--sanitize", nargs="?", const="auto", default="none",
-                   choices=["none", "auto", "nvtx", "page"],
+                   choices=["none", "auto", "nvtx", "page", "api"],
                    help="the budget state's markers read-only so a write names its writer "
-                        "(GPU: NVTX permissions under compute-sanitizer; CPU: read-only pages)")
+                        "(GPU: NVTX permissions under compute-sanitizer; CPU: read-only pages; "
+                        "api: CUPTI's callbacks alone, copies and memsets through the CUDA API)")
     w.add_argument("--caching", choices=["on", "off"], default=None,
                    help="GPU layout: PyTorch's caching allocator on or off for the passes")
     _check_server_parser(sub)

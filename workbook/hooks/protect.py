@@ -511,6 +511,10 @@ class NvtxGuard(_Base):
         if self.api is not None:
             self.api.stop()
 
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "tool_attached": self.attached == 0,
+                "caching_allocator": self.caching, "heaps": list(self.heaps.values())}
+
 
 class ApiGuard(_Base):
     """CUPTI alone (``sanitize="api"``, no memcheck): no permission, only the CUDA API's
@@ -543,10 +547,6 @@ class ApiGuard(_Base):
     def release(self) -> None:
         if self.api is not None:
             self.api.stop()
-
-    def to_dict(self) -> dict:
-        return {**super().to_dict(), "tool_attached": self.attached == 0,
-                "caching_allocator": self.caching, "heaps": list(self.heaps.values())}
 
 
 # ---- the wiring into the budget state's writers ------------------------------------------------

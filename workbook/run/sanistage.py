@@ -97,7 +97,10 @@ def _api_stage(doc: dict | None, watch: dict | None, api: dict | None) -> dict:
     if doc is None and not st.get("on"):
         return {"api_writes": st["message"]} if st.get("message") else {}
     n = len((doc or {}).get("records") or [])
-    calls = (doc or {}).get("calls_seen", st.get("calls_seen"))
+    # one counter read at two moments: api_writes.json at its last hit (or at subscription),
+    # the watch's record at the end of the pass; the later reading is the larger
+    seen = [c for c in ((doc or {}).get("calls_seen"), st.get("calls_seen")) if c is not None]
+    calls = max(seen) if seen else None
     return {"api_writes": (f"{n} write(s) through the CUDA API into watched memory"
                            if n else "no write through the CUDA API into watched memory")
             + (f" ({calls} memcpy/memset calls checked)" if calls is not None else ""),

@@ -231,8 +231,10 @@ def print_summary(result: dict, out: str) -> None:
         for line in integrity.summary(w, p.get("stopped"), code, p.get("writer")):
             print(line)
         if p.get("checks") or p.get("budget_verdict"):
-            print(f"budget: {p.get('budget_verdict') or 'no verdict recorded'}; checks exact: "
-                  f"{p.get('checks') or 'none ran'}")
+            checks = p.get("checks") or {}
+            ran = ", ".join(f"{k} {'exact' if ok else 'FAILED'}" for k, ok in checks.items())
+            print(f"budget: {p.get('budget_verdict') or 'no verdict recorded'}; checks: "
+                  f"{ran or 'none ran'}")
         if p.get("sanitizer", {}).get("mode", "none") != "none":
             for line in integrity.writer_lines(p["sanitizer"], p.get("writer")):
                 print(line)
