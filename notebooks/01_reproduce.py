@@ -3,11 +3,11 @@
 #   jupytext:
 #     cell_metadata_filter: tags,-all
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python (workbook)
 #     language: python
@@ -45,6 +45,11 @@ reasoning_end_str: str = None  # string forced when the budget binds (None: the 
 engine_kwargs: dict = {}  # extra keyword arguments for vllm.LLM
 tensor_parallel_size: int = 1  # vLLM tensor parallelism: one worker process per rank (docs/parallel.md)
 pipeline_parallel_size: int = 1  # vLLM pipeline parallelism: one worker process per stage (docs/parallel.md)
+logprobs_mode: str = None  # raw_logprobs | processed_logprobs | raw_logits | processed_logits (None: vLLM's default)
+async_on_cpu: bool = False  # CPU: keep async scheduling on where vLLM turns it off (workbook.vllm.async_shim)
+kv_blocks: int = None  # a KV cache this many blocks small (preemption; None: sized by kv_cache_bytes)
+arrival: str = "step0"  # step0: every request added at once | staggered: request i added at step 2*i
+drafter_steer: str = "none"  # none | allowed | greedy | forbidden: the drafter's proposals replaced (workbook.hooks.steer)
 thinking_token_budget: int = 1  # reasoning-token budget (-1: none)
 max_tokens: int = 32  # completion length limit
 temperature: float = 0.0  # 0: greedy
