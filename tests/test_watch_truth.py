@@ -156,7 +156,7 @@ DONE = summary(PAST_PROFILE + ["step 1 (first real step)"], rc=0)
     (HIT, PAST, "layout-dependent", ("profiling run › drafter propose",)),
     (HIT, DONE, "layout-dependent", ()),
     (DONE, HIT, "seen only with caching off", ()),
-    (HIT, HIT, "a pointer write", ()),
+    (HIT, HIT, "in either layout", ("tells a pointer write from an overrun",)),
     (DONE, DONE, "no symptom in either layout", ()),
     (DONE, CUT, "inconclusive: the caching-off pass stopped in state creation",
      ("end of start-up",)),

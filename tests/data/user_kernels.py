@@ -15,3 +15,16 @@ def _clear_kernel(ptr, n, BLOCK: tl.constexpr):
 def clear_ids(t):
     block = max(16, 1 << (t.numel() - 1).bit_length())
     _clear_kernel[(1,)](t, t.numel(), BLOCK=block)
+
+
+@triton.jit
+def _fill_kernel(ptr, n, value, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(ptr + offs, tl.full([BLOCK], value, tl.int32), mask=offs < n)
+
+
+def fill_ids(buf, value=0):
+    """Fill every int32 of ``buf`` with ``value`` (the overrun writer hands it a span that starts
+    in a neighbouring buffer and ends on a marker)."""
+    n = buf.numel()
+    _fill_kernel[(triton.cdiv(n, 128),)](buf, n, value, BLOCK=128)

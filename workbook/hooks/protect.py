@@ -438,10 +438,11 @@ class NvtxGuard(_Base):
 
     mode = "nvtx"
 
-    def __init__(self, state, out_dir: str | None, lib, canaries: dict):
+    def __init__(self, state, out_dir: str | None, lib, canaries: dict, zones=None):
         super().__init__(state, out_dir)
         self.lib = lib
         self.canaries = canaries
+        self.zones = zones  # workbook.hooks.redzone.RedZones: markers in padded buffers
         self.attached = lib.wbp_init()  # 0: a tool (compute-sanitizer) is attached
         self.READ, self.RW, self.RESET = (lib.wbp_flag(i) for i in range(3))
         self.heaps: dict[int, dict] = {}
@@ -456,13 +457,23 @@ class NvtxGuard(_Base):
                 out.append(t.data_ptr())
         return out
 
+    def _marker_regions(self) -> list[int]:
+        """The markers' regions: a padded buffer's address where the marker has red zones
+        (the permission covers the red zones and the marker), else the marker's own."""
+        zoned = self.zones.bases() if self.zones is not None else {}
+        return [zoned[n] for n in MARKERS if n in zoned] + \
+            self._ptrs([n for n in MARKERS if n not in zoned])
+
     def attach(self) -> None:
         if self.attached != 0:
             self.notes.append("no NVTX tool attached (not under compute-sanitizer): the "
                               "permission calls are no-ops")
         self.notes.append("thinking_token_budget.gpu: vLLM's UVA view of pinned host memory, "
                           "not a device allocation: not protected (the watch compares it)")
-        fixed = self._ptrs(MARKERS) + [t.data_ptr() for t in self.canaries.values()]
+        fixed = self._marker_regions() + [t.data_ptr() for t in self.canaries.values()]
+        if self.zones is not None and self.zones.zones:
+            self.notes.append(f"red zones: {self.zones.size} bytes read-only before and after "
+                              f"{', '.join(self.zones.zones)} (padded buffers)")
         if self.caching:
             self._register_segments(fixed + self._ptrs(LIFTED))
         self.lib.wbp_assign(_arr(fixed), len(fixed), self.READ)
@@ -505,15 +516,16 @@ class NvtxGuard(_Base):
             self.api.resume()
 
     def release(self) -> None:
-        ptrs = self._ptrs(MARKERS) + self._lifted + [t.data_ptr() for t in
-                                                     self.canaries.values()]
+        ptrs = self._marker_regions() + self._lifted + [t.data_ptr() for t in
+                                                        self.canaries.values()]
         self.lib.wbp_assign(_arr(ptrs), len(ptrs), self.RW)
         if self.api is not None:
             self.api.stop()
 
     def to_dict(self) -> dict:
         return {**super().to_dict(), "tool_attached": self.attached == 0,
-                "caching_allocator": self.caching, "heaps": list(self.heaps.values())}
+                "caching_allocator": self.caching, "heaps": list(self.heaps.values()),
+                "redzones": self.zones.to_dict() if self.zones is not None else None}
 
 
 class ApiGuard(_Base):
@@ -591,10 +603,11 @@ def _with_api(g, out_dir: str | None, where) -> None:
 
 
 def attach(mode: str, state, *, out_dir: str | None, canaries: dict | None = None,
-           where=None):
+           where=None, zones=None):
     """Protect ``state``'s tensors in ``mode`` (``page`` / ``nvtx`` / ``api``); returns the
     guard. Raises ``ProtectError`` naming what is missing. ``where``: the watch's position
-    (for the CUPTI watcher's records, GPU forms)."""
+    (for the CUPTI watcher's records, GPU forms); ``zones``: the markers' red zones
+    (``workbook.hooks.redzone.pad``, nvtx only), read-only with them."""
     if mode == "api":
         g = ApiGuard(state, out_dir, canaries or {})
         _with_api(g, out_dir, where)
@@ -609,7 +622,7 @@ def attach(mode: str, state, *, out_dir: str | None, canaries: dict | None = Non
         if not req["found"]["C++ compiler"] or not req["found"]["NVTX headers"] or \
                 not req["found"]["CUDA runtime headers"]:
             raise ProtectError(req["message"])
-        g = NvtxGuard(state, out_dir, load_shim(build_shim()), canaries or {})
+        g = NvtxGuard(state, out_dir, load_shim(build_shim()), canaries or {}, zones)
         if os.environ.get("WORKBOOK_API_WRITES", "1") != "0":
             _with_api(g, out_dir, where)
         g.attach()

@@ -169,6 +169,7 @@ class Watch:
         self.rebase = False  # the next boundary is a new baseline (after a suspension)
         self.protection: dict = {"mode": "none"}  # the sanitizer stage (workbook.hooks.protect)
         self.guard = None  # its PageGuard / NvtxGuard once the state exists
+        self.zones = None  # the markers' red zones (nvtx: workbook.hooks.redzone)
         self.layout_evidence: dict = {}  # neighbours of the watched blocks (protect.neighbours)
         self.pos_b: Boundary | None = None  # the last boundary (the position a write follows)
         self.n_modules = 0  # sys.modules' size at the last modules.json
@@ -193,6 +194,8 @@ class Watch:
             return
         if self.protection.get("mode") == "page":  # moved onto read-only pages before reading
             self._protect(state, {})
+        if self.protection.get("mode") == "nvtx":  # markers into padded buffers before reading
+            self._pad(state)
         tensors = startup.state_tensors(state, self.version)  # StateLayoutError names a gap
         self.busy = True  # no boundary while the watch itself reads the new state
         try:
@@ -218,7 +221,8 @@ class Watch:
         self.inference = {n: _is_inference(t) for n, t in self._tensors().items()}
         row = self._gather_now()
         self.creation = {n: v.tolist() for n, v in self._split(row).items()}
-        self.layout = watch_evidence.layout(self._tensors())
+        self.layout = watch_evidence.layout(
+            self._tensors(), self.zones.layout() if self.zones is not None else None)
         b = self._boundary("created", "ThinkingBudgetState", level="phase")
         self.last = (b, row)
 
@@ -244,11 +248,21 @@ class Watch:
 
             print(f"workbook watch: {req['message']}", file=sys.stderr, flush=True)
 
+    def _pad(self, state) -> None:
+        """Red zones around the markers (``workbook.hooks.redzone``); what fails is recorded
+        and the markers stay where vLLM put them."""
+        from workbook.hooks import redzone
+
+        try:
+            self.zones = redzone.pad(state)
+        except Exception as e:  # evidence only: the protection goes on without red zones
+            self.protection["redzones"] = f"not set up: {type(e).__name__}: {e}"
+
     def _protect(self, state, canaries: dict) -> None:
         try:
             self.guard = protect.attach(self.protection["mode"], state,
                                         out_dir=self.opts.out_dir, canaries=canaries,
-                                        where=self.position)
+                                        where=self.position, zones=self.zones)
         except Exception as e:  # the stage is skipped, the watch goes on
             self.protection.update(mode="skipped", message=f"{type(e).__name__}: {e}")
 

@@ -40,11 +40,14 @@ def device_name(platform) -> str | None:
         return None
 
 
-def layout(tensors: dict) -> list[dict]:
+def layout(tensors: dict, zones: dict | None = None) -> list[dict]:
+    """The watched tensors by address; a marker with red zones carries ``redzone`` (its
+    padded buffer: ``workbook.hooks.redzone.RedZones.layout``)."""
     rows = sorted((t.data_ptr(), n, t.numel() * t.element_size()) for n, t in tensors.items())
     base = rows[0][0] if rows else 0
     return [{"name": n, "ptr": p, "ptr_hex": hex(p), "nbytes": k, "offset": p - base,
-             "device": str(tensors[n].device)} for p, n, k in rows]
+             "device": str(tensors[n].device),
+             **({"redzone": zones[n]} if zones and n in zones else {})} for p, n, k in rows]
 
 
 def write_module_table(out_dir: str, last_n: int) -> int:

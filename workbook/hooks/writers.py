@@ -17,6 +17,12 @@ profiling run only, once. It zeroes the budget state's marker tensors with:
   that module's wrapper (``clear_ids`` of ``tests/data/user_kernels.py``, or the file
   ``WORKBOOK_USER_WRITER`` names): the named frame must be the wrapper's, in that module.
 
+- ``overrun``:      the user module's Triton kernel (``fill_ids``) on a span that starts
+  ``WORKBOOK_OVERRUN_BYTES`` (default 1024) below the marker — in whatever neighbours it — and
+  ends on the marker's last byte: a neighbour's write running into the marker from below (the
+  red zones of ``workbook.hooks.redzone`` fault first). Writes memory the workbook does not
+  own: a fault writer for the sanitizer stage only.
+
 ``hide(kind, step=N)`` writes during the drafter forward of the N-th real step instead (a
 writer after start-up); the spec ``"kind@N"`` (``workbook.run.watchcmd --probe KIND
 --writer-step N``) says the same.
@@ -33,7 +39,8 @@ import os
 
 from workbook.vllm.patching import PatchSet
 
-KINDS = ("alias_fill", "copy", "memset", "triton_store", "triton_user")
+KINDS = ("alias_fill", "copy", "memset", "triton_store", "triton_user", "overrun")
+OVERRUN_ENV = "WORKBOOK_OVERRUN_BYTES"
 USER_WRITER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "tests", "data", "user_kernels.py")
 WRITTEN: list[dict] = []
@@ -137,9 +144,40 @@ def triton_user(t) -> None:
         _user_module().clear_ids(t)
 
 
+class _DeviceSpan:
+    """``__cuda_array_interface__`` of ``n`` int32 at a raw device address (for a tensor view
+    of memory no tensor of this process holds as such)."""
+
+    def __init__(self, ptr: int, n: int):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<i4", "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
+def span_below(t, nbytes_below: int):
+    """An int32 view from ``nbytes_below`` bytes below ``t``'s first byte through its last."""
+    import torch
+
+    start = t.data_ptr() - nbytes_below
+    n = (nbytes_below + t.numel() * t.element_size()) // 4
+    if t.device.type == "cuda":
+        return torch.as_tensor(_DeviceSpan(start, n), device=t.device)
+    return torch.frombuffer((ctypes.c_int32 * n).from_address(start), dtype=torch.int32)
+
+
+def overrun(t) -> None:
+    """The user's kernel on a span starting ``WORKBOOK_OVERRUN_BYTES`` below ``t``."""
+    import torch
+
+    below = int(os.environ.get(OVERRUN_ENV, "1024"))
+    if below <= 0 or below % 4:
+        raise ValueError(f"{OVERRUN_ENV}={below}: a positive multiple of 4")
+    with torch.inference_mode():
+        _user_module().fill_ids(span_below(t, below), 0)
+
+
 WRITE = {"alias_fill": alias_fill, "copy": copy, "memset": memset, "triton_store": triton_store,
-         "triton_user": triton_user}
-FUNCTION = {"triton_user": "clear_ids"}  # the frame a test expects (else the WRITE function)
+         "triton_user": triton_user, "overrun": overrun}
+FUNCTION = {"triton_user": "clear_ids", "overrun": "fill_ids"}  # the frame a test expects (else the WRITE function)
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
@@ -161,7 +199,7 @@ def hide(kind: str, step: int | None = None) -> PatchSet:
     from workbook.vllm import startup
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-    if kind == "triton_user":
+    if kind in ("triton_user", "overrun"):
         _user_module()  # imported now: a missing module is named before the engine starts
     box = {"runner": None, "profile": 0, "step": 0}
 

@@ -322,7 +322,8 @@ def _side(s: dict | None) -> dict | None:
     last = next((p for p in reversed(passes)), {}) if passes else {}
     hit = bool(c.get("verdict") == "corrupted" or c.get("writer"))
     full = c.get("phase") or (c.get("writer") or {}).get("phase")
-    return {"hit": hit, "phase": _top(full), "where": full,
+    ext = (c.get("writer") or {}).get("extent")  # the writer's access range (run.overrun)
+    return {"hit": hit, "phase": _top(full), "where": full, "extent": ext,
             "phases": phases, "complete": complete,
             "why": last.get("stopped") or (f"exit status {last.get('rc')}"
                                            if last.get("rc") not in (None, 0) else
@@ -349,14 +350,32 @@ def layout_ab(caching_on: dict | None, caching_off: dict | None) -> dict:
     only when the clean pass got past the phase where the other saw the change; no symptom in
     either only when both start-ups finished. Otherwise the reading is ``inconclusive: <which
     pass> stopped in <phase> before <phase of the change>``. Either summary missing →
-    undecided. What it does not do: name the neighbour (``watch.json``'s layout evidence
-    lists the overrun suspects)."""
+    undecided. The writer's access range (``workbook.run.overrun``: memcheck's faulting
+    accesses against the markers' red zones) decides between the two ways a writer reaches a
+    marker: ``overrun`` when in either layout an access lies outside the marker on the way into
+    it (or in its red zone), ``a pointer write`` only when in both layouts every faulting
+    access lies inside it; a hit in both without such ranges says it cannot tell."""
     on, off = _side(caching_on), _side(caching_off)
-    if on is None or off is None:
+    runs = [(n, s["extent"]) for n, s in (("caching on", on), ("caching off", off))
+            if s is not None and s["hit"] and (s["extent"] or {}).get("kind") in
+            ("overrun", "red zone")]
+    inside = [s for s in (on, off) if s is not None and s["hit"] and
+              (s["extent"] or {}).get("kind") == "inside"]
+    if runs:
+        reading = ("overrun: " + "; ".join(f"with {n}, the write {e['sentence']}"
+                                           for n, e in runs)
+                   + " — an access crosses into the marker's surroundings, so the writer is "
+                   "a neighbour's write running in, not one that holds the marker's address")
+    elif on is None or off is None:
         reading = "undecided: one of the two layouts has no summary"
+    elif on["hit"] and off["hit"] and len(inside) == 2:
+        reading = ("a pointer write: the writer finds the markers in either layout, and every "
+                   "faulting access lies inside the marker in both (it holds their address or "
+                   "an alias)")
     elif on["hit"] and off["hit"]:
-        reading = ("a pointer write: the writer finds the markers in either layout (it holds "
-                   "their address or an alias)")
+        reading = ("in either layout: the writer reaches the markers with the caching "
+                   "allocator on and off; no access range in both (the sanitizer stage's "
+                   "faulting accesses, with red zones) tells a pointer write from an overrun")
     elif on["hit"] and not _reached(off, on["phase"]):
         reading = _short_of("caching-off", off, on["phase"])
     elif off["hit"] and not _reached(on, off["phase"]):

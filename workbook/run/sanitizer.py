@@ -326,19 +326,25 @@ def tie(parsed: dict, watch: dict | None, stopped: str | None = None, rc=None,
         t["address_hex"] = hex(e["address"]) if e.get("address") is not None else None
         t["watched"] = _place(e, layout)
         out.append(t)
-    hits = [e for e in out if e["watched"] and e["watched"]["relation"] in ("inside",
-                                                                              "past the end of",
-                                                                              "before the start of")]
+    hits = [e for e in out if e["watched"] and e["watched"]["relation"] in (
+        "inside", "past the end of", "before the start of", "in the red zone below",
+        "in the red zone above")]
     for e in out:
         e["writer"] = name_writer(e.get("python_frames") or [], modules)
     change = (watch or {}).get("first_change")
     prot = protection_status(parsed, watch)
     not_applied = (f"the read-only protection was not applied ({prot['why']}), so memcheck's "
                    "silence says nothing about the writer")
+    from workbook.run import overrun
+
+    ext = overrun.first_extent(parsed, layout, (watch or {}).get("layout_evidence")) \
+        if hits else None
     if hits:
-        verdict = (f"{len(hits)} memcheck error(s) touch watched memory; first: "
-                   f"{hits[0]['kind']} by kernel {hits[0]['kernel'] or '(not named)'} "
-                   f"{hits[0]['watched']['relation']} {hits[0]['watched']['tensor']}")
+        what = (ext["sentence"] if ext is not None and ext["kind"] != "outside" else
+                f"{hits[0]['watched']['relation']} {hits[0]['watched']['tensor']}")
+        verdict = (f"{len(hits)} memcheck error(s) touch watched memory or its red zones; "
+                   f"first: {hits[0]['kind']} by kernel {hits[0]['kernel'] or '(not named)'} "
+                   f"{what}")
         if not prot["applied"] and prot["attempted"]:
             verdict += f"; note: {prot['why']}"
     elif change and prot["applied"]:
@@ -368,8 +374,9 @@ def tie(parsed: dict, watch: dict | None, stopped: str | None = None, rc=None,
     return {"errors": out, "error_summary": parsed.get("error_summary"),
             "n_errors": len(out), "touching_watched": len(hits), "verdict": verdict,
             "protection": prot,
-            "first_writer": with_watch_phase(first_writer(hits[0]), watch, rc, stopped)
-            if hits else None,
+            "first_writer": with_watch_phase(with_extent(first_writer(hits[0]), ext), watch,
+                                             rc, stopped) if hits else None,
+            "extent": ext,
             "watched_layout": layout}
 
 
@@ -385,6 +392,22 @@ def first_writer(e: dict) -> dict:
             "module_how": w.get("module_how"), "skipped_frames": w.get("skipped_frames", []),
             "in_forward_of": w.get("in_forward_of"), "phase": w.get("phase"),
             "stack": w.get("stack", [])[:12]}
+
+
+def with_extent(w: dict, ext: dict | None) -> dict:
+    """The writer with its whole access range (``workbook.run.overrun.extent``): an overrun or a
+    write into a red zone is said as a range ("write runs 4 bytes into X from below, starting
+    …"), not as one access's size and relation; a write inside a tensor keeps them and gains
+    the bytes it covered."""
+    if ext is None or ext["kind"] == "outside":
+        return w
+    out = {**w, "extent": ext, "tensor": ext["tensor"]}
+    if ext["kind"] == "inside":
+        out["range"] = ext["sentence"].split(": ", 1)[1]
+    else:
+        out.update(size=None, relation=None,
+                   range=f"{w.get('access') or 'write'} {ext['sentence']}")
+    return out
 
 
 def phase_from_watch(writer: dict, watch: dict | None, rc=None,
@@ -490,6 +513,12 @@ def _place(e: dict, layout: list[dict]) -> dict | None:
         lo, hi = t["ptr"], t["ptr"] + t["nbytes"]
         if lo <= addr < hi:
             return {"tensor": t["name"], "relation": "inside", "offset": addr - lo}
+    from workbook.run import overrun
+
+    p = overrun.place(addr, layout)
+    if p["where"].startswith("red zone"):  # the read-only guard bytes (workbook.hooks.redzone)
+        return {"tensor": p["tensor"], "relation": f"in the {p['where']}",
+                "offset": p["offset"]}
     near = e.get("nearest")
     if near is not None:
         for t in layout:

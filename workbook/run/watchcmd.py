@@ -312,7 +312,8 @@ def _probe(a) -> int:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--pass", dest="pass_dir")
-    ap.add_argument("--probe", choices=["alias_fill", "copy", "memset", "triton_store", "triton_user"])
+    ap.add_argument("--probe", choices=["alias_fill", "copy", "memset", "triton_store", "triton_user",
+                                        "overrun"])
     ap.add_argument("--writer-step", type=int, metavar="N",
                     help="--probe: write in real step N instead of the profiling run")
     ap.add_argument("--env")
