@@ -140,7 +140,7 @@ POINTER_ON = log([record(START, inside(START_BASE, 1024))])
     (OVERRUN_ON, ON, EVIDENCE_ON, "overrun",
      "runs 4 bytes into reasoning_start_token_ids from below (all 4 bytes), starting at the "
      "first byte of the red zone below reasoning_start_token_ids (the range may go on below "
-     "it, in writable memory that memcheck does not check: a active_allocated block of 512 "
+     "it, in writable memory that memcheck does not check: an allocated block of 512 "
      "bytes allocated by __init__ in /tmp/vllm-site/vllm/v1/worker/gpu/sample/logprob.py:245) "
      "(65 faulting accesses (4 bytes each) over 260 bytes)"),
     (OVERRUN_ON, ON, None, "overrun",

@@ -109,7 +109,9 @@ def _neighbour(name: str, evidence: dict | None, pick) -> str | None:
             continue
         if b.get("watched") and b.get("watched") != name:
             return f"the block of {b['watched']} ({b['size']} bytes)"
-        what = f"a {b.get('state') or 'block'} block of {b['size']} bytes"
+        state = {"active_allocated": "an allocated", "inactive": "a free",
+                 "active_pending_free": "a freed (pending)"}.get(b.get("state"), "a")
+        what = f"{state} block of {b['size']} bytes"
         if b.get("allocated_by"):
             what += f" allocated by {b['allocated_by'][0]}"
         return what
