@@ -132,6 +132,10 @@ SHORT_ON = log(run_from(START - 1024, START - 64, ON, START_BASE, 1024))
 IN_ZONE = log(run_from(START - 128, START + 4, ON, START_BASE, 1024))
 # a write past the marker's end into its red zone above, to the block's last byte
 ABOVE_ON = log(run_from(START, START_BASE + 1024, ON, START_BASE, 1024))
+# a write whose lowest fault lies in a read-only block past a canary's bytes
+CANARY = SEG + 0xC9E00
+FROM_CANARY = log([record(CANARY + 256, inside(CANARY, 512))]
+                  + run_from(START_BASE, START + 4, ON, START_BASE, 1024))
 # a pointer write: the marker's own 4 bytes (padded)
 POINTER_ON = log([record(START, inside(START_BASE, 1024))])
 
@@ -162,6 +166,10 @@ POINTER_ON = log([record(START, inside(START_BASE, 1024))])
     (ABOVE_ON, ON, None, "overrun",
      "runs 4 bytes into reasoning_start_token_ids from above (all 4 bytes), starting at the "
      "last byte of the red zone above reasoning_start_token_ids"),
+    (FROM_CANARY, ON, None, "overrun",
+     "runs 4 bytes into reasoning_start_token_ids from below (all 4 bytes), starting in the "
+     "read-only allocation at 0x7ff4e34c9e00 of 512 bytes (the block of canary.post1, past its "
+     "bytes)"),
     (POINTER_ON, ON, None, "inside",
      "inside reasoning_start_token_ids: bytes 0-3 of 4, every faulting access inside it (1 "
      "faulting access (4 bytes each) over 4 bytes)"),

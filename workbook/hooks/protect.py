@@ -36,6 +36,10 @@ bytes). The canaries of the watch (``nvtx`` only) are read-only throughout. Not 
 budget's device view — vLLM's UVA view of pinned host memory, not a device allocation that NVTX
 permissions or a private page can cover; the watch compares its values.
 
+Red zones (``nvtx``): the markers are first moved into padded buffers
+(``workbook.hooks.redzone``) and the permission is assigned on the padded buffer, so a write
+running in from a neighbour faults in the guard bytes before the marker.
+
 Processing order: ``requirements`` (before any engine: what is missing is named, the stage
 skipped, the rest of the watch intact) → ``attach(watch, state)`` right after
 ``ThinkingBudgetState.__init__`` (page: tensors moved before the watch reads them) →

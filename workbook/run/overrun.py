@@ -149,6 +149,12 @@ def _far_end(addr: int, end: int, rec: dict | None, layout: list[dict], side: st
                     "memory that memcheck does not check" + (f": {nb}" if nb else "") + ")")
         dist = (zone[1] - addr) if p["where"] == "red zone below" else (end - zone[0])
         return f"in {zname}, {dist} bytes from {p['tensor']}"
+    near = (rec or {}).get("nearest") or {}
+    if near.get("direction") == "inside":  # a read-only region (block) beyond a tensor's bytes
+        owner = next((t["name"] for t in layout if t["ptr"] == near["base"] or
+                      (t.get("redzone") or {}).get("base") == near["base"]), None)
+        return (f"in the read-only allocation at {hex(near['base'])} of {near['size']:,} bytes"
+                + (f" (the block of {owner}, past its bytes)" if owner else ""))
     if rec is not None and (rec.get("permission") == "out of bounds" or
                             (rec.get("nearest") or {}).get("direction") in ("before", "after")):
         return _oob(rec)

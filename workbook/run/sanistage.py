@@ -112,7 +112,7 @@ def wrap(stage: dict, cmd: list[str], env: dict) -> tuple[list[str], dict]:
         return cmd, env
     env = {**env, "WORKBOOK_UNDER_SANITIZER": "1"}
     return [stage["sanitizer"], "--tool", "memcheck", "--target-processes", "all",
-            "--print-limit", "200", "--log-file", stage["log"], *cmd], env
+            "--print-limit", "1000", "--log-file", stage["log"], *cmd], env
 
 
 def collect(stage: dict, outdir: str, watch: dict | None, rc, stopped: str | None = None) -> dict:
