@@ -15,8 +15,11 @@
 #       (python -m workbook.run.watchcmd --probe overrun);
 #   healthy-caching-on  no writer: `workbook watch --sanitize nvtx` (no false alarm from the red
 #       zones; what vLLM samples unchanged: checks A and B).
-# Each is cut at LIMIT_S seconds (default 165; a cut start-up reads "incomplete", never
-# "intact"). Then the layout comparison of the two overrun runs (integrity.layout_ab).
+# The overrun runs are cut at LIMIT_S seconds (default 150; the writer strikes in the profiling
+# run), the healthy one at HEALTHY_S (default 175: it must get through warm-up into real steps;
+# a cut start-up reads "incomplete", never "intact"). CUPTI's watcher is off
+# (WORKBOOK_API_WRITES=0: beside compute-sanitizer it has never been tried; not this call's
+# question). Then the layout comparison of the two overrun runs (integrity.layout_ab).
 # Results: $OUT/redzone-gpu.txt (one line per run: the named writer and its range; the reading),
 # $OUT/<run>/{watch-summary.json,writer.json,sanitizer.json,watch.json,modules.json,pass.log,
 # sanitizer-head.log} and $OUT/redzone-gpu.tgz (every run folder, whole sanitizer logs).
@@ -27,7 +30,8 @@ OUT=${OUT:-/tmp/gpu-redzone-out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/gpu-redzone}; mkdir -p "$WORK"
 SUM="$OUT/redzone-gpu.txt"
 PY=${PYTHON:-python3}
-LIMIT=${LIMIT_S:-165}
+LIMIT=${LIMIT_S:-150}
+HEALTHY=${HEALTHY_S:-175}
 say() { echo "$*" | tee -a "$SUM"; }
 if [ -z "${DRY:-}" ] && ! "$PY" -c "import vllm" 2>/dev/null; then
   [ -f .bundle/install.sh ] || { say "no vLLM and no .bundle/install.sh (carry .bundle)"; exit 2; }
@@ -38,6 +42,7 @@ export WORKBOOK_CACHE=${WORKBOOK_CACHE:-/tmp/workbook-cache} VLLM_TRITON_FORCE_F
 export COMPUTE_SANITIZER=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} VLLM_USE_FLASHINFER_SAMPLER=0
 export WORKBOOK_REDZONE=${WORKBOOK_REDZONE:-256} WORKBOOK_OVERRUN_BYTES=${WORKBOOK_OVERRUN_BYTES:-1024}
+export WORKBOOK_API_WRITES=${WORKBOOK_API_WRITES:-0}
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   "$COMPUTE_SANITIZER" --version 2>&1 | tail -1
   "$PY" -c "import torch; print('torch', torch.__version__)"
@@ -55,15 +60,15 @@ run_probe() {  # name caching
 }
 run_healthy() {
   local t0; t0=$(date +%s)
-  timeout -s INT "$LIMIT" "$PY" -m workbook.cli watch --sanitize nvtx --localize none \
-    --caching on --out "$WORK/healthy-caching-on" --timeout "$((LIMIT - 10))" "${COMMON[@]}" \
+  timeout -s INT "$HEALTHY" "$PY" -m workbook.cli watch --sanitize nvtx --localize none \
+    --caching on --out "$WORK/healthy-caching-on" --timeout "$((HEALTHY - 10))" "${COMMON[@]}" \
     > "$WORK/healthy-caching-on.log" 2>&1
   echo "healthy-caching-on rc=$? $(( $(date +%s) - t0 ))s" > "$WORK/healthy-caching-on.rc"
 }
 if [ -z "${DRY:-}" ]; then
+  run_healthy &
   run_probe overrun-caching-on on &
   run_probe overrun-caching-off off &
-  run_healthy &
   wait
 fi
 for n in overrun-caching-on overrun-caching-off healthy-caching-on; do
@@ -74,10 +79,11 @@ for n in overrun-caching-on overrun-caching-off healthy-caching-on; do
     line="(cut) $("$PY" -m workbook.run.sanitizer "$log" --watch "$WORK/$n/pass1-none/watch/watch.json" \
       -o "$WORK/$n/sanitizer-partial.json" 2>&1 | tail -1)"
   fi
-  say "$n: ${line:-$(grep -E '^(intact|INTACT|corrupted|CORRUPTED|start-up|sanitizer stage|FIRST WRITER)' "$WORK/$n.log" 2>/dev/null | head -4 | tr '\n' ' ')}"
+  [ -z "$line" ] && line=$(grep -E -A1 '^(== culprit|sanitizer stage|FIRST WRITER)' "$WORK/$n.log" 2>/dev/null | head -6 | tr '\n' ' ')
+  say "$n: ${line:-no result line (see $n/run.log)}"
   mkdir -p "$OUT/$n"
-  for f in watch-summary.json pass1-none/writer.json pass1-none/sanitizer.json \
-           pass1-none/sanitizer-partial.json pass1-none/watch/watch.json pass1-none/watch/modules.json \
+  for f in watch-summary.json sanitizer-partial.json pass1-none/writer.json pass1-none/sanitizer.json \
+           pass1-none/watch/watch.json pass1-none/watch/modules.json \
            pass1-none/pass.log pass1-none/verdict.json; do
     [ -f "$WORK/$n/$f" ] && cp "$WORK/$n/$f" "$OUT/$n/"
   done

@@ -18,13 +18,13 @@ def clear_ids(t):
 
 
 @triton.jit
-def _fill_kernel(ptr, n, value, BLOCK: tl.constexpr):
+def _fill_kernel(ptr, start, n, value, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(ptr + offs, tl.full([BLOCK], value, tl.int32), mask=offs < n)
+    tl.store(ptr + start + offs, tl.full([BLOCK], value, tl.int32), mask=offs < n)
 
 
-def fill_ids(buf, value=0):
-    """Fill every int32 of ``buf`` with ``value`` (the overrun writer hands it a span that starts
-    in a neighbouring buffer and ends on a marker)."""
-    n = buf.numel()
-    _fill_kernel[(triton.cdiv(n, 128),)](buf, n, value, BLOCK=128)
+def fill_ids(buf, value=0, start=0, n=None):
+    """Fill ``n`` int32 from element ``start`` of ``buf`` with ``value`` (neither checked against
+    ``buf``'s bounds: the overrun writer passes a ``start`` below the buffer)."""
+    n = buf.numel() - start if n is None else n
+    _fill_kernel[(triton.cdiv(n, 128),)](buf, start, n, value, BLOCK=128)

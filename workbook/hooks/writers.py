@@ -17,9 +17,8 @@ profiling run only, once. It zeroes the budget state's marker tensors with:
   that module's wrapper (``clear_ids`` of ``tests/data/user_kernels.py``, or the file
   ``WORKBOOK_USER_WRITER`` names): the named frame must be the wrapper's, in that module.
 
-- ``overrun``:      the user module's Triton kernel (``fill_ids``) on a span that starts
-  ``WORKBOOK_OVERRUN_BYTES`` (default 1024) below the marker — in whatever neighbours it — and
-  ends on the marker's last byte: a neighbour's write running into the marker from below (the
+- ``overrun``:      the user module's Triton kernel (``fill_ids``) from ``WORKBOOK_OVERRUN_BYTES``
+  (default 1024) below the marker — in whatever neighbours it — through the marker's last byte: a neighbour's write running into the marker from below (the
   red zones of ``workbook.hooks.redzone`` fault first). Writes memory the workbook does not
   own: a fault writer for the sanitizer stage only.
 
@@ -144,35 +143,17 @@ def triton_user(t) -> None:
         _user_module().clear_ids(t)
 
 
-class _DeviceSpan:
-    """``__cuda_array_interface__`` of ``n`` int32 at a raw device address (for a tensor view
-    of memory no tensor of this process holds as such)."""
-
-    def __init__(self, ptr: int, n: int):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<i4", "data": (ptr, False),
-                                         "version": 3, "strides": None}
-
-
-def span_below(t, nbytes_below: int):
-    """An int32 view from ``nbytes_below`` bytes below ``t``'s first byte through its last."""
-    import torch
-
-    start = t.data_ptr() - nbytes_below
-    n = (nbytes_below + t.numel() * t.element_size()) // 4
-    if t.device.type == "cuda":
-        return torch.as_tensor(_DeviceSpan(start, n), device=t.device)
-    return torch.frombuffer((ctypes.c_int32 * n).from_address(start), dtype=torch.int32)
-
-
 def overrun(t) -> None:
-    """The user's kernel on a span starting ``WORKBOOK_OVERRUN_BYTES`` below ``t``."""
+    """The user's kernel from ``WORKBOOK_OVERRUN_BYTES`` below ``t`` through its last byte: the
+    kernel's pointer argument is ``t`` itself (a live allocation, as Triton's launcher checks),
+    its start index negative, so the stores begin in whatever lies below ``t``."""
     import torch
 
     below = int(os.environ.get(OVERRUN_ENV, "1024"))
     if below <= 0 or below % 4:
         raise ValueError(f"{OVERRUN_ENV}={below}: a positive multiple of 4")
     with torch.inference_mode():
-        _user_module().fill_ids(span_below(t, below), 0)
+        _user_module().fill_ids(t, 0, start=-(below // 4), n=below // 4 + t.numel())
 
 
 WRITE = {"alias_fill": alias_fill, "copy": copy, "memset": memset, "triton_store": triton_store,
