@@ -157,9 +157,9 @@ POINTER_ON = log([record(START, inside(START_BASE, 1024))])
      "any allocation (0 bytes after the allocation at 0x7f5309dc9c00 of 516 bytes) (192 "
      "faulting accesses (4 bytes each) over 768 bytes)"),
     (SHORT_ON, ON, None, "red zone",
-     "runs into the red zone below reasoning_start_token_ids from below and stops 64 bytes "
-     "short of it (the marker itself not written), starting at the first byte of the red zone "
-     "below reasoning_start_token_ids"),
+     "runs into the red zone below reasoning_start_token_ids from below, up to 64 bytes short "
+     "of it (no faulting access reached the marker itself), starting at the first byte of the "
+     "red zone below reasoning_start_token_ids"),
     (IN_ZONE, ON, None, "overrun",
      "runs 4 bytes into reasoning_start_token_ids from below (all 4 bytes), starting in the "
      "red zone below reasoning_start_token_ids, 128 bytes from reasoning_start_token_ids"),
@@ -238,7 +238,7 @@ def ext(text, layout):
     (side(ext(POINTER_ON, ON)), side(ext(OVERRUN_OFF, OFF)), "overrun: with caching off",
      (), ("pointer write",)),
     (side(ext(SHORT_ON, ON)), side(ext(POINTER_ON, ON)), "overrun: with caching on, the write "
-     "runs into the red zone below", ("stops 64 bytes short",), ()),
+     "runs into the red zone below", ("up to 64 bytes short",), ()),
     (side(ext(POINTER_ON, ON)), side(ext(POINTER_ON, OFF if False else ON)),
      "a pointer write", ("every faulting access lies inside the marker in both",), ("overrun",)),
     (side(ext(POINTER_ON, ON)), side(None), "in either layout", ("tells a pointer write",),

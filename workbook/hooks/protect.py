@@ -527,9 +527,11 @@ class NvtxGuard(_Base):
             self.api.stop()
 
     def to_dict(self) -> dict:
-        return {**super().to_dict(), "tool_attached": self.attached == 0,
-                "caching_allocator": self.caching, "heaps": list(self.heaps.values()),
-                "redzones": self.zones.to_dict() if self.zones is not None else None}
+        out = {**super().to_dict(), "tool_attached": self.attached == 0,
+               "caching_allocator": self.caching, "heaps": list(self.heaps.values())}
+        if self.zones is not None:  # else the watch's own record says why there are none
+            out["redzones"] = self.zones.to_dict()
+        return out
 
 
 class ApiGuard(_Base):

@@ -255,6 +255,8 @@ class Watch:
 
         try:
             self.zones = redzone.pad(state)
+            if self.zones is None:
+                self.protection["redzones"] = f"off ({redzone.ENV}=0)"
         except Exception as e:  # evidence only: the protection goes on without red zones
             self.protection["redzones"] = f"not set up: {type(e).__name__}: {e}"
 

@@ -13,8 +13,8 @@ protected bytes and their surroundings, and ``extent`` reads them against the ru
 - accesses inside a tensor and others below (above) it — in its red zone, in another tensor or
   its red zone, outside any allocation: ``overrun`` — "runs N bytes into X from below, starting
   in <where the lowest access lies>";
-- accesses in a red zone only: ``red zone`` — the write ran toward a marker and was stopped
-  short of it;
+- accesses in a red zone only: ``red zone`` — the write ran toward a marker and no faulting
+  access reached it (memcheck may have ended the kernel first, or the write stops there);
 - none in watched memory or a red zone: ``outside``.
 
 Where the far end lies is said as the evidence allows: a red zone's first byte faulting means the
@@ -228,9 +228,9 @@ def extent(launch: dict, layout: list[dict], evidence: dict | None = None) -> di
         return {**base, "kind": "red zone", "tensor": t["name"],
                 "direction": zone["where"].split()[-1], "covered": 0,
                 "tensor_nbytes": t["nbytes"],
-                "sentence": (f"runs into the {zone['where']} {t['name']} {frm} and stops "
-                             f"{short} bytes short of it (the marker itself not written), "
-                             f"starting {start} ({span})")}
+                "sentence": (f"runs into the {zone['where']} {t['name']} {frm}, up to "
+                             f"{short} bytes short of it (no faulting access reached the "
+                             f"marker itself), starting {start} ({span})")}
     return {**base, "kind": "outside", "tensor": None, "direction": None, "covered": 0,
             "tensor_nbytes": None,
             "sentence": f"no access in watched memory or a red zone ({span})"}
