@@ -2,7 +2,7 @@
 # Issue #27, overruns: ONE device call (H100/H200, torch 2.11, CUDA 13 toolkit with
 # compute-sanitizer; vLLM 0.29 from the offline bundle in .bundle/). From the repository root:
 #
-#   bash scripts/gpu_redzone.sh            # ~3 minutes: everything under $OUT
+#   bash scripts/gpu_redzone.sh            # at most ~190 s: everything under $OUT
 #
 # Three watched start-ups of the tiny Qwen3.5 + MTP k=4 (environments/h200.yaml defaults, eager),
 # at the same time on the one GPU (each with a quarter of its memory), each under
@@ -16,7 +16,7 @@
 #   healthy-caching-on  no writer: `workbook watch --sanitize nvtx` (no false alarm from the red
 #       zones; what vLLM samples unchanged: checks A and B).
 # The overrun runs are cut at LIMIT_S seconds (default 150; the writer strikes in the profiling
-# run), the healthy one at HEALTHY_S (default 175: it must get through warm-up into real steps;
+# run), the healthy one at HEALTHY_S (default 170: it must get through warm-up into real steps;
 # a cut start-up reads "incomplete", never "intact"). CUPTI's watcher is off
 # (WORKBOOK_API_WRITES=0: beside compute-sanitizer it has never been tried; not this call's
 # question). Then the layout comparison of the two overrun runs (integrity.layout_ab).
@@ -31,7 +31,7 @@ WORK=${WORK:-/tmp/gpu-redzone}; mkdir -p "$WORK"
 SUM="$OUT/redzone-gpu.txt"
 PY=${PYTHON:-python3}
 LIMIT=${LIMIT_S:-150}
-HEALTHY=${HEALTHY_S:-175}
+HEALTHY=${HEALTHY_S:-170}
 say() { echo "$*" | tee -a "$SUM"; }
 if [ -z "${DRY:-}" ] && ! "$PY" -c "import vllm" 2>/dev/null; then
   [ -f .bundle/install.sh ] || { say "no vLLM and no .bundle/install.sh (carry .bundle)"; exit 2; }
