@@ -136,6 +136,9 @@ ABOVE_ON = log(run_from(START, START_BASE + 1024, ON, START_BASE, 1024))
 CANARY = SEG + 0xC9E00
 FROM_CANARY = log([record(CANARY + 256, inside(CANARY, 512))]
                   + run_from(START_BASE, START + 4, ON, START_BASE, 1024))
+# 16-byte (vectorized) stores from 64 bytes below the marker: the last one covers the marker and
+# 12 bytes of the red zone above it
+VECTOR = log([record(a, inside(START_BASE, 1024), size=16) for a in range(START - 64, START + 4, 16)])
 # a pointer write: the marker's own 4 bytes (padded)
 POINTER_ON = log([record(START, inside(START_BASE, 1024))])
 
@@ -170,6 +173,11 @@ POINTER_ON = log([record(START, inside(START_BASE, 1024))])
      "runs 4 bytes into reasoning_start_token_ids from below (all 4 bytes), starting in the "
      "read-only allocation at 0x7ff4e34c9e00 of 512 bytes (the block of canary.post1, past its "
      "bytes)"),
+    (VECTOR, ON, None, "overrun",
+     "runs across reasoning_start_token_ids (all 4 bytes): its lowest access in the red zone "
+     "below reasoning_start_token_ids, 64 bytes from reasoning_start_token_ids, its highest in "
+     "the red zone above reasoning_start_token_ids, 12 bytes from reasoning_start_token_ids (5 "
+     "faulting accesses (16 bytes each) over 80 bytes)"),
     (POINTER_ON, ON, None, "inside",
      "inside reasoning_start_token_ids: bytes 0-3 of 4, every faulting access inside it (1 "
      "faulting access (4 bytes each) over 4 bytes)"),

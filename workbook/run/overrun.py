@@ -130,7 +130,7 @@ def _far_end(addr: int, end: int, rec: dict | None, layout: list[dict], side: st
              evidence: dict | None) -> str:
     """Where the far end of a range lies: its lowest access ``addr`` (``side`` "below") or its
     highest access ``addr`` ending at ``end`` (``side`` "above")."""
-    p = place(addr, layout)
+    p = place(addr if side == "below" else end - 1, layout)
     if p["where"] == "inside":
         t = next(t for t in layout if t["name"] == p["tensor"])
         return f"in {p['tensor']} (its byte {p['offset']} of {t['nbytes']})"
@@ -202,8 +202,8 @@ def extent(launch: dict, layout: list[dict], evidence: dict | None = None) -> di
         hi_at = _far_end(hi_addr, hi, hi_rec, layout, "above", evidence)
         if below and above:
             direction = "both sides"
-            text = (f"runs across {x['name']} (all {x['nbytes']} bytes), from {lo_at} to "
-                    f"{hi_at}")
+            text = (f"runs across {x['name']} (all {x['nbytes']} bytes): its lowest access "
+                    f"{lo_at}, its highest {hi_at}")
         elif below:
             direction = "below"
             text = (f"runs {n} bytes into {x['name']} from below ({whole} {x['nbytes']} "
