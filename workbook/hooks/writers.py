@@ -17,8 +17,9 @@ profiling run only, once. It zeroes the budget state's marker tensors with:
   that module's wrapper (``clear_ids`` of ``tests/data/user_kernels.py``, or the file
   ``WORKBOOK_USER_WRITER`` names): the named frame must be the wrapper's, in that module.
 
-- ``overrun``:      the user module's Triton kernel (``fill_ids``) from ``WORKBOOK_OVERRUN_BYTES``
-  (default 1024) below the marker — in whatever neighbours it — through the marker's last byte: a neighbour's write running into the marker from below (the
+- ``overrun``:      the user module's Triton kernel (``fill_ids``) from
+  ``WORKBOOK_OVERRUN_BYTES`` (default 1024) below the marker — in whatever neighbours it —
+  through the marker's last byte: a neighbour's write running into the marker from below (the
   red zones of ``workbook.hooks.redzone`` fault first). Writes memory the workbook does not
   own: a fault writer for the sanitizer stage only.
 
