@@ -324,3 +324,22 @@ def test_the_overrun_writer_runs_from_a_kibibyte_below_into_the_marker():
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["0", "256", "257", "7"], p.stdout
+
+
+def _h200_side(kind: str, caching: str) -> dict:
+    """A committed H200 run (2026-12-04, markers read-only, no red zones then) re-read: its
+    summary with the writer re-tied from its own memcheck log and watch.json."""
+    d = os.path.join(REPO, "outputs", "h200", "writer-20261204", f"tiny-{kind}-caching-{caching}")
+    s = json.load(open(os.path.join(d, "watch-summary.json")))
+    w = json.load(open(os.path.join(d, "pass1-none", "watch", "watch.json")))
+    text = open(os.path.join(d, "pass1-none", "sanitizer.log"), errors="replace").read()
+    fw = sanitizer.tie(sanitizer.parse(text), w, None, 1)["first_writer"]
+    return {**s, "culprit": {**s["culprit"], "writer": fw}}
+
+
+@pytest.mark.parametrize("kind", ["alias_fill", "triton_store"])
+def test_the_h200_alias_and_triton_writers_read_as_pointer_writes(kind):
+    """Re-read with the access ranges, the H200's alias fill_ and Triton store (one access each,
+    inside the marker, caching on and off) are what the old reading said: pointer writes."""
+    reading = integrity.layout_ab(_h200_side(kind, "on"), _h200_side(kind, "off"))["reading"]
+    assert reading.startswith("a pointer write"), reading
