@@ -110,7 +110,7 @@ def test_served_grid_smoke(tmp_path):
         cell = cells[(c, "none")]
         assert cell["status"] == "violated", cell
         assert cell["first"]["stage"] == "gate", cell["first"]
-        assert cell["rows"] > 0 and cell["verdict"]["status"] == "violated"
+        assert cell["rows"] > 0 and cell["verdict"]["verdict"] == "violated"
     ref = {c["constraint"]: c for c in grid["reference"]["cells"]}
     assert {c: ref[c]["status"] for c in ref} == {"min_tokens": "holds", "logit_bias": "holds"}
     rows = list((run_dir / "logs" / "none" / "rows").glob("*/rows.jsonl"))

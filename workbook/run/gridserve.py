@@ -130,12 +130,15 @@ class Rows:
                     self.markers = budget.Markers.of(x.get("markers"))
                     self.logprobs_mode = x.get("logprobs_mode") or self.logprobs_mode
                 elif kind == "step":
-                    self.steps.append(x)
+                    self.steps.append(_int_keys(x))
                 elif kind == "prompt_rows":
                     self._prompt_rows.setdefault(x["req_id"], {}).update(
                         {int(q): r for q, r in x["rows"].items()})
                 elif kind == "error":
                     self.errors.append(x["error"])
+        first = min((r["step"] for r in self.steps), default=0)
+        for r in self.steps:  # the batch's own step count, from 0 as an in-process batch's
+            r["server_step"], r["step"] = r["step"], r["step"] - first
         return self
 
     def prompt_rows(self, req_id: str) -> dict[int, dict]:
@@ -145,6 +148,20 @@ class Rows:
         from workbook.hooks.rowcheck import RowCheck
 
         return RowCheck.emitted_rows(self, req_id)  # the one reading of the step records
+
+
+def _jsonable(x):
+    return json.loads(json.dumps(x, default=str))
+
+
+def _int_keys(rec: dict) -> dict:
+    """JSON made the rows' column keys strings; the judge reads them as token ids."""
+    for row in rec.get("rows") or []:
+        for k, v in row.items():
+            if isinstance(v, dict) and v and all(isinstance(c, str) and c.lstrip("-").isdigit()
+                                                 for c in v):
+                row[k] = {int(c): x for c, x in v.items()}
+    return rec
 
 
 class ServedEngine:
@@ -236,7 +253,7 @@ def run_batch(eng: ServedEngine, cfg: RunConfig, cases: dict[str, dict], *, batc
             cells[name] = C.Cell(name, "", batch, "not available",
                                  f"not available over HTTP: the completions API has no "
                                  f"{', '.join(missing)} (vLLM's CompletionRequest)",
-                                 kwargs=C._jsonable(kw))
+                                 kwargs=_jsonable(kw))
             continue
         names.append(name)
         prompts.append(C.prompt_for(eng.tokenizer, name))
@@ -261,7 +278,7 @@ def run_batch(eng: ServedEngine, cfg: RunConfig, cases: dict[str, dict], *, batc
         if isinstance(r, Exception):
             msg = str(r).split(": ", 1)[-1] if "HTTP" in str(r) else C.one_line(r)
             status = "refused" if "HTTP 4" in str(r) else "error"
-            cells[n] = C.Cell(n, "", batch, status, msg[:400], kwargs=C._jsonable(cases[n]))
+            cells[n] = C.Cell(n, "", batch, status, msg[:400], kwargs=_jsonable(cases[n]))
             continue
         ok.append(n)
         outs.append(output_of(r, p))
