@@ -15,7 +15,8 @@ produced. Modules: ``observer`` (one patch set, one wrapper per hook point, call
 collector), ``tracer`` (per-step evidence; its thinking-budget part: ``budget_trace``),
 ``rowcheck`` (every logits row, the output, the prompt rows),
 ``faults`` (one per catalogue entry), ``guard`` (the fix), ``plugin`` (the
-``vllm.general_plugins`` entry point).
+``vllm.general_plugins`` entry point), ``served_rows`` (the row check and constraint fault of
+a served constraints grid, driven by files).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ and installs, in that process, what they ask for:
   import, before any runner is built, so it sees the whole start-up; worker classes are wrapped
   when the runner is built (their modules are still importing when this hook runs)
 - ``WORKBOOK_CPU_PROFILE_RUN=1`` the CPU worker runs ``profile_run`` as the GPU worker does
+- ``WORKBOOK_ROW_CHECK_DIR=path`` the served constraints grid's row check and constraint fault
+  (``workbook.hooks.served_rows``: ``path/control.json`` in, ``path/<pid>/rows.jsonl`` out)
 
 With tensor or pipeline parallelism every worker process (one per rank) loads the plugin and
 installs the same hooks; when its runner is built it writes ``<dir>/<pid>/rank.json`` (tp / pp
@@ -83,6 +85,11 @@ def _install_hooks_from_env() -> None:
         from workbook.hooks import guard
 
         guard.install()
+    rows_dir = os.environ.get(wenv.ROW_CHECK_DIR)
+    if rows_dir:
+        from workbook.hooks import served_rows
+
+        served_rows.install_from_dir(rows_dir)
     trace_dir = os.environ.get(wenv.TRACE_DIR)
     if trace_dir:
         import atexit

@@ -201,7 +201,6 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     every request's preemptions are read from vLLM's own counter (``hooks.preempt``)."""
     from workbook import hooks
     from workbook.run import request as rq
-    from workbook.run import rowjudge
     from workbook.run.backends import BACKENDS
 
     cfg = (cfg or RunConfig(trace=False, thinking_token_budget=-1)).replace(
@@ -255,6 +254,26 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
                 st.remove()
             pc.remove()
             backend.stop()
+    judge_batch(rc, names, outs, cases, batch, engine, tok, sps, cells, evidence)
+    for name in names:
+        cells[name].preemptions = pc.of(prompt_for(tok, name))
+        if st is not None:
+            cells[name].steered = st.of(prompt_for(tok, name))
+            if st.errors:
+                cells[name].message = "; ".join(x for x in (cells[name].message,
+                                                             *st.errors[:2]) if x)
+    return cells, evidence
+
+
+def judge_batch(rc, names: list[str], outs: list, cases: dict, batch: str, engine, tok, sps,
+                cells: dict, evidence: dict) -> None:
+    """One batch's cells and evidence (into ``cells`` / ``evidence``) from the row check's
+    evidence ``rc`` (a ``RowCheck``, or the served grid's reader of the same records) and the
+    finished outputs ``outs`` (``RequestOutput``-shaped), matched by prompt: ``rowjudge`` over
+    the rows, ``judge_request`` per request. The in-process and the served grid both judge
+    here."""
+    from workbook.run import rowjudge
+
     by_prompt = {tuple(p): r for r, p in rc.prompts.items()}
     labels = {by_prompt.get(tuple(o.prompt_token_ids or ())): n for n, o in zip(names, outs)}
     verdicts = rowjudge.judge(rc, {r: f"{r} ({n})" for r, n in labels.items()})
@@ -263,19 +282,12 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
         cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req), engine,
                                     tok=tok, sp=sps[names.index(name)])
         cells[name].kwargs = _jsonable(cases[name])
-        cells[name].preemptions = pc.of(prompt_for(tok, name))
-        if st is not None:
-            cells[name].steered = st.of(prompt_for(tok, name))
-            if st.errors:
-                cells[name].message = "; ".join(x for x in (cells[name].message,
-                                                             *st.errors[:2]) if x)
         evidence[name] = {"req_id": req, "registration": next(
             (r for r in rc.registrations if r["req_id"] == req), None),
             "params": _jsonable(asdict(rc.params[req])) if req in rc.params else None,
             "steps": [s for s in rc.steps if s["req_id"] == req],
             "verdict": verdicts.get(req), "errors": rc.errors,
             "prompt_rows": rc.prompt_rows(req) if req is not None else {}}
-    return cells, evidence
 
 
 def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict | None,

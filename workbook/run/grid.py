@@ -1,12 +1,11 @@
 """The constraints grid as a study of the one pipeline: plan, engines, cells, run folder, command.
 
-``plan(env, overrides, only=..., methods=..., constraints=..., batches=...)``: one ``RunConfig``
-per engine from ``environments/constraints.yaml`` (``defaults``, the entry ``only`` names, then
-``--set``); ``none`` first (the baseline the cases come from, the differential's reference). Bad
-input (unknown constraint, method, batch, entry or parameter; a value vLLM would reject) raises
-``ConfigError`` naming it before any engine starts. ``grid_of(plan, out)``: engines through the
-pipeline's backends, each batch under the hooks ``workbook.hooks.install`` installs from its
-configuration (``row_check``, ``constraint_fault``), cells judged by
+The plan (``plan``: every ``RunConfig``, bad input refused before any engine starts) is
+``workbook.run.gridplan``'s. ``grid_of(plan, out)``: engines through the pipeline's backends
+(``mode=server``: one ``vllm serve`` per engine, ``workbook.run.gridserve``), each batch under
+the hooks ``workbook.hooks.install`` installs from its configuration (``row_check``,
+``constraint_fault``; over a server the plugin installs the same inside the worker), cells
+judged by
 ``workbook.run.constraints``; with a fault, ``none`` also sends every batch without it — the
 reference is the healthy configuration (``grid["reference"]``). ``grid.json`` and
 ``evidence/<method>/<batch>.json`` are rewritten after every method. ``execute`` / ``command``:
@@ -25,222 +24,14 @@ import signal
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from workbook.core import contracts, envfiles, rundir
-from workbook.core.config import ConfigError, RunConfig, installed_vllm_version, validate
+from workbook.core import rundir
+from workbook.core.config import ConfigError, RunConfig, installed_vllm_version
 from workbook.run import axes as A
 from workbook.run import constraints as C
-
-ENV = "constraints"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENTRY_KEYS = ("name", "description", "method", "constraint", "batches", "axes", "vary")
-# request fields the grid never reads (its requests are its cases): --set of one is an error
-UNUSED = ("thinking_token_budget", "prompt", "top_p", "top_k", "ignore_eos", "enable_thinking",
-          "preserve_thinking", "zero_lm_head", "probes", "spec_method")
-
-
-@dataclass
-class Plan:
-    base: RunConfig  # defaults + the entry + --set; spec_method is each engine's own
-    methods: list[str]  # "none" first
-    constraints: list[str]
-    batches: list[str]
-    name: str = "grid"  # the entry's name, else "grid" (the defaults)
-    env_path: str = ""
-    hardware: str = "cpu"
-    axes: dict = field(default_factory=dict)  # the environment's axes (run.axes.Axis)
-    points: list = field(default_factory=lambda: [{}])  # the grid points, default first
-
-    @property
-    def fault(self) -> str | None:
-        """The fault injected into every engine (a constraint fault, else a budget fault)."""
-        return next((f for f in (self.base.constraint_fault, self.base.fault) if f != "none"),
-                    None)
-
-    def config(self, method: str, point: dict | None = None) -> RunConfig:
-        cfg = A.config(self.base, self.axes, point) if point else self.base
-        return cfg.replace(spec_method=method)
-
-    @property
-    def spec_only(self) -> tuple[str, ...]:
-        return tuple(n for n, a in self.axes.items() if a.spec_only)
-
-
-find = envfiles.find_environment
-
-
-def _read(env: str) -> tuple[str, dict]:
-    import yaml
-
-    path = find(env)
-    with open(path) as f:
-        raw = yaml.safe_load(f) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    return path, raw
-
-
-def is_grid(env: str) -> bool:
-    """Whether environment ``env`` is a constraints study (``study: constraints``)."""
-    return _read(env)[1].get("study") == "constraints"
-
-
-def entries(env: str = ENV) -> list[str]:
-    """The names of the environment's entries (``--only`` takes one)."""
-    return [r.get("name") for r in _read(env)[1].get("runs") or [] if isinstance(r, dict)]
-
-
-def _names(value, known, what: str) -> list[str]:
-    names = [value] if isinstance(value, str) else list(value)
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise ConfigError(f"{what} {bad[0]!r} is unknown; known: {', '.join(known)}")
-    return names
-
-
-def plan(env: str = ENV, overrides: dict | None = None, *, only=None, methods=None,
-         constraints=None, batches=None, on_cpu: bool | None = None, axes=None,
-         vary: str | None = None) -> Plan:
-    """The grid ``env`` (+ the entry ``only`` names, + ``overrides``) asks for; ``methods`` /
-    ``constraints`` / ``batches`` / ``axes`` (names, ``NAME=V1,V2`` or a mapping;
-    ``run.axes.select``) and ``vary`` replace the entry's. ``ConfigError`` for any bad input,
-    an axis value included (every point's configuration is validated)."""
-    path, raw = _read(env)
-    overrides = dict(overrides or {})
-    fields = set(RunConfig.field_names())
-    runs = [r for r in raw.get("runs") or [] if isinstance(r, dict)]
-    names = [r.get("name") for r in runs]
-    only = [only] if isinstance(only, str) else list(only or [])
-    if len(only) > 1:
-        raise ConfigError(f"--only {only}: one grid per run, name one entry; runs: {names}")
-    if only and only[0] not in names:
-        raise ConfigError(f"--only {only[0]!r}: no such run in {path}; runs: {names}")
-    entry = runs[names.index(only[0])] if only else {}
-    defaults = dict(raw.get("defaults") or {})
-    for where, d, allowed in (("defaults", defaults, fields),
-                              (f"run {entry.get('name')!r}", entry, fields | set(ENTRY_KEYS)),
-                              ("--set", overrides, fields)):
-        bad = sorted(set(d) - allowed)
-        if bad:
-            raise ConfigError(f"{where}: unknown parameter(s) {bad}; known: {sorted(allowed)}")
-    unused = [k for k in overrides if k in UNUSED]
-    if unused:
-        raise ConfigError(f"--set {unused[0]}: the grid chooses it per engine (use --methods)"
-                          if unused[0] == "spec_method" else f"--set {unused[0]}: the grid "
-                          "does not use it (its requests are its cases: "
-                          "workbook.run.constraints.case_kwargs)")
-    merged = {**defaults, **{k: v for k, v in entry.items() if k in fields}, **overrides}
-    try:
-        base = RunConfig.from_dict(merged)
-    except TypeError as e:
-        raise ConfigError(str(e)) from None
-    if base.mode != "in-process":
-        raise ConfigError(f"mode={base.mode!r}: the grid reads every logits row and edits the "
-                          "lm_head inside the engine; use mode='in-process'")
-    from workbook import hooks
-
-    if hooks.needs_pre_start(base) or base.trace:
-        raise ConfigError("the grid keeps no trace and no start-up watch (trace, watch, localize, "
-                          "sanitize, cpu_profile_run, sampler_warmup, start-up faults are for "
-                          "notebook runs: workbook run cpu)")
-    if base.temperature != 0:
-        raise ConfigError(f"temperature={base.temperature!r}: the grid's cases and its "
-                          "differential are greedy; use temperature=0")
-    if methods is None:
-        methods = [entry["method"]] if entry.get("method") else list(C.METHODS)
-    methods = _names(methods, C.METHODS, "method")
-    methods = ["none"] + [m for m in dict.fromkeys(methods) if m != "none"]
-    if constraints is None:
-        c = entry.get("constraint", "all")
-        constraints = list(C.CONSTRAINTS) if c == "all" else c
-    constraints = list(dict.fromkeys(_names(constraints, C.CONSTRAINTS, "constraint")))
-    if batches is None:
-        batches = entry.get("batches", list(C.BATCHES))
-    batches = list(dict.fromkeys(_names(batches, C.BATCHES, "batch")))
-    from workbook.core.models import VOCAB
-
-    for c in constraints:
-        try:
-            C.validate_case(c, C.case_kwargs(c, [0, 1], lambda ids: "x"), VOCAB)
-        except contracts.ContractError as e:
-            raise ConfigError(f"constraint {c!r}: {e}") from None
-    if on_cpu is None:
-        from workbook.vllm import env as wenv
-
-        on_cpu = wenv.on_cpu()
-    validate(base.replace(spec_method="none"), on_cpu=on_cpu)
-    for m in methods:
-        try:
-            validate(base.replace(spec_method=m), on_cpu=on_cpu)
-        except ConfigError as e:
-            raise ConfigError(f"method {m!r}: {e}") from None
-    known = A.parse(raw.get("axes"))
-    sel = A.select(known, entry.get("axes") if axes is None else axes)
-    pts = A.points(known, sel, vary or entry.get("vary") or "product")
-    for pt in pts:
-        if A.unavailable(known, pt):
-            continue
-        for m in methods:
-            if not A.runs_for(m, known, pt):
-                continue
-            try:
-                validate(A.config(base, known, pt).replace(spec_method=m), on_cpu=on_cpu)
-            except ConfigError as e:
-                raise ConfigError(f"axis {A.label(pt)} (method {m!r}): {e}") from None
-            except TypeError as e:
-                raise ConfigError(f"axis {A.label(pt)}: {e}") from None
-    check_engine_kwargs([base] + [A.config(base, known, pt) for pt in pts
-                                  if not A.unavailable(known, pt)])
-    hardware = str(raw.get("hardware") or os.path.splitext(os.path.basename(path))[0])
-    return Plan(base, methods, constraints, batches, name=entry.get("name", "grid"),
-                env_path=path, hardware=hardware, axes=known, points=pts)
-
-
-def engine_arg_names() -> set[str]:
-    """The fields of vLLM's ``EngineArgs`` dataclass, read from the installed
-    ``vllm/engine/arg_utils.py``'s source (importing vLLM here would disable the CPU shim's
-    Triton for the engines this process starts later)."""
-    import ast
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("vllm")
-        root = os.path.dirname(spec.origin) if spec and spec.origin else None
-        with open(os.path.join(root, "engine", "arg_utils.py")) as f:
-            tree = ast.parse(f.read())
-    except (OSError, TypeError, SyntaxError, ValueError, ImportError):
-        return set()
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
-            return {st.target.id for st in node.body if isinstance(st, ast.AnnAssign)
-                    and isinstance(st.target, ast.Name)}
-    return set()
-
-
-def check_engine_kwargs(cfgs) -> None:
-    """``engine_kwargs`` passed through (``--set``, an environment file, an axis) must be
-    arguments vLLM's engine takes in-process (``vllm.engine.arg_utils.EngineArgs``' fields):
-    ``ConfigError`` naming the first that is not, before any engine starts (vLLM's own
-    start-up would fail with a traceback from inside its argument parsing)."""
-    names = sorted({k for c in cfgs for k in (c.engine_kwargs or {})})
-    if not names:
-        return
-    known = engine_arg_names()
-    if not known:  # no vLLM here: validate() already said so
-        return
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise ConfigError(f"engine_kwargs {bad[0]!r} is not an argument vLLM's engine takes "
-                          f"in-process (vllm.engine.arg_utils.EngineArgs has no such field)")
-
-
-def config_for(method: str, k: int = 3, model: str | None = None) -> RunConfig:
-    """The engine configuration of ``method`` in the grid: ``environments/constraints.yaml``'s
-    defaults with ``num_spec_tokens=k`` (and ``model`` when given)."""
-    over = {"num_spec_tokens": k, **({"model": model} if model else {})}
-    return plan(ENV, over, methods=[method], constraints=[], batches=[]).config(method)
-
+from workbook.run.gridplan import (ENTRY_KEYS, ENV, REPO, UNUSED, Plan, check_engine_kwargs,  # noqa: F401
+                                   config_for, engine_arg_names, entries, find, is_grid, plan)
 
 # ---------------------------------------------------------------- one batch, one engine
 
@@ -252,7 +43,11 @@ def send_batch(eng, cfg: RunConfig, cases: dict[str, dict], *, batch: str, zero_
                scale: float | None = None, steer_plans: dict | None = None) -> tuple[dict, dict]:
     """``cases`` as one batch on engine ``eng`` under the hooks ``cfg`` asks for (the row
     check on; ``constraint_fault``; ``cfg.arrival``; the drafter steered by ``steer_plans``):
-    ``constraints.run_batch``, the one sender."""
+    ``constraints.run_batch``, the one sender (over a server ``gridserve.run_batch``)."""
+    from workbook.run import gridserve
+
+    if isinstance(eng, gridserve.ServedEngine):
+        return gridserve.run_batch(eng, cfg, cases, batch=batch)
     return C.run_batch(eng, cases, zero_head=zero_head, batch=batch, scale=scale, cfg=cfg,
                        steer_plans=steer_plans)
 
@@ -260,8 +55,11 @@ def send_batch(eng, cfg: RunConfig, cases: dict[str, dict], *, batch: str, zero_
 def baselines(eng) -> dict[str, list[int]]:
     """The unconstrained greedy output per lm_head (``natural``, ``zero``, ``scaled``): what
     the cases are derived from (``constraints.case_kwargs``)."""
+    from workbook.run import gridserve
     from workbook.run import request as rq
 
+    if isinstance(eng, gridserve.ServedEngine):
+        return gridserve.baselines(eng)
     out = {}
     for name, head in (("natural", contextlib.nullcontext()), ("zero", rq.zeroed_lm_head(eng)),
                        ("scaled", rq.scaled_lm_head(eng, C.SCALE))):
@@ -344,6 +142,14 @@ class Engine:
 
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
+        if self.cfg.mode == "server":  # the row check goes in through the plugin
+            from workbook.run import gridserve
+
+            self.backend = gridserve.ServedEngine(self.cfg, self.log_dir)
+            try:
+                return self.backend.start()
+            except Exception as e:
+                raise RuntimeError(C.one_line(e)) from e
         quiet = self.cfg.replace(row_check=False, constraint_fault="none", fault="none",
                                  guard=False, trace=False)
         self.backend = BACKENDS[quiet.mode](quiet, outdir=self.log_dir)
@@ -359,6 +165,8 @@ class Engine:
         from workbook.vllm import engine as vengine
 
         self.backend.stop()
+        if self.cfg.mode == "server":
+            return False
         vengine.release(self.backend.cfg)
         gc.collect()
         return False
@@ -467,7 +275,8 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
                 try:
                     with Engine(cfg0, log) as eng:
                         row["start_s"] = round(time.time() - t1, 1)
-                        facts = {"async": async_shim.effective(eng.llm)}
+                        facts = {"async": async_shim.effective(eng.llm)
+                                 if hasattr(eng, "llm") else None}
                         row["async_scheduling"] = facts["async"]
                         if baseline is None:
                             baseline = baselines(eng)

@@ -157,8 +157,10 @@ class Server:
     """One OpenAI-compatible vLLM server for ``cfg``; a context manager (stops on exit)."""
 
     def __init__(self, cfg: RunConfig, workdir: str | None = None, *, port: int | None = None,
-                 startup_timeout: float = STARTUP_TIMEOUT_S, python: str | None = None):
+                 startup_timeout: float = STARTUP_TIMEOUT_S, python: str | None = None,
+                 row_check_dir: str | None = None):
         self.cfg = cfg
+        self.row_check_dir = row_check_dir  # the served grid's row check (cfg.row_check)
         self.workdir = workdir or tempfile.mkdtemp(prefix="workbook-server-")
         self.port = port
         self.startup_timeout = startup_timeout
@@ -191,7 +193,8 @@ class Server:
                                                              trace_dir=self.worker_dir,
                                                              effective_dir=self.worker_dir,
                                                              watch_dir=self.worker_dir
-                                                             if self.cfg.watched else None),
+                                                             if self.cfg.watched else None,
+                                                             row_check_dir=self.row_check_dir),
                                          start_new_session=True)
         self.pid = self.proc.pid
         atexit.register(self.stop)

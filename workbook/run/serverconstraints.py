@@ -120,6 +120,26 @@ def _tops(choice: dict) -> list[dict[int, float]]:
     return out
 
 
+def position_logprobs(choice: dict) -> list[dict[int, float]]:
+    """Per output position ``{token id: logprob}``: the top logprobs and the emitted token's own
+    (``token_logprobs``), as ``RequestOutput.logprobs`` holds them (the served grid's cells)."""
+    tops = _tops(choice)
+    own = _returned_logprobs(choice) or []
+    ids = [int(t) for t in choice.get("token_ids") or []]
+    out = []
+    for i, t in enumerate(ids):
+        row = dict(tops[i]) if i < len(tops) else {}
+        if i < len(own) and own[i] is not None:
+            row[t] = own[i]
+        out.append(row)
+    return out
+
+
+def returned_prompt_logprobs(resp: dict, choice: dict) -> list[dict | None] | None:
+    """The prompt logprobs a completion returned, per prompt position ``{id: logprob}``."""
+    return _prompt_logprobs(resp, choice)
+
+
 def _returned_logprobs(choice: dict) -> list[float | None] | None:
     lp = choice.get("logprobs")
     if not lp or lp.get("token_logprobs") is None:

@@ -31,7 +31,8 @@ TRACE_FLUSH_EVERY = "WORKBOOK_TRACE_FLUSH_EVERY"
 EFFECTIVE_DIR = "WORKBOOK_EFFECTIVE_DIR"
 WATCH_DIR = "WORKBOOK_WATCH_DIR"  # the start-up watch: options.json in, <pid>/watch.json out
 CPU_PROFILE_RUN = "WORKBOOK_CPU_PROFILE_RUN"  # CPU worker runs profile_run (as the GPU one)
-HOOK_VARS = (FAULT, GUARD, TRACE_DIR, EFFECTIVE_DIR, WATCH_DIR, CPU_PROFILE_RUN)
+ROW_CHECK_DIR = "WORKBOOK_ROW_CHECK_DIR"  # the served grid's row check (hooks.served_rows)
+HOOK_VARS = (FAULT, GUARD, TRACE_DIR, EFFECTIVE_DIR, WATCH_DIR, CPU_PROFILE_RUN, ROW_CHECK_DIR)
 TRITON_CPU = "WORKBOOK_TRITON_CPU"  # workbook.vllm.cpu_shim
 DEFAULTS = ("VLLM_TRITON_FORCE_FIRST_CONFIG", "VLLM_CPU_OMP_THREADS_BIND")  # the caller's value wins
 
@@ -78,9 +79,12 @@ def cpu_parallel_env(cfg) -> dict[str, str]:
 
 
 def hook_env(cfg, *, trace_dir: str | None = None, effective_dir: str | None = None,
-             watch_dir: str | None = None, flush_every: int | None = None) -> dict[str, str]:
+             watch_dir: str | None = None, flush_every: int | None = None,
+             row_check_dir: str | None = None) -> dict[str, str]:
     """Variables that make the plugin install ``cfg``'s hooks in vLLM's processes."""
     env: dict[str, str] = {}
+    if getattr(cfg, "row_check", False) and row_check_dir:
+        env[ROW_CHECK_DIR] = row_check_dir
     if cfg.fault and cfg.fault != "none":
         env[FAULT] = cfg.fault
     if cfg.guard:
@@ -124,7 +128,8 @@ def prepare_process(cfg) -> None:
 
 
 def server_env(cfg, *, trace_dir: str, effective_dir: str, watch_dir: str | None = None,
-               base: Mapping[str, str] | None = None) -> dict[str, str]:
+               base: Mapping[str, str] | None = None,
+               row_check_dir: str | None = None) -> dict[str, str]:
     """A ``vllm serve`` subprocess's environment: ours + ``vllm_env`` + ``hook_env``.
 
     The plugin flushes the trace after every step (the engine process is killed at shutdown).
@@ -132,7 +137,7 @@ def server_env(cfg, *, trace_dir: str, effective_dir: str, watch_dir: str | None
     env = dict(os.environ if base is None else base)
     apply(vllm_env(cfg, multiprocess=True), env)
     apply(hook_env(cfg, trace_dir=trace_dir, effective_dir=effective_dir, watch_dir=watch_dir,
-                   flush_every=1), env)
+                   flush_every=1, row_check_dir=row_check_dir), env)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

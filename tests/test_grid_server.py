@@ -1,0 +1,118 @@
+"""The constraints grid over ``vllm serve`` (``--set mode=server``, ``workbook.run.gridserve``).
+
+Table tests without an engine: what a served engine cannot do is refused before any server
+starts (rc 2, one line naming it), what the completions API cannot express is "not available
+over HTTP", a completion becomes the ``RequestOutput`` shape the one judge reads. One smoke
+test with a real ``vllm serve`` of the tiny model (its own server: the row check goes in at
+start through the plugin's ``WORKBOOK_ROW_CHECK_DIR``): method ``none``, two constraints, batch
+``mixed-natural``, the healthy reference and the constraint fault ``gate-off`` on ONE server —
+the faulted cells violated at the gate, the reference's held, judged by ``rowjudge`` from the
+records the server's worker wrote into the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbook.core.config import RunConfig
+from workbook.run import gridserve as GS
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = RunConfig(mode="server")
+
+
+@pytest.mark.parametrize("batches,axes,fault,named", [
+    (["single"], {}, None, "batch 'single' zeroes the lm_head"),
+    (["mixed-scaled"], {}, None, "batch 'mixed-scaled' scales the lm_head"),
+    (["mixed-natural"], {"drafter": ["as-is", "greedy"]}, None, "axis 'drafter'"),
+    (["mixed-natural"], {"arrival": ["step0", "staggered"]}, None, "axis 'arrival'"),
+    (["mixed-natural"], {"preemption": ["off", "on"]}, None, "axis 'preemption'"),
+    (["mixed-natural"], {}, "stop-string-not-trimmed", "the API front-end's OutputProcessor"),
+    (["mixed-natural"], {"logprobs_mode": ["raw_logprobs", "processed_logits"]}, "gate-off",
+     None),
+    (["mixed-natural"], {}, "stop-not-trimmed", None),
+])
+def test_refusals(batches, axes, fault, named):
+    why = GS.refusals(BASE, batches, axes, fault)
+    assert (why is None) if named is None else (named in why)
+
+
+def test_budget_fault_refused():
+    assert "budget fault 'H-d'" in GS.refusals(BASE.replace(fault="H-d"), ["mixed-natural"],
+                                               {}, "H-d")
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--set", "mode=server"], "mode=server: batch 'single' zeroes the lm_head"),
+    (["--set", "mode=server", "--batches", "mixed-natural", "--set",
+      "constraint_fault=stop-string-not-trimmed"], "mode=server: constraint fault 'stop-string-not-trimmed'"),
+    (["--set", "mode=server", "--batches", "mixed-natural", "--axis", "drafter"],
+     "mode=server: axis 'drafter'"),
+])
+def test_refused_before_any_server_in_one_line(tmp_path, args, named):
+    res = subprocess.run([sys.executable, "-m", "workbook.cli", "run", "constraints", *args,
+                          "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 2 and named in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+def test_not_over_http_names_the_missing_keywords():
+    fields = {"min_tokens", "logit_bias", "stop"}
+    assert GS.not_over_http({"min_tokens": 2, "thinking_token_budget": 1}, fields) == \
+        ["thinking_token_budget"]
+    assert GS.not_over_http({"min_tokens": 2}, fields) == []
+    installed = GS.http_fields()
+    if installed is not None:  # vLLM's own completions request takes every case's keywords
+        from workbook.run import constraints as C
+
+        for name in C.CONSTRAINTS:
+            kw = C.case_kwargs(name, [5, 6, 7, 8, 9, 10], lambda ids: "ab")
+            assert GS.not_over_http(kw, installed) == [], name
+
+
+def test_a_completion_as_the_request_output_judge_request_reads():
+    resp = {"choices": [{"token_ids": [7, 8], "finish_reason": "length", "text": "ab",
+                         "logprobs": {"token_logprobs": [-0.5, -1.0],
+                                      "top_logprobs": [{"token_id:7": -0.5, "token_id:3": -2.0},
+                                                       {"token_id:9": -0.25}]}}]}
+    o = GS.output_of(resp, [1, 2, 3])
+    comp = o.outputs[0]
+    assert comp.token_ids == [7, 8] and o.prompt_token_ids == [1, 2, 3]
+    assert comp.logprobs[0][3].logprob == -2.0 and comp.logprobs[1][8].logprob == -1.0
+    assert o.prompt_logprobs is None
+
+
+def _cells(run_dir: Path) -> dict:
+    grid = json.loads((run_dir / "grid.json").read_text())
+    return grid, {(c["constraint"], c["method"]): c for c in grid["cells"]}
+
+
+def test_served_grid_smoke(tmp_path):
+    """One ``vllm serve`` of the tiny model: gate-off caught at the gate on both constraints'
+    rows, the healthy reference (same server, fault off) holds, files read back from the run
+    folder and judged by the one judge; ``workbook report`` renders it."""
+    res = subprocess.run([sys.executable, "-m", "workbook.cli", "run", "constraints",
+                          "--set", "mode=server", "--methods", "none", "--constraints",
+                          "min_tokens", "logit_bias", "--batches", "mixed-natural",
+                          "--set", "constraint_fault=gate-off", "--out", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run_dir = Path(res.stdout.strip().splitlines()[-1])
+    grid, cells = _cells(run_dir)
+    assert grid["config"]["mode"] == "server"
+    for c in ("min_tokens", "logit_bias"):
+        cell = cells[(c, "none")]
+        assert cell["status"] == "violated", cell
+        assert cell["first"]["stage"] == "gate", cell["first"]
+        assert cell["rows"] > 0 and cell["verdict"]["verdict"] == "violated"
+    ref = {c["constraint"]: c for c in grid["reference"]["cells"]}
+    assert {c: ref[c]["status"] for c in ref} == {"min_tokens": "holds", "logit_bias": "holds"}
+    rows = list((run_dir / "logs" / "none" / "rows").glob("*/rows.jsonl"))
+    assert rows and rows[0].stat().st_size > 0  # written by the server's worker
+    assert (run_dir / "report.html").exists()

@@ -1,0 +1,317 @@
+"""The constraints grid over ``vllm serve`` (``--set mode=server``): the same cells, judged the same.
+
+Each engine of the grid is a ``workbook.run.server.Server`` started from the cell's
+``RunConfig`` with the row check asked for (``WORKBOOK_ROW_CHECK_DIR``): the plugin installs
+``workbook.hooks.served_rows`` inside vLLM's worker — the same ``RowCheck`` in the same observer
+as in-process — which writes every registration, step record and prompt row to
+``<log dir>/rows/<pid>/rows.jsonl`` and takes each batch's constraint fault from
+``rows/control.json``. A batch (``run_batch``): its fault written to the control file; each
+request the case's prompt (``constraints.prompt_for`` on the model's own tokenizer, as
+in-process) sent concurrently to ``POST /v1/completions`` with the case's keywords
+(``serverconstraints.completion_body``: the one mapping of case keywords to the HTTP API; no
+``logprobs`` unless the case asks, as in-process); the records the worker appended since the
+batch began read back (``Rows``) and judged by ``constraints.judge_batch`` — ``rowjudge``,
+``judge_request``, the one ``Verdict``. A keyword the completions API does not take is the
+cell's "not available over HTTP" (nothing sent); an HTTP 4xx is ``refused`` with the server's
+message.
+
+What cannot work over a server is refused before any server starts (``refusals``, rc 2): the
+batches that edit the lm_head inside the engine (``single``, ``mixed``, ``mixed-scaled``), the
+axes that need the engine's objects in this process (the drafter steer, staggered arrival,
+preemption's counter, the CPU async shim), and constraint faults outside the worker's process.
+Not here: the grid's plan, cells and files (``workbook.run.grid``), judging
+(``constraints`` / ``rowjudge``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+from workbook.core.config import RunConfig
+
+HEAD_BATCHES = {"single": "zeroes", "mixed": "zeroes", "mixed-scaled": "scales"}
+# axis -> why a non-default value cannot run over a server
+AXES = {"drafter": "steers the drafter's proposals through the engine's runner object",
+        "arrival": "adds requests at chosen engine steps through the in-process LLMEngine",
+        "preemption": "is verified from the scheduler's Request objects in the engine process",
+        "async_scheduling": "keeps async scheduling on the CPU through an in-process shim"}
+# constraint faults patching a process the plugin leaves untouched (it hooks model runners)
+FAULT_PROCESS = {"stop-string-not-trimmed": "the API front-end's OutputProcessor"}
+ENGINE_CORE_FAULTS = ("stop-not-trimmed", "max-tokens-step-end")  # the scheduler
+
+
+def refusals(base: RunConfig, batches, axes_sel: dict, fault: str | None) -> str | None:
+    """Why this grid cannot run with ``mode=server`` (one line), else None."""
+    for b in batches:
+        if b in HEAD_BATCHES:
+            return (f"batch {b!r} {HEAD_BATCHES[b]} the lm_head inside the engine, which a "
+                    "served engine does not expose; over a server use --batches mixed-natural")
+    for n, values in axes_sel.items():
+        if n in AXES and len(values) > 1:
+            return f"axis {n!r}: its non-default value {AXES[n]}; not over a server"
+    if base.fault != "none":
+        return (f"budget fault {base.fault!r}: a served grid switches only constraint faults "
+                "per batch (its healthy reference runs on the same server)")
+    if fault in FAULT_PROCESS:
+        return (f"constraint fault {fault!r} patches {FAULT_PROCESS[fault]}; the plugin hooks "
+                "only vLLM's model-runner processes")
+    world = base.tensor_parallel_size * base.pipeline_parallel_size
+    if fault in ENGINE_CORE_FAULTS and world > 1:
+        return (f"constraint fault {fault!r} patches the scheduler, in the engine-core process "
+                "only when the worker runs there (tensor/pipeline parallel 1)")
+    return None
+
+
+def http_fields() -> set[str] | None:
+    """The request fields of the installed vLLM's ``CompletionRequest`` (None: unknown)."""
+    try:
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    except ImportError:
+        try:
+            from vllm.entrypoints.openai.protocol import CompletionRequest
+        except ImportError:
+            return None
+    return set(CompletionRequest.model_fields)
+
+
+def not_over_http(kw: dict, fields: set[str] | None) -> list[str]:
+    """The case keywords the completions API cannot express (nothing is dropped silently)."""
+    if fields is None:
+        return []
+    return [k for k in kw if k not in fields]
+
+
+class Rows:
+    """The served row check's records (``hooks.served_rows``) appended since ``mark()``, with
+    the attributes ``rowjudge.judge`` / ``constraints.judge_request`` read from a
+    ``RowCheck``."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.offsets: dict[str, int] = {}
+
+    def mark(self) -> None:
+        self.offsets = {p: os.path.getsize(p) for p in self._files()}
+
+    def _files(self) -> list[str]:
+        from workbook.hooks.served_rows import ROWS
+
+        if not os.path.isdir(self.folder):
+            return []
+        return [os.path.join(self.folder, d, ROWS) for d in sorted(os.listdir(self.folder))
+                if os.path.exists(os.path.join(self.folder, d, ROWS))]
+
+    def read(self) -> "Rows":
+        from workbook.core import budget, contracts
+
+        self.params, self.prompts, self.registrations = {}, {}, []
+        self.steps, self.errors, self._prompt_rows = [], [], {}
+        self.markers, self.logprobs_mode = budget.Markers(), "raw_logprobs"
+        for path in self._files():
+            with open(path) as f:
+                f.seek(self.offsets.get(path, 0))
+                text = f.read()
+            for line in text.splitlines():
+                try:
+                    x = json.loads(line)
+                except ValueError:
+                    continue  # a line still being written
+                kind = x.pop("kind", None)
+                if kind == "registration":
+                    req = x["req_id"]
+                    if x.get("params") is not None:
+                        self.params[req] = contracts.Params(**x["params"])
+                    self.prompts[req] = x.get("prompt") or []
+                    self.registrations.append(x["registration"])
+                    self.markers = budget.Markers.of(x.get("markers"))
+                    self.logprobs_mode = x.get("logprobs_mode") or self.logprobs_mode
+                elif kind == "step":
+                    self.steps.append(_int_keys(x))
+                elif kind == "prompt_rows":
+                    self._prompt_rows.setdefault(x["req_id"], {}).update(
+                        {int(q): r for q, r in x["rows"].items()})
+                elif kind == "error":
+                    self.errors.append(x["error"])
+        first = min((r["step"] for r in self.steps), default=0)
+        for r in self.steps:  # the batch's own step count, from 0 as an in-process batch's
+            r["server_step"], r["step"] = r["step"], r["step"] - first
+        return self
+
+    def prompt_rows(self, req_id: str) -> dict[int, dict]:
+        return self._prompt_rows.get(req_id, {})
+
+    def emitted_rows(self, req_id: str) -> list[dict]:
+        from workbook.hooks.rowcheck import RowCheck
+
+        return RowCheck.emitted_rows(self, req_id)  # the one reading of the step records
+
+
+def _jsonable(x):
+    return json.loads(json.dumps(x, default=str))
+
+
+def _int_keys(rec: dict) -> dict:
+    """JSON made the rows' column keys strings; the judge reads them as token ids."""
+    for row in rec.get("rows") or []:
+        for k, v in row.items():
+            if isinstance(v, dict) and v and all(isinstance(c, str) and c.lstrip("-").isdigit()
+                                                 for c in v):
+                row[k] = {int(c): x for c, x in v.items()}
+    return rec
+
+
+class ServedEngine:
+    """A started server for one grid engine: the tokenizer, the endpoint, the row records."""
+
+    def __init__(self, cfg: RunConfig, log_dir: str | None):
+        import tempfile
+
+        from workbook.run import server as srv
+
+        self.cfg = cfg.replace(row_check=True, constraint_fault="none", fault="none",
+                               guard=False, trace=False)
+        self.dir = log_dir or tempfile.mkdtemp(prefix="workbook-grid-server-")
+        self.rows_dir = os.path.join(self.dir, "rows")
+        os.makedirs(self.rows_dir, exist_ok=True)
+        self.server = srv.Server(self.cfg, self.dir, row_check_dir=self.rows_dir)
+        self.seq = 0
+        self.fields = None
+        self.tokenizer = None
+
+    def start(self) -> "ServedEngine":
+        from transformers import AutoTokenizer
+
+        from workbook.vllm import engine as vengine
+
+        kw = vengine.engine_kwargs(self.cfg)
+        self.server.start()
+        self.tokenizer = AutoTokenizer.from_pretrained(kw.get("tokenizer") or kw["model"])
+        self.fields = http_fields()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    @property
+    def url(self) -> str:
+        return self.server.base_url
+
+    def set_fault(self, fault: str) -> None:
+        """The constraint fault of the next batch (the worker reads it at its next step)."""
+        from workbook.core import rundir
+        from workbook.hooks.served_rows import CONTROL
+
+        self.seq += 1
+        rundir.write_json(os.path.join(self.rows_dir, CONTROL),
+                          {"seq": self.seq, "constraint_fault": fault or "none"})
+
+    def complete(self, prompt: list[int], kw: dict, max_tokens: int) -> dict:
+        from workbook.run import servercheck as sc
+        from workbook.run import serverconstraints as scon
+
+        body = scon.completion_body(self.server.model_id, prompt, kw, max_tokens=max_tokens,
+                                    logprobs=0)
+        if "logprobs" not in kw:
+            body.pop("logprobs")  # as in-process: no logprobs unless the case asks
+        body.pop("seed", None)
+        return sc.Endpoint(self.url, 600.0).post("/v1/completions", body)
+
+
+def output_of(resp: dict, prompt: list[int]):
+    """A completion as the ``RequestOutput`` shape ``judge_request`` reads."""
+    from workbook.run import serverconstraints as scon
+
+    ch = resp["choices"][0]
+    lp = None
+    if ch.get("logprobs"):
+        lp = [{t: SimpleNamespace(logprob=v) for t, v in d.items()}
+              for d in scon.position_logprobs(ch)]
+    comp = SimpleNamespace(token_ids=[int(t) for t in ch.get("token_ids") or []],
+                           finish_reason=ch.get("finish_reason"), text=ch.get("text"),
+                           logprobs=lp)
+    return SimpleNamespace(outputs=[comp], prompt_token_ids=list(prompt),
+                           prompt_logprobs=scon.returned_prompt_logprobs(resp, ch))
+
+
+def run_batch(eng: ServedEngine, cfg: RunConfig, cases: dict[str, dict], *, batch: str,
+              fault: str | None = None) -> tuple[dict, dict]:
+    """``cases`` as one batch of concurrent completions on the served engine, under
+    constraint fault ``fault`` (default ``cfg.constraint_fault``); cells and evidence as
+    ``constraints.run_batch`` returns them."""
+    from workbook.run import constraints as C
+
+    cells: dict = {}
+    evidence: dict = {}
+    names, prompts = [], []
+    for name, kw in cases.items():
+        missing = not_over_http(kw, eng.fields)
+        if missing:
+            cells[name] = C.Cell(name, "", batch, "not available",
+                                 f"not available over HTTP: the completions API has no "
+                                 f"{', '.join(missing)} (vLLM's CompletionRequest)",
+                                 kwargs=_jsonable(kw))
+            continue
+        names.append(name)
+        prompts.append(C.prompt_for(eng.tokenizer, name))
+    if not names:
+        return cells, evidence
+    eng.set_fault(fault or getattr(cfg, "constraint_fault", "none") or "none")
+    rows = Rows(eng.rows_dir)
+    rows.mark()
+    results: dict[str, object] = {}
+
+    def one(i):
+        try:
+            results[names[i]] = eng.complete(prompts[i], cases[names[i]], cfg.max_tokens)
+        except Exception as e:
+            results[names[i]] = e
+
+    with ThreadPoolExecutor(max_workers=len(names)) as ex:
+        list(ex.map(one, range(len(names))))
+    ok, outs = [], []
+    for n, p in zip(names, prompts):
+        r = results[n]
+        if isinstance(r, Exception):
+            msg = str(r).split(": ", 1)[-1] if "HTTP" in str(r) else C.one_line(r)
+            status = "refused" if "HTTP 4" in str(r) else "error"
+            cells[n] = C.Cell(n, "", batch, status, msg[:400], kwargs=_jsonable(cases[n]))
+            continue
+        ok.append(n)
+        outs.append(output_of(r, p))
+    if not ok:
+        return cells, evidence
+    _await_rows(rows, ok, prompts, names, outs)
+    sps = [SimpleNamespace(skip_special_tokens=True)] * len(ok)
+    C.judge_batch(rows, ok, outs, {n: cases[n] for n in ok}, batch, None, eng.tokenizer, sps,
+                  cells, evidence)
+    return cells, evidence
+
+
+def _await_rows(rows: Rows, ok, prompts, names, outs, timeout: float = 10.0) -> None:
+    """Read the records until every finished request's emitted rows are there (the worker
+    appends them before the step's output leaves it; a short wait covers file buffering)."""
+    want = {tuple(prompts[names.index(n)]): len(o.outputs[0].token_ids) for n, o in
+            zip(ok, outs)}
+    t0 = time.monotonic()
+    while True:
+        rows.read()
+        by_prompt = {tuple(p): r for r, p in rows.prompts.items()}
+        done = all(pr in by_prompt and len(rows.emitted_rows(by_prompt[pr])) >= n
+                   for pr, n in want.items())
+        if done or time.monotonic() - t0 > timeout:
+            return
+        time.sleep(0.2)
+
+
+def baselines(eng: ServedEngine) -> dict[str, list[int]]:
+    """The unconstrained greedy output of the baseline prompt on the model's own lm_head (the
+    only one a server has: the zeroed and scaled batches are refused)."""
+    from workbook.run import constraints as C
+
+    eng.set_fault("none")
+    resp = eng.complete(C.prompt_for(eng.tokenizer, "nothing"), {}, 16)
+    return {"natural": [int(t) for t in resp["choices"][0].get("token_ids") or []]}
