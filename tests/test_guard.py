@@ -312,6 +312,88 @@ def test_kernel_takes_back_an_end_forced_where_not_due(markers, seed):
     assert forced_any > 0 and taken_any > 0, (forced_any, taken_any)
 
 
+@pytest.mark.parametrize("markers", ["qwen", "transition-phrase"])
+def test_kernel_takes_back_a_sampled_row_with_vllms_own_draw(markers):
+    """Sampled rows, no engine: vLLM's own sampler functions are the oracle. Each row is
+    processed as ``Sampler`` does (``ThinkingBudgetState``'s +1e9 at an end id where it is not
+    due, then vLLM's ``apply_temperature`` in place, then its seeded ``gumbel_sample``, which
+    draws the forced end); the guard must replace it by what ``gumbel_sample`` draws from the
+    same row without the forcing (same seed, position and temperature — temperatures 0.7, 1.0
+    and 1.6, seeds across the int64 range, the winner in any vocabulary block). Rows it may not
+    reproduce keep the end and say why (no seed; top-k / top-p / min-p; the rejection sampler);
+    a due end, and an end the row drew itself, stay."""
+    import torch
+
+    from vllm.v1.worker.gpu.sample.gumbel import apply_temperature, gumbel_sample
+
+    from workbook.hooks import guard_takeback
+    from workbook.hooks.guard_kernel import BLOCK_V
+
+    start, nat, end = MARKERS[markers]
+    m = Markers(start, end, nat)
+    dev = _device()
+    rng = random.Random(len(markers))
+    gen = torch.Generator().manual_seed(3)
+    vocab, n = 2 * BLOCK_V + 37, 10
+    temps = [0.7, 1.0, 1.6, 0.7, 1.0, 1.6, 0.9, 0.9, 1.2, 1.2]
+    seeds = [rng.randrange(-2**63, 2**63) for _ in range(n)]
+    modes = [guard.M_SAMPLED] * 6 + [guard.R_NO_SEED, guard.R_MASKED, guard.R_DRAFTS,
+                                     guard.M_SAMPLED]
+    hist = [4, 4] + start + [0, 0]
+    budgets = [None, None, 9, None, 9, None, None, 9, None, 0]  # row 9: due (count 2 >= 0)
+    own_end = {5}  # the row drew the end itself (its end column high, no forcing)
+    raw = torch.randn((n, vocab), generator=gen) * 2
+    for i in range(0, n, 2):  # even rows: a clear winner in block 0, 1 or 2; odd: the noise's
+        raw[i, ((i // 2) % 3) * BLOCK_V + rng.randrange(0, 30)] += 30.0
+    raw[5, end[0]] = 80.0
+    pre = raw[:, list(end)].clone()
+    forced = raw.clone()
+    for i in range(n):
+        if i not in own_end:
+            forced[i, end[0]] = 1e9  # the budget's forcing, due (row 9) or not
+    slots = list(range(n))
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
+    idx, temp_t = i32(slots), torch.tensor(temps, dtype=torch.float32, device=dev)
+    seed_t = torch.tensor(seeds, dtype=torch.int64, device=dev)
+    pos = torch.tensor([len(hist) + i for i in range(n)], dtype=torch.int64, device=dev)
+    processed = forced.to(dev)
+    apply_temperature(processed, idx, temp_t)  # in place, as Sampler does after apply
+    drawn = gumbel_sample(processed, idx, temp_t, seed_t, pos, apply_temperature=False,
+                          is_drafting=False).cpu().tolist()
+    unforced = raw.clone().to(dev)
+    apply_temperature(unforced, idx, temp_t)
+    want_draw = gumbel_sample(unforced, idx, temp_t, seed_t, pos, apply_temperature=False,
+                              is_drafting=False).cpu().tolist()
+    assert drawn[:5] == [end[0]] * 5 and drawn[5] == end[0]
+    assert len({w // BLOCK_V for w in want_draw}) == 3  # winners in every block
+    assert any(w != int(a) for w, a in zip(want_draw, unforced.argmax(-1).cpu()))  # not argmax
+    budget = torch.tensor([-1 if b is None else b for b in budgets], dtype=torch.int32)
+    count = torch.tensor([-1 if b is None else guard.reasoning_count(hist, m) for b in budgets],
+                         dtype=torch.int32)
+    tail_len = max(len(start) - 1, len(nat) - 1, len(end) - 1, 1)
+    tail = torch.tensor([([-1] * tail_len + hist)[-tail_len:]] * n, dtype=torch.int32)
+    sampled = torch.tensor(drawn, dtype=torch.int64)[:, None]
+    ns, nr = torch.ones(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32)
+    ts = [t.to(dev) for t in (sampled, ns, nr, budget, count, tail,
+                              torch.zeros(n, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))]
+    tb = guard.TakeBack(processed, pre.to(dev), i32(list(range(n + 1))), temp=temp_t,
+                        seed=seed_t, pos=pos)
+    out = guard.launch_guard_kernel(ts[0], ts[1], ts[2], idx, *ts[3:], i32(start), i32(nat),
+                                    i32(end), take_back=tb, mode=i32(modes))
+    got, echo = ts[0].cpu()[:, 0].tolist(), out["echo"].cpu()
+    for i in range(n):
+        if modes[i] == guard.M_SAMPLED and i not in own_end and i != 9:
+            assert got[i] == want_draw[i] != end[0], (i, got[i], want_draw[i])
+            assert int(echo[i, guard.E_TAKEN]) == 1 and int(echo[i, guard.E_UNTAKEN]) == 0
+        else:  # kept: its own end, a due end, or a draw the guard does not reproduce
+            assert got[i] == drawn[i] == end[0], i
+            assert int(echo[i, guard.E_TAKEN]) == 0
+            why = int(echo[i, guard.E_UNTAKEN])
+            assert why == (modes[i] if i in (6, 7, 8) else 0), (i, why)
+            if why:
+                assert guard_takeback.reason_text(why).startswith("not taken back: ")
+
+
 @pytest.mark.parametrize("history,expected", [
     ([5, 1, 0, 0], 2),  # two reasoning tokens after <think>
     ([5, 1], 0),
@@ -543,7 +625,7 @@ class _GuardStateWriter:
 
         def sample(runner, *a, **k):
             st = runner.__dict__.get(guard.ATTR)
-            if st is not None and st.generation == guard._generation:
+            if st is not None and st.generation == guard.generation():
                 writer.calls += 1
                 if writer.every or writer.calls == writer.at_call:
                     writer.write(st, writer.start_id)
