@@ -32,7 +32,7 @@ import random
 
 import pytest
 
-from workbook.hooks import faults, guard
+from workbook.hooks import faults, guard, guard_takeback
 from workbook.run import experiments, request
 from workbook.vllm import env as wb_env
 from workbook.vllm import patching
@@ -507,6 +507,57 @@ def _guard_takes_back_the_forced_end(eng, fault):
     assert rep["taken_back_tokens"] > 0 and rep["untaken_steps"] == 0
     assert rep["fixed_tokens"] == rep["taken_back_tokens"] == on.guard_fixed  # all taken back
     assert rep["repaired_fields"] == 0
+
+
+SAMPLED = dict(temperature=0.8, seed=1234)  # a sampled request with a seed (vLLM: reproducible)
+SAMPLED_FAULTS = {"none": ("H-d-unbudgeted", "H-d-twice"), "mtp": ("H-d-early",)}
+
+
+def test_guard_takes_back_sampled_ends_with_vllms_draw(engines):
+    """Temperature > 0 with a request seed, the mixed batch, zeroed lm_head. Without drafts
+    (spec_method none: vLLM's ``Sampler``) H-d-unbudgeted and H-d-twice force ends where none
+    is due, and with the guard every request's tokens are healthy vLLM's, each forced end
+    taken back with vLLM's own seeded draw. H-d-early forces draft rows only, which vLLM's
+    rejection sampler draws (MTP): the guard does not reproduce that draw, so it replaces
+    nothing and reports every such row "not taken back: the rejection sampler drew it". On
+    healthy vLLM the guard takes back nothing and reports nothing left."""
+    for method, fault_names in SAMPLED_FAULTS.items():
+        eng = engines(spec_method=method, num_spec_tokens=4, max_num_seqs=16) \
+            if method != "none" else engines(spec_method="none", max_num_seqs=16)
+
+        def run():
+            with request.zeroed_lm_head(eng):
+                return request.run_budgets(eng, MIXED_BUDGETS, max_tokens=MIXED_MAX_TOKENS,
+                                           **SAMPLED)
+
+        ref = run()
+        with guard.enabled():
+            healthy = run()
+            rep = guard.report(eng.runner)
+        assert [o.token_ids for o in healthy] == [o.token_ids for o in ref]
+        assert rep["guarded_steps"] > 0 and rep["fixed_tokens"] == rep["untaken_rows"] == 0
+        for fault in fault_names:
+            handle = faults.inject(fault, engine=eng)
+            try:
+                off = run()
+                guard.install()
+                on = run()
+                rep = guard.report(eng.runner)
+            finally:
+                guard.remove()
+                handle.remove()
+            assert [o.token_ids for o in off] != [o.token_ids for o in ref], fault  # real
+            if method == "none":
+                assert [o.token_ids for o in on] == [o.token_ids for o in ref], fault
+                assert rep["taken_back_tokens"] == rep["fixed_tokens"] > 0, (fault, rep)
+                assert rep["untaken_rows"] == 0 and rep["untaken_steps"] == 0, (fault, rep)
+            else:  # the rejection sampler's draw: kept, and said so
+                assert rep["fixed_tokens"] == 0 and rep["untaken_rows"] > 0, (fault, rep)
+                assert {u["reason"] for u in rep["untaken"]} == {
+                    "not taken back: " + guard_takeback.REASONS[guard.R_DRAFTS]}
+            print(f"{method} {fault}: tokens equal healthy per request "
+                  f"{sum(a.token_ids == b.token_ids for a, b in zip(on, ref))}/{len(ref)}, "
+                  f"taken back {rep['taken_back_tokens']}, not taken back {rep['untaken_rows']}")
 
 
 def test_guard_state_reset_on_reinstall(live_engine):
