@@ -118,7 +118,10 @@ def build(captured: list, input_batch, num_rows: int, mode: np.ndarray, sampling
         return None, True
     cu = cu.to(torch.int32) if cu.dtype != torch.int32 else cu
     dev = logits.device
-    temp = _to(sampling.temp[sc] * (mode != M_GREEDY), dev)
+    sampled_rows = mode != M_GREEDY
+    if not sampled_rows.any():  # every row greedy: nothing was divided by a temperature
+        return TakeBack(logits, pre, cu), False
+    temp = _to(sampling.temp[sc] * sampled_rows, dev)
     if not (mode == M_SAMPLED).any():
         return TakeBack(logits, pre, cu, temp=temp), False
     pos = input_batch.positions[input_batch.logits_indices]  # as vLLM's sampler reads it
