@@ -394,6 +394,39 @@ def test_kernel_takes_back_a_sampled_row_with_vllms_own_draw(markers):
                 assert guard_takeback.reason_text(why).startswith("not taken back: ")
 
 
+@pytest.mark.parametrize("params,others,cu,drafts,sampler_ok,want", [
+    (dict(temperature=0.0), {}, [0, 1], False, True, "M_GREEDY"),
+    (dict(temperature=0.0), {}, [0, 3], True, False, "M_GREEDY"),  # greedy: always its argmax
+    (dict(temperature=0.8, seed=5), {}, [0, 1], False, True, "M_SAMPLED"),
+    (dict(temperature=0.8), {}, [0, 1], False, True, "R_NO_SEED"),
+    (dict(temperature=0.8, seed=5, min_p=0.1), {}, [0, 1], False, True, "R_MASKED"),
+    (dict(temperature=0.8, seed=5), dict(top_k=5), [0, 1], False, True, "R_MASKED"),
+    (dict(temperature=0.8, seed=5), dict(top_p=0.9), [0, 1], False, True, "R_MASKED"),
+    (dict(temperature=0.8, seed=5), {}, [0, 1], True, True, "R_DRAFTS"),  # a neighbour drafts
+    (dict(temperature=0.8, seed=5), {}, [0, 3], True, True, "R_DRAFTS"),
+    (dict(temperature=0.8, seed=5), {}, [0, 1], False, False, "R_SAMPLER"),
+])
+def test_take_back_mode_per_row(params, others, cu, drafts, sampler_ok, want):
+    """How a row's forced end is taken back, from its ``SamplingParams`` and the step: greedy
+    always; sampled only with a seed, no top-k / top-p anywhere in the batch (vLLM applies them
+    to every row) nor min-p on the row, vLLM's plain sampler, no drafts in the step."""
+    import numpy as np
+    from vllm import SamplingParams
+
+    from workbook.hooks import guard_takeback
+
+    ss = guard_takeback.SlotSampling(4)
+    ss.stage(2, SamplingParams(**params))
+    ss.stage(0, SamplingParams(temperature=0.5, seed=1, **others))  # the neighbour row
+    slots = np.array([2, 0], dtype=np.int32)
+    cu2 = np.array(cu + [cu[-1] + 1])
+    got = guard_takeback.modes(ss, slots, slots.copy(), cu2, drafts, sampler_ok)
+    assert int(got[0]) == getattr(guard, want), (got, want)
+    if got[0] >= guard.R_NO_SEED:
+        assert guard_takeback.reason_text(got[0]).startswith("not taken back: ")
+        assert "reason code" not in guard_takeback.reason_text(got[0])
+
+
 @pytest.mark.parametrize("history,expected", [
     ([5, 1, 0, 0], 2),  # two reasoning tokens after <think>
     ([5, 1], 0),
