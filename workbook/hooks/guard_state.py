@@ -401,7 +401,9 @@ class GuardState:
         out = {"installed": INSTALL.installed(), "enabled": bool(self.enabled),
                "guarded_steps": self.launches, "fixed_tokens": self.fixed_tokens,
                "taken_back_tokens": self.taken_back_tokens, "untaken_steps": self.untaken_steps,
-               "untaken_rows": self.untaken_rows, "untaken": list(self.untaken),
+               "untaken_rows": self.untaken_rows,
+               "untaken": list(self.untaken if max_records is None
+                               else self.untaken[:max_records]),
                "repaired_fields": self.repaired_fields,
                "repaired_requests": sorted({r["req_id"] for r in recs if r["req_id"]}),
                "repairs": recs if max_records is None else recs[:max_records],
