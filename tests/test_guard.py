@@ -358,6 +358,14 @@ def test_kernel_takes_back_a_sampled_row_with_vllms_own_draw(markers):
     pos = torch.tensor([len(hist) + i for i in range(n)], dtype=torch.int64, device=dev)
     processed = forced.to(dev)
     apply_temperature(processed, idx, temp_t)  # in place, as Sampler does after apply
+    try:
+        gumbel_sample(processed[:1], idx[:1], temp_t, seed_t, pos[:1], apply_temperature=False,
+                      is_drafting=False)
+    except Exception as e:  # noqa: BLE001  (the oracle itself cannot run here)
+        import vllm
+
+        pytest.skip(f"vLLM {vllm.__version__}'s own gumbel_sample does not run on {dev} "
+                    f"here ({type(e).__name__}), so there is no oracle to compare with")
     drawn = gumbel_sample(processed, idx, temp_t, seed_t, pos, apply_temperature=False,
                           is_drafting=False).cpu().tolist()
     unforced = raw.clone().to(dev)
