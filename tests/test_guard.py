@@ -16,7 +16,7 @@ ngram, draft_model):
    vLLM losing the budget (H-c): tokens equal healthy vLLM's request by request, every repair
    reported (request, field, values found, the host's truth) — also through ``pipeline.run``
    into ``verdict.json["guard"]`` and ``trace/guard.parquet``;
-6. the host's twin of the kernel's walk (``guard._advance``) against the budget rule;
+6. the host's twin of the kernel's walk (``guard.advance``) against the budget rule;
 7. no engine: ``GuardState`` over a simulated batch whose echo lands a step late (async
    scheduling): the lagged step falls back to the replicas' majority, the host catches up.
 
@@ -858,7 +858,7 @@ def test_host_advance_matches_the_budget_rule(markers):
         hist = [rng.choice([0, 1, 2, 3, 4, 5, 6]) for _ in range(rng.randint(0, 8))]
         new = [rng.choice([0, 1, 2, 3, 4, 5, 6]) for _ in range(rng.randint(0, 6))]
         tail = ([-1] * tail_len + hist)[-tail_len:]
-        cnt, t = guard._advance(guard.reasoning_count(hist, m), tail, new, m, tail_len)
+        cnt, t = guard.advance(guard.reasoning_count(hist, m), tail, new, m, tail_len)
         assert cnt == guard.reasoning_count(hist + new, m), (hist, new)
         assert t == ([-1] * tail_len + hist + new)[-tail_len:]
 

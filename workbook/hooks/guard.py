@@ -84,7 +84,7 @@ Processing order, per engine step:
 4. host, after the launch: one non-blocking D2H copy of the echo (pinned buffer + event; on a
    CPU the kernel has already run, so it is absorbed at once). Absorbing an echo advances each
    budgeted slot's host count / tail over its kept tokens (numpy for rows without a marker
-   token, ``_advance`` — the kernel's walk on the host — for the others), adds the replaced
+   token, ``guard_state.advance`` — the kernel's walk on the host — for the others), adds the replaced
    tokens and repaired fields to the host counters, remembers which request each repaired row
    was (for the report), and warns once on vLLM's logger when device state was repaired.
 
@@ -143,7 +143,6 @@ from workbook.hooks.guard_state import (  # noqa: F401  (re-exported)
     ATTR, LOG_N, GuardState, advance, reasoning_count)
 from workbook.vllm.patching import PatchSet
 
-_advance = advance  # the name the tests knew
 _patch_set: PatchSet | None = None
 _sampling: "GuardState | None" = None  # the state whose runner's ``sample`` is running
 
