@@ -412,7 +412,7 @@ def _budget_guard_kernel(
         mode = tl.load(t_row + 4 + TAIL)
         mode = tl.where(current | (budget < 0), mode, 7)  # R_LAGGED
         lrow0 = tl.load(cu_ptr + req)
-        temp = 0.0
+        temp = tl.zeros([], tl.float32)
         if HAS_TEMP:
             temp = tl.load(temp_ptr + req).to(tl.float32)
         seed = tl.zeros([], tl.int64)
@@ -454,8 +454,9 @@ def _budget_guard_kernel(
                                    END_IDS, END_LEN, FORCED):
                         other = tok
                         if mode == 1:  # M_GREEDY
-                            other = _take_back(lrow_ptr, lpre_ptr, vocab, tok, 0.0, seed, 0,
-                                               False, False, END_IDS, END_LEN, FORCED, BLOCK_V)
+                            other = _take_back(lrow_ptr, lpre_ptr, vocab, tok, temp * 0.0, seed,
+                                               lrow, False, False, END_IDS, END_LEN, FORCED,
+                                               BLOCK_V)
                         elif SAMPLED:
                             if mode == 2:  # M_SAMPLED: vLLM's seeded draw on this row
                                 other = _take_back(lrow_ptr, lpre_ptr, vocab, tok, temp, seed,
