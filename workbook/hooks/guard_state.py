@@ -76,7 +76,7 @@ class _Pending:
 
     seq: int
     event: Any  # torch.cuda.Event, None when the echo is already on the host
-    echo: torch.Tensor | None  # [num_rows, 3 + K1] int32, host (pinned on CUDA)
+    echo: torch.Tensor | None  # [num_rows, E_TOKENS + K1] int32, host (pinned on CUDA)
     slots: np.ndarray  # [num_rows] the guard's slot of each batch row (-1: not guarded)
     req_ids: tuple  # [num_rows]
     lens: np.ndarray  # [num_rows] committed tokens before the step (host truth)
@@ -96,7 +96,7 @@ class GuardState:
     the kernel's working copy, checked against the host every guarded step; ``counters``
     int32 [2] (tokens replaced, log entries reserved); ``log`` int32 ``[LOG_N, LOG_W]``;
     ``fixed_rows`` int32 [max_num_reqs] (tokens replaced per batch row this step);
-    ``echo`` int32 [max_num_reqs, 3 + K1] (the step's echo, copied to the host).
+    ``echo`` int32 [max_num_reqs, E_TOKENS + K1] (the step's echo, copied to the host).
 
     ``budget`` / ``count`` / ``tail`` are replica 0's views.
     """
