@@ -16,7 +16,7 @@ ngram, draft_model):
    vLLM losing the budget (H-c): tokens equal healthy vLLM's request by request, every repair
    reported (request, field, values found, the host's truth) — also through ``pipeline.run``
    into ``verdict.json["guard"]`` and ``trace/guard.parquet``;
-6. the host's twin of the kernel's walk (``guard._advance``) against the budget rule;
+6. the host's twin of the kernel's walk (``guard.advance``) against the budget rule;
 7. no engine: ``GuardState`` over a simulated batch whose echo lands a step late (async
    scheduling): the lagged step falls back to the replicas' majority, the host catches up.
 
@@ -32,7 +32,7 @@ import random
 
 import pytest
 
-from workbook.hooks import faults, guard
+from workbook.hooks import faults, guard, guard_takeback
 from workbook.run import experiments, request
 from workbook.vllm import env as wb_env
 from workbook.vllm import patching
@@ -312,6 +312,129 @@ def test_kernel_takes_back_an_end_forced_where_not_due(markers, seed):
     assert forced_any > 0 and taken_any > 0, (forced_any, taken_any)
 
 
+@pytest.mark.parametrize("markers", ["qwen", "transition-phrase"])
+def test_kernel_takes_back_a_sampled_row_with_vllms_own_draw(markers):
+    """Sampled rows, no engine: vLLM's own sampler functions are the oracle. Each row is
+    processed as ``Sampler`` does (``ThinkingBudgetState``'s +1e9 at an end id where it is not
+    due, then vLLM's ``apply_temperature`` in place, then its seeded ``gumbel_sample``, which
+    draws the forced end); the guard must replace it by what ``gumbel_sample`` draws from the
+    same row without the forcing (same seed, position and temperature — temperatures 0.7, 1.0
+    and 1.6, seeds across the int64 range, the winner in any vocabulary block). Rows it may not
+    reproduce keep the end and say why (no seed; top-k / top-p / min-p; the rejection sampler);
+    a due end, and an end the row drew itself, stay."""
+    import torch
+
+    from vllm.v1.worker.gpu.sample.gumbel import apply_temperature, gumbel_sample
+
+    from workbook.hooks import guard_takeback
+    from workbook.hooks.guard_kernel import BLOCK_V
+
+    start, nat, end = MARKERS[markers]
+    m = Markers(start, end, nat)
+    dev = _device()
+    rng = random.Random(len(markers))
+    gen = torch.Generator().manual_seed(3)
+    vocab, n = 2 * BLOCK_V + 37, 10
+    temps = [0.7, 1.0, 1.6, 0.7, 1.0, 1.6, 0.9, 0.9, 1.2, 1.2]
+    seeds = [rng.randrange(-2**63, 2**63) for _ in range(n)]
+    modes = [guard.M_SAMPLED] * 6 + [guard.R_NO_SEED, guard.R_MASKED, guard.R_DRAFTS,
+                                     guard.M_SAMPLED]
+    hist = [4, 4] + start + [0, 0]
+    budgets = [None, None, 9, None, 9, None, None, 9, None, 0]  # row 9: due (count 2 >= 0)
+    own_end = {5}  # the row drew the end itself (its end column high, no forcing)
+    raw = torch.randn((n, vocab), generator=gen) * 2
+    for i in range(0, n, 2):  # even rows: a clear winner in block 0, 1 or 2; odd: the noise's
+        raw[i, ((i // 2) % 3) * BLOCK_V + rng.randrange(0, 30)] += 30.0
+    raw[5, end[0]] = 80.0
+    pre = raw[:, list(end)].clone()
+    forced = raw.clone()
+    for i in range(n):
+        if i not in own_end:
+            forced[i, end[0]] = 1e9  # the budget's forcing, due (row 9) or not
+    slots = list(range(n))
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
+    idx, temp_t = i32(slots), torch.tensor(temps, dtype=torch.float32, device=dev)
+    seed_t = torch.tensor(seeds, dtype=torch.int64, device=dev)
+    pos = torch.tensor([len(hist) + i for i in range(n)], dtype=torch.int64, device=dev)
+    processed = forced.to(dev)
+    apply_temperature(processed, idx, temp_t)  # in place, as Sampler does after apply
+    try:
+        gumbel_sample(processed[:1], idx[:1], temp_t, seed_t, pos[:1], apply_temperature=False,
+                      is_drafting=False)
+    except Exception as e:  # noqa: BLE001  (the oracle itself cannot run here)
+        import vllm
+
+        pytest.skip(f"vLLM {vllm.__version__}'s own gumbel_sample does not run on {dev} "
+                    f"here ({type(e).__name__}), so there is no oracle to compare with")
+    drawn = gumbel_sample(processed, idx, temp_t, seed_t, pos, apply_temperature=False,
+                          is_drafting=False).cpu().tolist()
+    unforced = raw.clone().to(dev)
+    apply_temperature(unforced, idx, temp_t)
+    want_draw = gumbel_sample(unforced, idx, temp_t, seed_t, pos, apply_temperature=False,
+                              is_drafting=False).cpu().tolist()
+    assert drawn[:5] == [end[0]] * 5 and drawn[5] == end[0]
+    assert len({w // BLOCK_V for w in want_draw}) == 3  # winners in every block
+    assert any(w != int(a) for w, a in zip(want_draw, unforced.argmax(-1).cpu()))  # not argmax
+    budget = torch.tensor([-1 if b is None else b for b in budgets], dtype=torch.int32)
+    count = torch.tensor([-1 if b is None else guard.reasoning_count(hist, m) for b in budgets],
+                         dtype=torch.int32)
+    tail_len = max(len(start) - 1, len(nat) - 1, len(end) - 1, 1)
+    tail = torch.tensor([([-1] * tail_len + hist)[-tail_len:]] * n, dtype=torch.int32)
+    sampled = torch.tensor(drawn, dtype=torch.int64)[:, None]
+    ns, nr = torch.ones(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32)
+    ts = [t.to(dev) for t in (sampled, ns, nr, budget, count, tail,
+                              torch.zeros(n, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))]
+    tb = guard.TakeBack(processed, pre.to(dev), i32(list(range(n + 1))), temp=temp_t,
+                        seed=seed_t, pos=pos)
+    out = guard.launch_guard_kernel(ts[0], ts[1], ts[2], idx, *ts[3:], i32(start), i32(nat),
+                                    i32(end), take_back=tb, mode=i32(modes))
+    got, echo = ts[0].cpu()[:, 0].tolist(), out["echo"].cpu()
+    for i in range(n):
+        if modes[i] == guard.M_SAMPLED and i not in own_end and i != 9:
+            assert got[i] == want_draw[i] != end[0], (i, got[i], want_draw[i])
+            assert int(echo[i, guard.E_TAKEN]) == 1 and int(echo[i, guard.E_UNTAKEN]) == 0
+        else:  # kept: its own end, a due end, or a draw the guard does not reproduce
+            assert got[i] == drawn[i] == end[0], i
+            assert int(echo[i, guard.E_TAKEN]) == 0
+            why = int(echo[i, guard.E_UNTAKEN])
+            assert why == (modes[i] if i in (6, 7, 8) else 0), (i, why)
+            if why:
+                assert guard_takeback.reason_text(why).startswith("not taken back: ")
+
+
+@pytest.mark.parametrize("params,others,cu,drafts,sampler_ok,want", [
+    (dict(temperature=0.0), {}, [0, 1], False, True, "M_GREEDY"),
+    (dict(temperature=0.0), {}, [0, 3], True, False, "M_GREEDY"),  # greedy: always its argmax
+    (dict(temperature=0.8, seed=5), {}, [0, 1], False, True, "M_SAMPLED"),
+    (dict(temperature=0.8), {}, [0, 1], False, True, "R_NO_SEED"),
+    (dict(temperature=0.8, seed=5, min_p=0.1), {}, [0, 1], False, True, "R_MASKED"),
+    (dict(temperature=0.8, seed=5), dict(top_k=5), [0, 1], False, True, "R_MASKED"),
+    (dict(temperature=0.8, seed=5), dict(top_p=0.9), [0, 1], False, True, "R_MASKED"),
+    (dict(temperature=0.8, seed=5), {}, [0, 1], True, True, "R_DRAFTS"),  # a neighbour drafts
+    (dict(temperature=0.8, seed=5), {}, [0, 3], True, True, "R_DRAFTS"),
+    (dict(temperature=0.8, seed=5), {}, [0, 1], False, False, "R_SAMPLER"),
+])
+def test_take_back_mode_per_row(params, others, cu, drafts, sampler_ok, want):
+    """How a row's forced end is taken back, from its ``SamplingParams`` and the step: greedy
+    always; sampled only with a seed, no top-k / top-p anywhere in the batch (vLLM applies them
+    to every row) nor min-p on the row, vLLM's plain sampler, no drafts in the step."""
+    import numpy as np
+    from vllm import SamplingParams
+
+    from workbook.hooks import guard_takeback
+
+    ss = guard_takeback.SlotSampling(4)
+    ss.stage(2, SamplingParams(**params))
+    ss.stage(0, SamplingParams(temperature=0.5, seed=1, **others))  # the neighbour row
+    slots = np.array([2, 0], dtype=np.int32)
+    cu2 = np.array(cu + [cu[-1] + 1])
+    got = guard_takeback.modes(ss, slots, slots.copy(), cu2, drafts, sampler_ok)
+    assert int(got[0]) == getattr(guard, want), (got, want)
+    if got[0] >= guard.R_NO_SEED:
+        assert guard_takeback.reason_text(got[0]).startswith("not taken back: ")
+        assert "reason code" not in guard_takeback.reason_text(got[0])
+
+
 @pytest.mark.parametrize("history,expected", [
     ([5, 1, 0, 0], 2),  # two reasoning tokens after <think>
     ([5, 1], 0),
@@ -425,6 +548,64 @@ def _guard_takes_back_the_forced_end(eng, fault):
     assert rep["taken_back_tokens"] > 0 and rep["untaken_steps"] == 0
     assert rep["fixed_tokens"] == rep["taken_back_tokens"] == on.guard_fixed  # all taken back
     assert rep["repaired_fields"] == 0
+
+
+SAMPLED = dict(temperature=0.8, seed=1234)  # a sampled request with a seed (vLLM: reproducible)
+SAMPLED_FAULTS = {"none": ("H-d-unbudgeted", "H-d-twice"), "mtp": ("H-d-unbudgeted",)}
+SAMPLED_MAX_TOKENS = 8
+
+
+def test_guard_takes_back_sampled_ends_with_vllms_draw(engines):
+    """Temperature > 0 with a request seed, the mixed batch, zeroed lm_head. Without drafts
+    (spec_method none: vLLM's ``Sampler``) H-d-unbudgeted and H-d-twice force ends where none
+    is due, and with the guard every request's tokens are healthy vLLM's, each forced end
+    taken back with vLLM's own seeded draw. With MTP, vLLM's rejection sampler draws the
+    decode steps: the guard does not reproduce that draw, so it replaces only what the plain
+    sampler drew (the first token) and reports every other such row "not taken back: the
+    rejection sampler drew it" (H-d-early forces draft rows only, which a uniform target —
+    zeroed lm_head, temperature > 0 — never reaches: not run here). On healthy vLLM the guard
+    takes back nothing and reports nothing left."""
+    drafts = "not taken back: " + guard_takeback.REASONS[guard.R_DRAFTS]
+    for method, fault_names in SAMPLED_FAULTS.items():
+        eng = engines(spec_method=method, num_spec_tokens=4, max_num_seqs=16) \
+            if method != "none" else engines(spec_method="none", max_num_seqs=16)
+
+        def run():
+            with request.zeroed_lm_head(eng):
+                return request.run_budgets(eng, MIXED_BUDGETS, max_tokens=SAMPLED_MAX_TOKENS,
+                                           **SAMPLED)
+
+        ref = run()
+        if method == "none":
+            with guard.enabled():
+                healthy = run()
+                rep = guard.report(eng.runner)
+            assert [o.token_ids for o in healthy] == [o.token_ids for o in ref]
+            assert rep["guarded_steps"] > 0 and rep["fixed_tokens"] == rep["untaken_rows"] == 0
+        for fault in fault_names:
+            handle = faults.inject(fault, engine=eng)
+            try:
+                off = run()
+                guard.install()
+                on = run()
+                rep = guard.report(eng.runner)
+            finally:
+                guard.remove()
+                handle.remove()
+            seen = [o.token_ids for o in off] != [o.token_ids for o in ref]
+            equal = sum(a.token_ids == b.token_ids for a, b in zip(on, ref))
+            print(f"{method} {fault} T={SAMPLED['temperature']}: fault changed tokens {seen}; "
+                  f"with the guard {equal}/{len(ref)} requests equal healthy; taken back "
+                  f"{rep['taken_back_tokens']}, not taken back {rep['untaken_rows']}")
+            assert rep["taken_back_tokens"] == rep["fixed_tokens"], (fault, rep)  # no guess
+            assert seen, fault  # the fault is real: vLLM alone changed the tokens
+            if method == "none":
+                assert equal == len(ref), fault
+                assert rep["untaken_rows"] == 0 and rep["untaken_steps"] == 0, (fault, rep)
+                assert rep["taken_back_tokens"] > 0, (fault, rep)
+            else:  # the rejection sampler's draw: kept, and said so
+                assert rep["untaken_rows"] > 0, (fault, rep)
+                assert {u["reason"] for u in rep["untaken"]} == {drafts}, rep["untaken"]
 
 
 def test_guard_state_reset_on_reinstall(live_engine):
@@ -543,7 +724,7 @@ class _GuardStateWriter:
 
         def sample(runner, *a, **k):
             st = runner.__dict__.get(guard.ATTR)
-            if st is not None and st.generation == guard._generation:
+            if st is not None and st.generation == guard.generation():
                 writer.calls += 1
                 if writer.every or writer.calls == writer.at_call:
                     writer.write(st, writer.start_id)
@@ -679,7 +860,7 @@ def test_host_advance_matches_the_budget_rule(markers):
         hist = [rng.choice([0, 1, 2, 3, 4, 5, 6]) for _ in range(rng.randint(0, 8))]
         new = [rng.choice([0, 1, 2, 3, 4, 5, 6]) for _ in range(rng.randint(0, 6))]
         tail = ([-1] * tail_len + hist)[-tail_len:]
-        cnt, t = guard._advance(guard.reasoning_count(hist, m), tail, new, m, tail_len)
+        cnt, t = guard.advance(guard.reasoning_count(hist, m), tail, new, m, tail_len)
         assert cnt == guard.reasoning_count(hist + new, m), (hist, new)
         assert t == ([-1] * tail_len + hist + new)[-tail_len:]
 

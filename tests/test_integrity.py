@@ -80,8 +80,8 @@ def test_guard_kernel_checks_its_replicas_against_the_host(replicas):
     assert [r[:4] for r in log[:2].tolist()] == [[7, 0, 2, 0], [7, 0, 2, 1]]  # step|row|slot|field
     assert log[0, 4:].tolist() == [0 if k in replicas else 3 for k in range(3)] + [3, 1]
     assert log[1, 4:].tolist() == [0 if k in replicas else 2 for k in range(3)] + [2, 1]
-    assert echo[0].tolist() == [2, 1, 2, 0, 0, 3, -1]  # kept, replaced, repaired, taken back,
-    # tokens
+    assert echo[0].tolist() == [2, 1, 2, 0, 0, 0, 3, -1]  # kept, replaced, repaired, taken
+    # back, not taken back (reason), tokens
     views = [[v[2].tolist() for v in guard._replica_views(r, n, tail)] for r in reps]
     assert views[0] == views[1] == views[2] == [3, -1, [3]]
 

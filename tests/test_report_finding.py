@@ -336,6 +336,11 @@ def test_workbook_run_prints_the_finding(tmp_path, capsys):
             "from host) over 9 guarded steps"),
     (GUARD_IDLE, "the guard changed nothing: 9 guarded steps, no token replaced, no field of "
                  "its own state repaired"),
+    ({**GUARD_IDLE, "untaken_rows": 3, "untaken": [
+        {"req_id": "r2", "reason": "not taken back: the request has no seed"}]},
+     "the guard changed nothing: 9 guarded steps, no token replaced, no field of its own state "
+     "repaired; 3 rows kept an end forced where none was due (first: request r2, not taken "
+     "back: the request has no seed)"),
     ({**GUARD, "fixed_tokens": 0, "repairs_dropped": 198, "repaired_fields": 200},
      "the guard fixed 0 tokens, repaired 200 fields of its own state (budget ×1, tail ×1; in "
      "request r0; first at guard step 3, slot 0: budget found [0, 0, 0], truth 1 from host; "

@@ -9,9 +9,10 @@ host's truth row, repaired and logged; (b) a row without a budget returns untouc
 the step's logits came with the launch (``TakeBack``); (c) the sampled tokens walked with the
 truth's budget and count, the due end token forced at the first binding position — or, where
 none is due, an end the forcing put there (its column >= 1e8, below before the forcing) taken
-back in a greedy row: the argmax of the row without the forcing (``_take_back``, a vocabulary
-scan only in such a row) — ``num_sampled`` / ``num_rejected`` fixed; (d) count and tail
-advanced into the replicas; (e) the echo row written.
+back with the row's own draw without the forcing (``_take_back``, a vocabulary scan only in
+such a row): greedy, its argmax; sampled, vLLM's own seeded Gumbel draw (``gumbel_argmax``,
+called) — or kept with a reason code where that draw is not reproduced — ``num_sampled`` /
+``num_rejected`` fixed; (d) count and tail advanced into the replicas; (e) the echo row.
 
 The kernel is the device twin of ``workbook.core.budget``'s rule (tested against vLLM's own
 forcing kernel and the rule in ``tests/test_guard.py``). Not here: anything on the host.
@@ -27,10 +28,16 @@ from workbook.core import budget
 
 # the truth row of one batch row: slot | budget | count | current | tail[TAIL]
 T_SLOT, T_BUDGET, T_COUNT, T_CURRENT, T_TAIL = 0, 1, 2, 3, 4
-# the echo row of one batch row: kept | replaced | repaired | taken back | kept tokens (-1
-# padded); "replaced" counts every token the guard wrote, "taken back" those of them that
-# replaced an end forced where it was not due
-E_KEPT, E_FIXED, E_REPAIRED, E_TAKEN, E_TOKENS = 0, 1, 2, 3, 4
+# the echo row of one batch row: kept | replaced | repaired | taken back | not taken back |
+# kept tokens (-1 padded); "replaced" counts every token the guard wrote, "taken back" those of
+# them that replaced an end forced where it was not due, "not taken back" the reason code
+# (``R_*``, 0: none) of the first such end the row kept because its draw is not reproduced
+E_KEPT, E_FIXED, E_REPAIRED, E_TAKEN, E_UNTAKEN, E_TOKENS = 0, 1, 2, 3, 4, 5
+# the take-back column of a truth row (``T_TAIL + TAIL``): how an end forced where it was not
+# due is taken back — the row's own draw without the forcing, greedy (its argmax) or sampled
+# (vLLM's seeded Gumbel draw, same seed / position / temperature) — or why it is not (``R_*``)
+M_GREEDY, M_SAMPLED = 1, 2
+R_NO_SEED, R_MASKED, R_DRAFTS, R_SAMPLER, R_LAGGED = 3, 4, 5, 6, 7
 FORCED_LOGIT = budget.FORCED_LOGIT  # a logit at or above it was set by a forcing bias
 BLOCK_V = 1024  # vocabulary block of the take-back's argmax
 # a device repair-log entry: seq | row | slot | field | found x3 | truth | truth from host
@@ -61,7 +68,7 @@ def launch(sampled, num_sampled, num_rejected, truth, replicas, max_num_reqs: in
            take_back: "TakeBack | None" = None) -> None:
     """One program per row of ``sampled`` ([num_rows, k+1]); see the module docstring.
     ``truth``: int32 [num_rows, 4 + tail_len] (``T_*`` columns; with ``take_back`` one more,
-    ``T_TAIL + tail_len``: 1 where the row's request is greedy); ``replicas``: three flat int32
+    ``T_TAIL + tail_len``: the row's take-back mode, ``M_*`` or a reason ``R_*``); ``replicas``: three flat int32
     tensors (``_new_replica`` layout); ``counters`` int32 [2]; ``log`` int32 [LOG_N, LOG_W];
     ``echo`` int32 [num_rows, >= E_TOKENS + k+1]; ``markers``: a ``budget.Markers`` (its ids
     become ``tl.constexpr`` tuples); ``take_back``: the step's processed logits and the end
@@ -79,39 +86,51 @@ def launch(sampled, num_sampled, num_rejected, truth, replicas, max_num_reqs: in
         raise ValueError(f"take_back.pre has {tb.pre.shape[1]} columns, the end ids {len(end)}")
     logits, pre, cu = (tb.logits, tb.pre, tb.cu_num_logits) if tb is not None else \
         (echo, echo, truth)  # not read: TAKE_BACK is off
+    sampled_tb = tb is not None and tb.seed is not None
+    temp = tb.temp if tb is not None and tb.temp is not None else echo  # not read without
+    seed, pos = (tb.seed, tb.pos) if sampled_tb else (echo, echo)  # not read: SAMPLED off
     _budget_guard_kernel[(int(sampled.shape[0]),)](
         sampled, sampled.stride(0), k1, num_sampled, num_rejected, truth, truth.stride(0),
         r0, r1, r2, max_num_reqs, fixed_rows, counters, log, log.shape[0], echo,
-        echo.stride(0), seq, logits, logits.stride(0), int(logits.shape[1]), pre, cu,
+        echo.stride(0), seq, logits, logits.stride(0), int(logits.shape[1]), pre, cu, temp,
+        seed, pos,
         START_IDS=start, NAT_END_IDS=nat, END_IDS=end,
         START_LEN=len(start), NAT_END_LEN=len(nat), END_LEN=len(end), TAIL=tail_len,
         TAIL_P2=max(2, triton.next_power_of_2(tail_len)),
         K1_P2=max(2, triton.next_power_of_2(k1)), LOG_W=log.shape[1],
-        TAKE_BACK=tb is not None, FORCED=FORCED_LOGIT, BLOCK_V=BLOCK_V, num_warps=1)
+        TAKE_BACK=tb is not None, HAS_TEMP=tb is not None and tb.temp is not None,
+        SAMPLED=sampled_tb, USE_FP64=bool(tb is not None and tb.use_fp64),
+        FORCED=FORCED_LOGIT, BLOCK_V=BLOCK_V, num_warps=1)
 
 
 class TakeBack:
     """What the kernel needs to take back an end forced where it was not due: ``logits``, the
     processed logits rows the step sampled from ([num_logits, vocab], the tensor
-    ``ThinkingBudgetState.apply`` biased); ``pre``, float32 [num_logits, len(end ids)], the
-    values of the end-id columns before the budget's forcing; ``cu_num_logits`` int32
-    [num_rows + 1], the first logits row of each batch row (position j of row i is logits row
-    ``cu_num_logits[i] + j``)."""
+    ``ThinkingBudgetState.apply`` biased, divided in place by the row's temperature after it);
+    ``pre``, float32 [num_logits, len(end ids)], the values of the end-id columns before the
+    budget's forcing; ``cu_num_logits`` int32 [num_rows + 1], the first logits row of each batch
+    row (position j of row i is logits row ``cu_num_logits[i] + j``). For sampled rows:
+    ``temp`` float32 [num_rows] (the request's temperature, 0 greedy), ``seed`` int64
+    [num_rows] (its ``SamplingParams.seed``), ``pos`` int64 [num_logits] (the position each
+    logits row samples, as vLLM's sampler reads it) and ``use_fp64`` (the sampler's Gumbel
+    precision); ``seed`` None: no sampled row is taken back (``temp`` None: every row greedy)."""
 
-    __slots__ = ("logits", "pre", "cu_num_logits")
+    __slots__ = ("logits", "pre", "cu_num_logits", "temp", "seed", "pos", "use_fp64")
 
-    def __init__(self, logits, pre, cu_num_logits):
+    def __init__(self, logits, pre, cu_num_logits, temp=None, seed=None, pos=None,
+                 use_fp64=False):
         self.logits, self.pre, self.cu_num_logits = logits, pre, cu_num_logits
+        self.temp, self.seed, self.pos, self.use_fp64 = temp, seed, pos, use_fp64
 
 
 def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget, count, tail,
                         fixed_rows, fixed_total, start_ids, natural_end_ids, end_ids,
-                        take_back: "TakeBack | None" = None, greedy=None) -> dict:
+                        take_back: "TakeBack | None" = None, greedy=None, mode=None) -> dict:
     """``launch`` with the host truth taken from separate per-slot ``budget`` [n] /
     ``count`` [n] / ``tail`` [n, TAIL] tensors and ``idx_mapping`` [num_rows] (row → slot,
     -1 padding), three replicas made from them (so nothing needs repair): tests and benchmarks;
     the engine path is ``GuardState.enforce``. ``take_back`` with ``greedy`` ([num_rows], 1:
-    greedy row): see ``launch``. Updates ``count`` / ``tail`` and adds to ``fixed_total`` [1];
+    greedy row, else ``R_NO_SEED``) or ``mode`` ([num_rows], ``M_*`` / ``R_*``): see ``launch``. Updates ``count`` / ``tail`` and adds to ``fixed_total`` [1];
     returns the echo and the repair counter."""
     n, tail_len = budget.shape[0], tail.shape[1]
     dev = budget.device
@@ -125,7 +144,7 @@ def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget,
                        count[sc].to(torch.int32)[:, None],
                        torch.ones_like(idx_mapping, dtype=torch.int32)[:, None],
                        tail[sc].to(torch.int32)]
-                      + ([torch.as_tensor(greedy, device=dev).to(torch.int32)[:, None]]
+                      + ([_modes(greedy, mode, dev)[:, None]]
                          if take_back is not None else []), dim=1).contiguous()
     counters = torch.zeros(2, dtype=torch.int32, device=dev)
     log = torch.zeros((16, LOG_W), dtype=torch.int32, device=dev)
@@ -138,6 +157,13 @@ def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget,
     count.copy_(c)
     tail.copy_(t)
     return {"echo": echo, "repairs": counters[1:2]}
+
+
+def _modes(greedy, mode, dev) -> torch.Tensor:
+    if mode is not None:
+        return torch.as_tensor(mode, device=dev).to(torch.int32)
+    g = torch.as_tensor(greedy, device=dev).to(torch.int32)
+    return torch.where(g != 0, M_GREEDY, R_NO_SEED).to(torch.int32)
 
 
 def budget_markers(start, end, natural_end) -> budget.Markers:
@@ -157,7 +183,8 @@ _jitted = False
 
 
 def _jit() -> None:
-    global tl, _hist, _vote, _check, _take_back, _budget_guard_kernel, _jitted
+    global tl, _hist, _vote, _check, _forced_end, _take_back, _budget_guard_kernel, _jitted
+    global _gumbel_argmax
     if _jitted:
         return
     from vllm.triton_utils import HAS_TRITON, tl as _tl, triton
@@ -170,7 +197,9 @@ def _jit() -> None:
     _hist = triton.jit(_hist)
     _vote = triton.jit(_vote)
     _check = triton.jit(_check)
+    _forced_end = triton.jit(_forced_end)
     _take_back = triton.jit(_take_back)
+    _gumbel_argmax = gumbel_argmax()
     _budget_guard_kernel = triton.jit(_budget_guard_kernel)
     _jitted = True
 
@@ -218,35 +247,66 @@ def _check(rep0_ptr, rep1_ptr, rep2_ptr, off, truth, from_host, counters_ptr, lo
     return bad.to(tl.int32)
 
 
-def _take_back(lrow_ptr, pre_ptr, vocab, tok, END_IDS: tl.constexpr, END_LEN: tl.constexpr,
-               FORCED: tl.constexpr, BLOCK_V: tl.constexpr):
-    # ``tok`` at a row where the end is not due: when it is an end id whose column the
-    # forcing raised (>= FORCED now, < FORCED before the budget's apply), the argmax of the
-    # row with every such column back at its value before the forcing (ties: the lowest
-    # column, as vLLM's greedy sampler); else ``tok``. One load per end id unless forced.
+def gumbel_argmax():
+    """vLLM's own seeded Gumbel draw over one vocabulary block (``gumbel_noised_argmax`` of
+    ``vllm.v1.worker.gpu.sample.gumbel``: the function its sampler's kernel calls per block,
+    0.29 and 0.32 alike), or None where this vLLM has none (then no sampled row is taken back:
+    ``R_SAMPLER``). Called, never copied: the take-back's draw is vLLM's draw."""
+    try:
+        from vllm.v1.worker.gpu.sample.gumbel import gumbel_noised_argmax
+    except ImportError:
+        return None
+    return gumbel_noised_argmax
+
+
+_gumbel_argmax: Any = None
+
+
+def _forced_end(lrow_ptr, pre_ptr, tok, scale, END_IDS: tl.constexpr, END_LEN: tl.constexpr,
+                FORCED: tl.constexpr):
+    # ``tok`` is an end id whose column the forcing raised: >= FORCED now (times ``scale``, the
+    # temperature the row was divided by since, 1 for greedy), < FORCED before the budget's apply
     forced = tok != tok
     for q in tl.static_range(0, END_LEN):
-        raised = (tl.load(lrow_ptr + END_IDS[q]).to(tl.float32) >= FORCED) & \
+        raised = (tl.load(lrow_ptr + END_IDS[q]).to(tl.float32) * scale >= FORCED) & \
             (tl.load(pre_ptr + q) < FORCED)
         forced = forced | ((tok == END_IDS[q]) & raised)
-    out = tok
-    if forced:
-        best_v = tl.full([], float("-inf"), tl.float32)
-        best_i = tok * 0
-        for v0 in range(0, vocab, BLOCK_V):
-            cols = v0 + tl.arange(0, BLOCK_V)
-            x = tl.load(lrow_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-            for q in tl.static_range(0, END_LEN):
-                pre = tl.load(pre_ptr + q)
-                raised = (tl.load(lrow_ptr + END_IDS[q]).to(tl.float32) >= FORCED) & \
-                    (pre < FORCED)
-                x = tl.where(cols == END_IDS[q], tl.where(raised, pre, x), x)
+    return forced
+
+
+def _take_back(lrow_ptr, pre_ptr, vocab, tok, temp, seed, pos, SAMPLED: tl.constexpr,
+               USE_FP64: tl.constexpr, END_IDS: tl.constexpr, END_LEN: tl.constexpr,
+               FORCED: tl.constexpr, BLOCK_V: tl.constexpr):
+    # The row's own draw with every raised end column back at its value before the forcing
+    # (divided by ``temp`` as vLLM's temperature kernel did, for a sampled row): greedy, its
+    # argmax (ties: the lowest column, as vLLM's greedy sampler); ``SAMPLED`` (temp > 0),
+    # vLLM's seeded Gumbel draw per block of BLOCK_V (= vLLM's block), the first best block
+    # winning (vLLM's ``argmax`` over the block maxima).
+    best_v = tl.full([], float("-inf"), tl.float32)
+    if USE_FP64:
+        best_v = best_v.to(tl.float64)
+    best_i = tok * 0
+    scale = tl.where(temp > 0.0, temp, 1.0)
+    for v0 in range(0, vocab, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        mask = cols < vocab
+        x = tl.load(lrow_ptr + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        for q in tl.static_range(0, END_LEN):
+            pre = tl.load(pre_ptr + q)
+            raised = (tl.load(lrow_ptr + END_IDS[q]).to(tl.float32) * scale >= FORCED) & \
+                (pre < FORCED)
+            # vLLM's temperature kernel divides (and skips 0 and 1.0)
+            back = tl.where((temp > 0.0) & (temp != 1.0), pre / scale, pre)
+            x = tl.where(cols == END_IDS[q], tl.where(raised, back, x), x)
+        if SAMPLED:
+            bv, bi = _gumbel_argmax(x, cols, mask, seed, pos, temp, IS_DRAFTING=False,
+                                    USE_FP64=USE_FP64, APPLY_TEMPERATURE=False)
+        else:
             bv, bi = tl.max(x, axis=0, return_indices=True)
-            take = bv > best_v
-            best_i = tl.where(take, (v0 + bi).to(tl.int32), best_i)
-            best_v = tl.where(take, bv, best_v)
-        out = best_i
-    return out
+        take = bv > best_v
+        best_i = tl.where(take, (v0 + bi).to(tl.int32), best_i)
+        best_v = tl.where(take, bv, best_v)
+    return best_i
 
 
 def _budget_guard_kernel(
@@ -265,7 +325,8 @@ def _budget_guard_kernel(
     counters_ptr,  # [2] int32: tokens replaced, repair-log entries reserved
     log_ptr,  # [log_n, LOG_W] int32 repair log
     log_n,
-    echo_ptr,  # [num_rows, >= 3 + k1] int32: kept | replaced | repaired | kept tokens
+    echo_ptr,  # [num_rows, >= E_TOKENS + k1] int32: kept | replaced | repaired | taken back |
+    # not taken back (reason) | kept tokens
     echo_stride,
     seq,  # the guard's launch counter (logged with each repair)
     logits_ptr,  # TAKE_BACK: [num_logits, vocab] the processed logits the step sampled from
@@ -273,6 +334,9 @@ def _budget_guard_kernel(
     vocab,
     pre_ptr,  # TAKE_BACK: [num_logits, END_LEN] float32, the end columns before the forcing
     cu_ptr,  # TAKE_BACK: [num_rows + 1] int32, first logits row of each batch row
+    temp_ptr,  # HAS_TEMP: [num_rows] float32, the request's temperature (0: greedy)
+    seed_ptr,  # SAMPLED: [num_rows] int64, the request's SamplingParams.seed
+    pos_ptr,  # SAMPLED: [num_logits] int64, the position each logits row samples
     START_IDS: tl.constexpr,  # marker ids: compile-time constants, not device memory
     NAT_END_IDS: tl.constexpr,
     END_IDS: tl.constexpr,
@@ -283,7 +347,10 @@ def _budget_guard_kernel(
     TAIL_P2: tl.constexpr,
     K1_P2: tl.constexpr,
     LOG_W: tl.constexpr,
-    TAKE_BACK: tl.constexpr,  # take back an end forced where it was not due (greedy rows)
+    TAKE_BACK: tl.constexpr,  # take back an end forced where it was not due
+    HAS_TEMP: tl.constexpr,  # temp_ptr is given (else every row greedy)
+    SAMPLED: tl.constexpr,  # some row is sampled and takeable: seed_ptr / pos_ptr are given
+    USE_FP64: tl.constexpr,  # the sampler's Gumbel precision
     FORCED: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -294,8 +361,9 @@ def _budget_guard_kernel(
     tl.store(echo_row + 1, 0)
     tl.store(echo_row + 2, 0)
     tl.store(echo_row + 3, 0)
+    tl.store(echo_row + 4, 0)
     koffs = tl.arange(0, K1_P2)
-    tl.store(echo_row + 4 + koffs, tl.full([K1_P2], -1, tl.int32), mask=koffs < k1)
+    tl.store(echo_row + 5 + koffs, tl.full([K1_P2], -1, tl.int32), mask=koffs < k1)
     t_row = truth_ptr + req * truth_stride
     slot = tl.load(t_row + 0)
     if slot < 0:
@@ -337,9 +405,19 @@ def _budget_guard_kernel(
     kept = n
     nfixed = n * 0
     ntaken = n * 0
+    untaken = n * 0
     if TAKE_BACK:
-        may_take = (tl.load(t_row + 4 + TAIL) != 0) & (current | (budget < 0))  # greedy
+        # the row's take-back mode; a lagged row's count is the replicas': never trusted to
+        # take back
+        mode = tl.load(t_row + 4 + TAIL)
+        mode = tl.where(current | (budget < 0), mode, 7)  # R_LAGGED
         lrow0 = tl.load(cu_ptr + req)
+        temp = tl.zeros([], tl.float32)
+        if HAS_TEMP:
+            temp = tl.load(temp_ptr + req).to(tl.float32)
+        seed = tl.zeros([], tl.int64)
+        if SAMPLED:
+            seed = tl.load(seed_ptr + req).to(tl.int64)
     last = n * 0 - 1
     for j in range(0, n):
         if j < kept:
@@ -362,23 +440,40 @@ def _budget_guard_kernel(
                     kept = j + 1
                     nfixed = nfixed + 1
             elif TAKE_BACK:
-                # not due: an end the forcing put here is taken back — in a greedy row whose
-                # truth is the host's (a lagged row's count is the replicas': never trusted to
-                # take back); only an end id is looked at
+                # not due: an end the forcing put here is taken back with the row's own draw
+                # without the forcing (``mode``), or kept with the reason; only an end id is
+                # looked at
                 is_end = tok != tok
                 for q in tl.static_range(0, END_LEN):
                     is_end = is_end | (tok == END_IDS[q])
-                if is_end & may_take:
-                    lrow = lrow0 + j
-                    other = _take_back(logits_ptr + lrow.to(tl.int64) * logits_stride,
-                                       pre_ptr + lrow.to(tl.int64) * END_LEN, vocab, tok,
-                                       END_IDS, END_LEN, FORCED, BLOCK_V)
-                    if other != tok:
-                        tl.store(row_ptr + j, other.to(sampled_ptr.dtype.element_ty))
-                        tok = other
-                        kept = j + 1
-                        nfixed = nfixed + 1
-                        ntaken = ntaken + 1
+                if is_end:
+                    lrow = (lrow0 + j).to(tl.int64)
+                    lrow_ptr = logits_ptr + lrow * logits_stride
+                    lpre_ptr = pre_ptr + lrow * END_LEN
+                    if _forced_end(lrow_ptr, lpre_ptr, tok, tl.where(temp > 0.0, temp, 1.0),
+                                   END_IDS, END_LEN, FORCED):
+                        other = tok
+                        if mode == 1:  # M_GREEDY
+                            other = _take_back(lrow_ptr, lpre_ptr, vocab, tok, temp * 0.0, seed,
+                                               lrow, False, False, END_IDS, END_LEN, FORCED,
+                                               BLOCK_V)
+                        elif SAMPLED:
+                            if mode == 2:  # M_SAMPLED: vLLM's seeded draw on this row
+                                other = _take_back(lrow_ptr, lpre_ptr, vocab, tok, temp, seed,
+                                                   tl.load(pos_ptr + lrow), True, USE_FP64,
+                                                   END_IDS, END_LEN, FORCED, BLOCK_V)
+                        took = mode == 1
+                        if SAMPLED:
+                            took = took | (mode == 2)
+                        if took:
+                            if other != tok:
+                                tl.store(row_ptr + j, other.to(sampled_ptr.dtype.element_ty))
+                                tok = other
+                                kept = j + 1
+                                nfixed = nfixed + 1
+                                ntaken = ntaken + 1
+                        elif untaken == 0:
+                            untaken = tl.where(mode >= 3, mode, 6)
             # advance the reasoning state over the kept token at position j
             count = tl.where(count >= 0, count + 1, count)
             s_match = True
@@ -408,10 +503,11 @@ def _budget_guard_kernel(
     # (e) the echo: what the host's truth advances over
     tl.debug_barrier()
     toks = tl.load(row_ptr + koffs, mask=koffs < kept, other=-1).to(tl.int32)
-    tl.store(echo_row + 4 + koffs, toks, mask=koffs < k1)
+    tl.store(echo_row + 5 + koffs, toks, mask=koffs < k1)
     tl.store(echo_row + 0, kept)
     tl.store(echo_row + 1, nfixed)
     tl.store(echo_row + 3, ntaken)
+    tl.store(echo_row + 4, untaken)
     if has_budget & (kept > 0):
         # new tail = last TAIL tokens of (old tail ++ row[:kept])
         offs = tl.arange(0, TAIL_P2)

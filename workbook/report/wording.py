@@ -153,6 +153,7 @@ def guard_text(g: dict | None) -> str:
     lagged = int(g.get("truth_lagged_rows") or 0)
     lag = (f"; {_plural(lagged, 'row')} took count and tail from the replicas' majority "
            "because the host's truth lagged (async scheduling)") if lagged else ""
+    lag += _untaken_text(g)
     if fixed == 0 and fields == 0:
         return (f"the guard changed nothing: {_plural(steps, 'guarded step')}, no token "
                 f"replaced, no field of its own state repaired{lag}")
@@ -183,6 +184,18 @@ def guard_text(g: dict | None) -> str:
     return (f"the guard fixed {_plural(fixed, 'token')}, repaired "
             f"{_plural(fields, 'field')} of its own state{own} over "
             f"{_plural(steps, 'guarded step')}{lag}")
+
+
+def _untaken_text(g: dict) -> str:
+    """Rows that kept an end vLLM forced where none was due, the guard not reproducing their
+    draw (``untaken_rows``, the first record's reason), else ""."""
+    n = int(g.get("untaken_rows") or 0)
+    if not n:
+        return ""
+    recs = list(g.get("untaken") or [])
+    why = f" (first: request {value_text(recs[0].get('req_id'))}, " \
+          f"{value_text(recs[0].get('reason'))})" if recs else ""
+    return f"; {_plural(n, 'row')} kept an end forced where none was due{why}"
 
 
 _REPR = re.compile(r"\{[^{}]*\}|(?<![\w\]])\[[^\[\]]*\]")  # not an index: tail[0]
