@@ -135,7 +135,7 @@ import torch
 from workbook.core import budget
 from workbook.hooks.guard_kernel import (  # noqa: F401  (launch* re-exported: tests, benchmarks)
     E_FIXED, E_KEPT, E_REPAIRED, E_TAKEN, E_TOKENS, F_BUDGET, F_COUNT, F_TAIL, LOG_W, T_BUDGET,
-    T_COUNT, T_CURRENT, T_SLOT, T_TAIL, TakeBack, _new_replica, _replica_views, budget_markers,
+    T_COUNT, T_CURRENT, T_SLOT, T_TAIL, TakeBack, new_replica, replica_views, budget_markers,
     launch, launch_guard_kernel)
 from workbook.vllm.patching import PatchSet
 
@@ -222,8 +222,8 @@ class GuardState:
                                                + self.end_ids)) or [-2], dtype=np.int32)
         self.generation = _generation
         n, d, i32 = self.max_num_reqs, self.device, torch.int32
-        self.replicas = [_new_replica(n, self.TAIL, d) for _ in range(3)]
-        self.budget, self.count, self.tail = _replica_views(self.replicas[0], n, self.TAIL)
+        self.replicas = [new_replica(n, self.TAIL, d) for _ in range(3)]
+        self.budget, self.count, self.tail = replica_views(self.replicas[0], n, self.TAIL)
         self.fixed_rows = torch.zeros(n, dtype=i32, device=d)  # [max_num_reqs]
         self.counters = torch.zeros(2, dtype=i32, device=d)  # fixed tokens | log entries
         self.log = torch.zeros((LOG_N, LOG_W), dtype=i32, device=d)
@@ -324,7 +324,7 @@ class GuardState:
         rows = rows.to(self.device, non_blocking=True)
         slots = rows[:, 0].long()
         for rep in self.replicas:
-            b, c, t = _replica_views(rep, self.max_num_reqs, self.TAIL)
+            b, c, t = replica_views(rep, self.max_num_reqs, self.TAIL)
             b.index_copy_(0, slots, rows[:, 1])
             c.index_copy_(0, slots, rows[:, 2])
             t.index_copy_(0, slots, rows[:, 3:])

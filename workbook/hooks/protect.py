@@ -332,7 +332,7 @@ class _Base:
     def _named_ptrs(self, names) -> list[dict]:
         out = []
         for n in names:
-            t = startup._resolve(self.state, n)
+            t = startup.resolve_path(self.state, n)
             if t is not None and hasattr(t, "data_ptr") and t.numel():
                 out.append({"name": n, "ptr": t.data_ptr(), "nbytes": t.numel() * t.element_size()})
         return out
@@ -451,7 +451,7 @@ class NvtxGuard(_Base):
     def _ptrs(self, names) -> list[int]:
         out = []
         for n in names:
-            t = startup._resolve(self.state, n)
+            t = startup.resolve_path(self.state, n)
             if t is not None and hasattr(t, "data_ptr") and t.numel():
                 out.append(t.data_ptr())
         return out

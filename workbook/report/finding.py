@@ -110,7 +110,7 @@ def _category(r: Run) -> str:
     return r.category
 
 
-def _count_line(runs: list[Run]) -> str:
+def count_line(runs: list[Run]) -> str:
     c: dict[str, int] = {}
     for r in runs:
         key = verdict_of(r) or r.row.get("status") or "unknown"
@@ -124,7 +124,7 @@ def _count_line(runs: list[Run]) -> str:
     return ", ".join(f"{c[k]} {k}" for k in keys) or "none"
 
 
-def _n_requests(runs: list[Run]) -> tuple[int, int]:
+def n_requests(runs: list[Run]) -> tuple[int, int]:
     """(requests that honoured the budget rule, requests judged against it): a request the
     evidence did not judge (``honored`` None: no budget that could bind) is not counted."""
     reqs = [q for r in runs for q in judged_requests(r) if q["honored"] is not None]
@@ -243,7 +243,7 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
     # the hardware the healthy verdicts come from (not every batch's: a batch of faults only
     # says nothing about healthy vLLM on its hardware)
     hw = " and ".join(sorted({r.hardware for r in judged} or {b.hardware for b in batches}))
-    ok_req, n_req = _n_requests(judged)
+    ok_req, n_req = n_requests(judged)
     every = "every run" if not stopped else "every run that finished"
     parts = []
     if healthy_bad:
@@ -255,7 +255,7 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
                      f"{_runs(len(judged))} without a fault, {ok_req} of {n_req} requests judged "
                      f"with </think> exactly where the budget puts it.")
     elif judged:
-        parts.append(f"Runs without a fault on {hw}: {_count_line(judged)}.")
+        parts.append(f"Runs without a fault on {hw}: {count_line(judged)}.")
     elif healthy:
         parts.append("No run without a fault finished: there is no verdict on healthy vLLM "
                      "here.")
@@ -303,7 +303,7 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
                      f"token-identical ({', '.join(r.name for r, _ in ident)}).")
     not_ok = [r for r in all_runs if r.row.get("status") not in (None, "ok")]
     if not_ok:
-        parts.append(f"{_runs(len(not_ok))} did not finish ({_count_line(not_ok)}).")
+        parts.append(f"{_runs(len(not_ok))} did not finish ({count_line(not_ok)}).")
     parts += stopped
     warn = bool(stopped or not_ok or not judged)
     return {"headline": " ".join(parts) or "No runs.", "alarm": bool(healthy_bad),

@@ -236,14 +236,14 @@ def verdict_of(r: Run):
     return r.verdict.get("verdict")
 
 
-_verdict = verdict_of
+verdict_name = verdict_of
 
 
-def _same_batch(a: Run, b: Run) -> bool:
+def same_batch(a: Run, b: Run) -> bool:
     return a is not b and a.hardware == b.hardware and a.run_id == b.run_id
 
 
-def _n_diff(a: dict, b: dict, ignore=()) -> int:
+def n_diff(a: dict, b: dict, ignore=()) -> int:
     return sum(a.get(k) != b.get(k) for k in set(a) | set(b) if k not in ignore)
 
 
@@ -252,7 +252,7 @@ def guard_twin(run: Run, runs: list[Run]) -> Run | None:
     if run.guard:
         return None
     for b in runs:
-        if _same_batch(run, b) and b.guard and _n_diff(run.config, b.config,
+        if same_batch(run, b) and b.guard and n_diff(run.config, b.config,
                                                        ignore=("guard",)) == 0:
             return b
     return None
@@ -260,9 +260,9 @@ def guard_twin(run: Run, runs: list[Run]) -> Run | None:
 
 def nearest_honoured(run: Run, runs: list[Run]) -> Run | None:
     twin = guard_twin(run, runs)
-    if twin is not None and _verdict(twin) == "honored":
+    if twin is not None and verdict_name(twin) == "honored":
         return twin
-    near = [b for b in runs if _same_batch(run, b) and _verdict(b) == "honored" and b.outcome]
-    return min(near, key=lambda b: _n_diff(run.config, b.config)) if near else None
+    near = [b for b in runs if same_batch(run, b) and verdict_name(b) == "honored" and b.outcome]
+    return min(near, key=lambda b: n_diff(run.config, b.config)) if near else None
 
 
