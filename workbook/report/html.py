@@ -41,11 +41,12 @@ import pandas as pd
 
 from workbook.report import constraints as constraints_section
 from workbook.report import grid, wording
-from workbook.report.finding import (count_line, n_requests, cause_text,  # noqa: F401
-                                     chain_text, finding, guard_runs, repairs, stage_of,
-                                     terminal_lines, where_text)
+from workbook.report.finding import (cause_text, chain_text, count_line, finding,  # noqa: F401
+                                     guard_runs, n_requests, named_by, repairs, stage_of,
+                                     stage_text, terminal_lines, where_text)
 from workbook.report.page import CSS, Page, link_html, offline_init  # noqa: F401
-from workbook.report.runs import (SPEC_KEYS, Batch, NoRuns, Run, n_diff,  # noqa: F401
+from workbook.report.runs import (SPEC_KEYS, Batch, NoRuns, Run, first_violated,  # noqa: F401
+                                  n_diff, verdict_records,
                                   same_batch, verdict_name, judged_requests, load_batch,
                                   nearest_honoured, verdict_of)
 from workbook.report.plots import plot_end_index, plot_timings, png  # noqa: F401
@@ -142,11 +143,10 @@ def _violations(page: Page, runs: list[Run]) -> None:
     for r in bad[:MAX_VIOLATIONS]:
         v = r.verdict
         reqs = judged_requests(r)
-        fv = v.get("first_violation") or {}
         focus = focus_request(r)
         req = reqs[focus] if reqs else {}
         page.raw('<div class="viol-block">')
-        page.h(3, f"{r.short} — {stage_of(v.get('hypothesis')) or 'stage not named'} → {cause_text(v)}",
+        page.h(3, f"{r.short} — {stage_text(r) or 'stage not named'} → {cause_text(named_by(r))}",
                f"v-{_slug(r.label)}")
         chain = chain_text(v)
         text = where_text(r) + "." + (f" Chain: {chain}." if chain else "") + \
@@ -167,7 +167,8 @@ def _violations(page: Page, runs: list[Run]) -> None:
         else:
             gr = {"expected_end_index": req.get("expected"), "honored": req.get("honored")}
             steps = sorted(int(s) for s in g["step"].unique())
-            focus_step = fv.get("step") if fv.get("req_id") == req.get("req_id") else \
+            rec = first_violated(r) or {}
+            focus_step = rec.get("step") if rec.get("request") == req.get("req_id") else \
                 grid.violation_step(g, gr)
             win = grid.window_around(steps, focus_step, 14)
             if len(win) < len(steps):

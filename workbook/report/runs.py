@@ -231,9 +231,49 @@ def _int(v):
         return v
 
 
+def verdict_records(r: Run) -> list[dict]:
+    """The run's verdicts in the one shape (``workbook.run.verdicts.Verdict``: request,
+    contract, held / violated / not judged, step, row, local_pos, column, output index, stage,
+    cause, evidence), one per judged request: the diagnosis' own ``verdicts``; for a folder
+    written before the diagnosis kept them, the same records built from its verdict
+    (``workbook.run.diagnose.budget_verdicts``)."""
+    v = r.verdict
+    recs = v.get("verdicts")
+    if recs is None and v.get("requests"):
+        from workbook.run.diagnose import budget_verdicts
+
+        fv = v.get("first_violation")
+        if not v.get("violations") and isinstance(fv, dict):  # older still: one violation
+            causes = v.get("causes") if isinstance(v.get("causes"), list) else []
+            v = {**v, "violations": [{"req_id": fv.get("req_id"), "first_violation": fv,
+                                      "causes": causes, "hypothesis": v.get("hypothesis")}]}
+        try:
+            recs = budget_verdicts(v)
+        except (KeyError, TypeError, IndexError):  # a verdict too old to carry its violations
+            recs = []
+    return [x for x in recs or [] if isinstance(x, dict)]
+
+
+def first_violated(r: Run) -> dict | None:
+    """The run's first violated verdict record, in the diagnosis' order (the earliest step,
+    then local position; unlocated last); None when none is violated."""
+    bad = [x for x in verdict_records(r) if x.get("verdict") == "violated"]
+    if not bad:
+        return None
+    return min(bad, key=lambda x: (x.get("step") is None, x.get("step") or 0,
+                                   x.get("local_pos") or 0))
+
+
 def verdict_of(r: Run):
-    """The run's verdict (honored / violated / inconclusive), None when it has none."""
-    return r.verdict.get("verdict")
+    """The run's verdict over its verdict records (``verdict_records``): violated when one
+    is, else honored when one held, else inconclusive; a run without records (no request
+    traced) keeps its diagnosis' word; None when it has no verdict."""
+    recs = verdict_records(r)
+    if not recs:
+        return r.verdict.get("verdict")
+    words = {x.get("verdict") for x in recs}
+    return "violated" if "violated" in words else "honored" if "held" in words \
+        else "inconclusive"
 
 
 verdict_name = verdict_of

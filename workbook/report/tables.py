@@ -17,10 +17,11 @@ import os
 import pandas as pd
 
 from workbook.report import grid, tokens, wording
-from workbook.report.finding import cause_text
+from workbook.report.finding import cause_of, cause_text, named_by
 from workbook.report.page import link_html
-from workbook.report.runs import (SPEC_KEYS, Batch, Run, judged_requests, n_diff,
-                                  nearest_honoured, same_batch, verdict_name)
+from workbook.report.runs import (SPEC_KEYS, Batch, Run, first_violated, judged_requests,
+                                  n_diff, nearest_honoured, same_batch, verdict_name,
+                                  verdict_of)
 from workbook.report.wording import NOT_RECORDED
 
 CONTEXT_AFTER = 3  # steps shown after the first divergence
@@ -74,7 +75,9 @@ def verdict_table(runs: list[Run]) -> pd.DataFrame:
     for r in runs:
         c, o, v = r.config, r.outcome, r.verdict
         reqs = judged_requests(r)
-        fv = v.get("first_violation") or {}
+        fv = v.get("first_violation") or {}  # the budget's own: how it broke (kind)
+        rec = first_violated(r)  # the one shape: where
+        at = rec if rec else fv
         conf = [_spec(c), _sampling(c), None if c.get("enforce_eager") is None else
                 ("eager" if c.get("enforce_eager") else "CUDA graphs"),
                 _budget_cell(c)]
@@ -85,11 +88,11 @@ def verdict_table(runs: list[Run]) -> pd.DataFrame:
                        f"{tokens.label(r.decode, o.get('first_token'))}")
         rows.append({
             "batch": f"{r.hardware} {r.run_id[:15]}", "run": r.name,
-            "status": r.row.get("status"), "verdict": v.get("verdict"),
-            "cause": cause_text(v) if v.get("hypothesis") else None,
-            "first violation": (f"step {wording.value_text(fv.get('step'), 'not located')} · "
-                                f"row {wording.value_text(fv.get('row'), 'not located')} · "
-                                f"{fv.get('kind') or 'missing'}" if fv else None),
+            "status": r.row.get("status"), "verdict": verdict_of(r),
+            "cause": cause_text(named_by(r)) if cause_of(r) else None,
+            "first violation": (f"step {wording.value_text(at.get('step'), 'not located')} · "
+                                f"row {wording.value_text(at.get('row'), 'not located')} · "
+                                f"{fv.get('kind') or 'missing'}" if at else None),
             "requests honoured": (f"{sum(q['honored'] is True for q in reqs)} of "
                                   f"{sum(q['honored'] is not None for q in reqs)} judged"
                                   if reqs else None),
