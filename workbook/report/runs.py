@@ -195,7 +195,12 @@ def judged_requests(run: Run) -> list[dict]:
     From the diagnosis (every traced request), else from what the client saw (the reported
     request and the checks' requests)."""
     out = []
+    # held / violated / not judged: the request's verdict record (the one shape) when it has
+    # one, the budget's own flag otherwise (a folder without records for it)
+    said = {x.get("request"): {"held": True, "violated": False}.get(x.get("verdict"))
+            for x in verdict_records(run) if x.get("contract") == "thinking_token_budget"}
     for i, r in enumerate(run.verdict.get("requests") or []):
+        honored = said[r.get("req_id")] if r.get("req_id") in said else r.get("honored")
         output = r.get("output") or []
         actual = r.get("actual_end_index")
         if actual is None:  # evidence from before the diagnosis recorded it
@@ -203,10 +208,10 @@ def judged_requests(run: Run) -> list[dict]:
         out.append({"index": i + 1, "req_id": r.get("req_id"), "budget": _int(r.get("budget")),
                     "expected": _int(r.get("expected_end_index")),
                     "actual": None if actual == -1 else actual,
-                    "honored": r.get("honored"), "output": output,
+                    "honored": honored, "output": output,
                     # why a violated request is violated (missing / early / unbudgeted /
                     # twice) and its first violating output index; None otherwise
-                    "kind": r.get("kind") if r.get("honored") is False else None,
+                    "kind": r.get("kind") if honored is False else None,
                     "at": _int(r.get("at"))})
     if out:
         return out
