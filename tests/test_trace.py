@@ -67,7 +67,13 @@ def test_removing_the_tracer_restores_the_original_methods(engines):
     from workbook.hooks.observer import Observer
     from workbook.hooks.rowcheck import RowCheck
 
+    from workbook.hooks.outputs import Outputs
+
     obs = Observer([RowCheck(), Tracer()]).install()
+    # the outputs both read: ONE collector, added by the observer, first in its order
+    assert [type(c) for c in obs.collectors] == [Outputs, RowCheck, Tracer]
+    assert obs.collectors[1].outputs is obs.collectors[2].outputs is obs.collectors[0]
+    assert obs.collectors[0].wants == {"rows", "steps"}
     assert all(n[0].__dict__[n[1]] is not before[n] for n in names)
     now = patching.active()
     assert all([n for n in now[f"{c.__qualname__}.{a}"] if n.startswith("observe")]
@@ -87,7 +93,8 @@ def test_tracer_never_synchronizes_inside_a_step(engines):
         request.run_budgets(eng, [1, 3], max_tokens=6)  # the tracer's one-time device indices
         n0 = len(t.steps)
         with OpsFrom(os.path.join("workbook", "hooks", "tracer.py"),
-                     os.path.join("workbook", "hooks", "budget_trace.py")) as ops:
+                     os.path.join("workbook", "hooks", "budget_trace.py"),
+                     os.path.join("workbook", "hooks", "outputs.py")) as ops:
             request.run_budgets(eng, [1, 3, None], max_tokens=10)
         n = len(t.steps) - n0
     assert n > 0 and ops.seen, "the tracer issued no device work in its steps"
