@@ -175,3 +175,29 @@ def test_unhookable_vllm_names_the_missing_hook_point(monkeypatch):
     with pytest.raises(hookpoints.HookPointError,
                        match=r"thinking_budget\.ThinkingBudgetState\.apply is missing"):
         hookpoints.resolve()
+
+
+def test_install_puts_one_output_collector_before_its_readers():
+    """``hooks.install`` from a RunConfig: the outputs both collectors read are ONE collector,
+    first on the run's one observer; removing it restores vLLM's methods (no engine needed)."""
+    from workbook import hooks
+    from workbook.core.config import RunConfig
+    from workbook.hooks.observer import Observer
+    from workbook.hooks.outputs import Outputs
+    from workbook.hooks.rowcheck import RowCheck
+
+    hp = hookpoints.resolve()
+    before = hp.runner.__dict__["sample"]
+    for trace, rows, kinds in ((True, True, [Outputs, RowCheck, Tracer]),
+                               (True, False, [Outputs, Tracer]), (False, True, [Outputs, RowCheck])):
+        sets, tracer = hooks.install(RunConfig(trace=trace, row_check=rows))
+        try:
+            (obs,) = [s for s in sets if isinstance(s, Observer)]
+            assert [type(c) for c in obs.collectors] == kinds
+            readers = [c for c in obs.collectors if not isinstance(c, Outputs)]
+            assert all(c.outputs is obs.collectors[0] for c in readers)
+            assert (tracer is not None) == trace
+        finally:
+            for s in reversed(sets):
+                s.remove()
+        assert hp.runner.__dict__["sample"] is before

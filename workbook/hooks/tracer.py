@@ -21,6 +21,11 @@ and dummy runs never enter ``sample_tokens`` with a request and are ignored):
   processing, forced (after ``apply`` >= 1e8), top-k ids and values before and after, the token
   vLLM sampled at the row, whether the row's draft was accepted, whether its token was emitted.
 
+The step's outputs (tokens sampled by vLLM, tokens emitted, rejected drafts, the guard's
+replaced rows) are not cloned here: the observer's ``Outputs`` collector
+(``workbook.hooks.outputs``, ``want("steps")``) records them once, for the row check too, and
+the tracer's ``TraceStep.out`` points at that record.
+
 This module is the GENERIC recording: the taps of the step
 (``sample_tokens``, ``sample``, the sampling path, ``apply_sampling_params`` per call, what the
 sampler / rejection sampler consumed, ``postprocess_sampled``), the host's own history of each
