@@ -66,7 +66,7 @@ import os
 
 from workbook.hooks.localize import frame_ids
 from workbook.hooks.watch_core import Boundary, Watch  # noqa: F401  (re-exported)
-from workbook.hooks.watch_options import (  # noqa: F401  (the options' names re-exported)
+from workbook.hooks.watch_registry import (  # noqa: F401  (the options' names re-exported)
     ACTIVE, BY_OBJ, CANARY, LOCK, ON_RING, PENDING, SCHEMA, STEP_BOUNDARIES, Options, WatchError,
     canary_i32, current, watch_for)
 from workbook.vllm import startup
@@ -486,4 +486,4 @@ def force_cpu_profile_run() -> PatchSet | None:
     return ps.install()
 
 
-ON_RING.append(_slim)  # the Watch calls it when it enters ring mode (watch_options)
+ON_RING.append(_slim)  # the Watch calls it when it enters ring mode (watch_registry)

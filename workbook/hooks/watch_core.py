@@ -17,11 +17,11 @@ planned, attached and detached from here and its layout evidence kept.
 
 Not here: ``Options``, ``WatchError`` and the registry of this process's watches (pending,
 bound by object id, active) in which the wrappers look up their watch
-(``workbook.hooks.watch_options``); anything that patches vLLM — the phase and ring-mode
+(``workbook.hooks.watch_registry``); anything that patches vLLM — the phase and ring-mode
 wrappers, ``install``, ``suspend`` / ``resume``, the plugin path, the CPU profiling-run
 emulation (``workbook.hooks.watch``, which re-exports the public names) — nor the localization's
 hooks (``workbook.hooks.localize``). Entering ring mode, ``Watch.step_finished`` calls
-``watch_options.ON_RING`` (the installer's slimming, registered there): no import back up.
+``watch_registry.ON_RING`` (the installer's slimming, registered there): no import back up.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 from workbook.hooks import protect, watch_evidence
 from workbook.hooks.localize import Localization, stack_names
-from workbook.hooks.watch_options import (ACTIVE, BY_OBJ, CANARY, LOCK, ON_RING,  # noqa: F401
+from workbook.hooks.watch_registry import (ACTIVE, BY_OBJ, CANARY, LOCK, ON_RING,  # noqa: F401
                                            PENDING, SCHEMA, STEP_BOUNDARIES, Options,
                                            WatchError, canary_i32, current, watch_for)
 from workbook.vllm import startup
