@@ -148,3 +148,21 @@ def test_the_checks_see_what_they_forbid(tmp_path):
     assert any("workbook.room.b._hidden" in u for u in uses)
     assert any("workbook.room.a._x" in u for u in uses)
     assert folder_circles(mods) == [["workbook.room.a", "workbook.room.b"]]
+
+
+def test_no_module_shadows_a_name_of_its_package():
+    """A submodule, once imported, becomes an attribute of its package: one named like a
+    function or constant of the package's ``__init__`` replaces it (``hooks.watch_options``
+    did, for a module of that name)."""
+    clashes = []
+    for root, _, files in os.walk(PKG):
+        if "__init__.py" not in files:
+            continue
+        tree = ast.parse(open(os.path.join(root, "__init__.py"), encoding="utf-8").read())
+        names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+                  if isinstance(t, ast.Name)}
+        subs = {f[:-3] for f in files if f.endswith(".py")} | {
+            d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "__init__.py"))}
+        clashes += [f"{os.path.relpath(root, ROOT)}.{n}" for n in sorted(names & subs)]
+    assert clashes == []
