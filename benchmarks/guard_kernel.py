@@ -73,13 +73,13 @@ def kernel(num_reqs: int, k: int, reps: int = 2000) -> dict:
     sampled = torch.zeros((num_reqs, k + 1), dtype=torch.int64, device=d)
     num_sampled = torch.full((num_reqs,), k + 1, dtype=i32, device=d)
     num_rejected = torch.zeros(num_reqs, dtype=i32, device=d)
-    reps3 = [guard._new_replica(n, 1, d) for _ in range(3)]
+    reps3 = [guard.new_replica(n, 1, d) for _ in range(3)]
     truth = torch.zeros((num_reqs, guard.T_TAIL + 1), dtype=i32, device=d)
     truth[:, guard.T_SLOT] = torch.arange(num_reqs, dtype=i32, device=d)
     truth[:, guard.T_BUDGET] = 10**6  # never binds: the walk covers every token
     truth[:, guard.T_CURRENT] = 1
     for r in reps3:  # the replicas agree with the truth: nothing to repair
-        b, c, t = guard._replica_views(r, n, 1)
+        b, c, t = guard.replica_views(r, n, 1)
         b.fill_(10**6)
         c.zero_()
     truth[:, guard.T_TAIL] = -1
@@ -91,7 +91,7 @@ def kernel(num_reqs: int, k: int, reps: int = 2000) -> dict:
     def step():
         truth[:, guard.T_COUNT] = 0  # the host's count each step (the walk then advances it)
         for r in reps3:
-            guard._replica_views(r, n, 1)[1].zero_()
+            guard.replica_views(r, n, 1)[1].zero_()
         guard.launch(sampled, num_sampled, num_rejected, truth, reps3, n, 1,
                      fixed_rows[:num_reqs], counters, log, echo, 0, markers)
 
@@ -199,7 +199,7 @@ def _corrupt(st, how: str) -> None:
 
 
 def _corrupt_raw(st, how, raw, guard) -> None:
-    views = [guard._replica_views(r, st.max_num_reqs, st.TAIL) for r in st.replicas]
+    views = [guard.replica_views(r, st.max_num_reqs, st.TAIL) for r in st.replicas]
     if how == "all-zero":
         [raw(r).fill_(0) for r in st.replicas]
     elif how == "two-7":

@@ -9,7 +9,8 @@ state is live every step) is generated once per arm and round, the arms interlea
 (``workbook.hooks.guard``), ``constraints`` (the row check of every per-request sampling
 constraint, ``workbook.hooks.rowcheck``; its deferred host copies are timed separately too),
 ``trace+constraints`` (both collectors on one ``workbook.hooks.observer``, as
-``workbook.hooks.install`` puts them for a run that asks for both), ``watch`` (the start-up
+``workbook.hooks.install`` puts them for a run that asks for both; the step's outputs recorded
+once for both by ``workbook.hooks.outputs``), ``watch`` (the start-up
 watch's per-step ring check after start-up:
 the engine is then started with the watch in place, ``--watch``, and every other arm runs with
 it suspended; also the watch's own time per step, from its counters), ``trace+guard``. Prints

@@ -15,7 +15,7 @@ import pytest
 
 from workbook.core.budget import Markers, forced_not_due, judge
 from workbook.core.hypotheses import HYPOTHESES
-from workbook.run import diagnose
+from workbook.run import diagnose, verdicts
 
 M = Markers(start=[1], end=[3])
 M2 = Markers(start=[1], end=[5, 6, 3], natural_end=[3])  # a multi-token forced end
@@ -72,7 +72,7 @@ def test_budgets_read_back_are_ints():
     df = pd.DataFrame([{"req_id": "a", "budget_param": 1, "max_tokens": 12},
                        {"req_id": "b", "budget_param": None, "max_tokens": 12}])
     assert df["budget_param"].dtype == float  # what pandas does
-    recs = diagnose._records(df)
+    recs = verdicts.records(df)
     assert [r["budget_param"] for r in recs] == [1, None]
     assert type(recs[0]["budget_param"]) is int and type(recs[0]["max_tokens"]) is int
 
@@ -89,7 +89,7 @@ def test_positive_evidence_is_derived_from_predictions(probe, points):
         assert HYPOTHESES[h].predicts[probe] == "honored"
 
 
-def _verdict(hyp: str) -> dict:
+def verdict_name(hyp: str) -> dict:
     h = HYPOTHESES[hyp]
     return {"verdict": "violated", "hypothesis": hyp,
             "first_violation": {"budget": 1, "step": 0, "local_pos": 0, "path": "x",
@@ -103,7 +103,7 @@ def _verdict(hyp: str) -> dict:
 def test_a_contradicting_probe_refutes_never_confirms():
     """The issue's case: H-d named, the budget re-copy probe stays violated (H-d predicts
     honored) — H-d is refuted, not "confirmed as a re-corrupting writer"."""
-    after = diagnose.with_probes(_verdict("H-d"), {
+    after = diagnose.with_probes(verdict_name("H-d"), {
         "budget": {"verdict": "violated", "switch": "b", "hypothesis": "H-d",
                    "causes": ["H-d"], "recorrupted": None},
         "guard": {"verdict": "honored", "switch": "g"}})
@@ -118,7 +118,7 @@ def test_recorruption_needs_the_repaired_value_seen_changed_again():
     """With positive evidence (the probe's own trace saw the repaired value wrong again after
     the repair) the cause stays, reported as a re-corrupting writer."""
     seen = "step 2: device budget -1, host 1"
-    after = diagnose.with_probes(_verdict("H-d"), {
+    after = diagnose.with_probes(verdict_name("H-d"), {
         "budget": {"verdict": "violated", "switch": "b", "recorrupted": seen},
         "guard": {"verdict": "honored", "switch": "g"}})
     c = after["causes"][0]
@@ -129,7 +129,7 @@ def test_recorruption_needs_the_repaired_value_seen_changed_again():
 
 
 def test_a_matching_probe_confirms_and_a_positive_one_adds_its_cause():
-    after = diagnose.with_probes(_verdict("H-d-kernel"), {
+    after = diagnose.with_probes(verdict_name("H-d-kernel"), {
         "alone": {"verdict": "honored", "switch": "a"},
         "guard": {"verdict": "honored", "switch": "g"}})
     assert after["hypothesis"] == "H-j" and after["causes"][0]["from_probe"] == "alone"
@@ -139,7 +139,7 @@ def test_a_matching_probe_confirms_and_a_positive_one_adds_its_cause():
 def test_on_the_forced_side_the_guard_predicts_nothing():
     """The guard forces a due end; it cannot take back an end forced where not due: on that
     side of the contract its result neither confirms nor refutes."""
-    v = _verdict("H-d-kernel")
+    v = verdict_name("H-d-kernel")
     v["first_violation"]["kind"] = "early"
     after = diagnose.with_probes(v, {"guard": {"verdict": "violated", "switch": "g"}})
     assert after["hypothesis"] == "H-d-kernel" and after["causes"][0]["refuted_by"] == []

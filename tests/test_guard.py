@@ -688,7 +688,7 @@ def _fill(t, value) -> None:
 
 def _fields(st, k):
     """(budget, count, tail) views of replica ``k``."""
-    return guard._replica_views(st.replicas[k], st.max_num_reqs, st.TAIL)
+    return guard.replica_views(st.replicas[k], st.max_num_reqs, st.TAIL)
 
 
 CORRUPTIONS = {  # name -> (write(state, start_id), fields the guard must report repaired)

@@ -59,9 +59,9 @@ def test_guard_kernel_checks_its_replicas_against_the_host(replicas):
 
     markers = Markers([1], [3], [3])
     n, tail = 4, 1
-    reps = [guard._new_replica(n, tail, "cpu") for _ in range(3)]
+    reps = [guard.new_replica(n, tail, "cpu") for _ in range(3)]
     for rep in reps:
-        b, c, t = guard._replica_views(rep, n, tail)
+        b, c, t = guard.replica_views(rep, n, tail)
         b[2], c[2], t[2] = 3, 2, 0  # budget 3, two reasoning tokens so far
     for k in replicas:
         raw_alias_zero(reps[k])  # a stray writer: _version unchanged
@@ -82,7 +82,7 @@ def test_guard_kernel_checks_its_replicas_against_the_host(replicas):
     assert log[1, 4:].tolist() == [0 if k in replicas else 2 for k in range(3)] + [2, 1]
     assert echo[0].tolist() == [2, 1, 2, 0, 0, 0, 3, -1]  # kept, replaced, repaired, taken
     # back, not taken back (reason), tokens
-    views = [[v[2].tolist() for v in guard._replica_views(r, n, tail)] for r in reps]
+    views = [[v[2].tolist() for v in guard.replica_views(r, n, tail)] for r in reps]
     assert views[0] == views[1] == views[2] == [3, -1, [3]]
 
 

@@ -174,7 +174,7 @@ def test_violations_are_pictured_and_compared_per_request(evidence):
     assert index == 2 and first == 2  # request 3 (budget 3) diverges where </think> was due
     assert "</think>" in " ".join(table["emitted B"])
     page = rep.build([rep.load_batch(str(d)) for d in evidence])
-    assert page.count('class="wbg"') == sum(rep._verdict(r) == "violated" for r in runs)
+    assert page.count('class="wbg"') == sum(rep.verdict_name(r) == "violated" for r in runs)
     assert "wbg-due-bad" in page and "&lt;/think&gt; logit before bias" in page
 
 

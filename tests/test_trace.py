@@ -67,7 +67,13 @@ def test_removing_the_tracer_restores_the_original_methods(engines):
     from workbook.hooks.observer import Observer
     from workbook.hooks.rowcheck import RowCheck
 
+    from workbook.hooks.outputs import Outputs
+
     obs = Observer([RowCheck(), Tracer()]).install()
+    # the outputs both read: ONE collector, added by the observer, first in its order
+    assert [type(c) for c in obs.collectors] == [Outputs, RowCheck, Tracer]
+    assert obs.collectors[1].outputs is obs.collectors[2].outputs is obs.collectors[0]
+    assert obs.collectors[0].wants == {"rows", "steps"}
     assert all(n[0].__dict__[n[1]] is not before[n] for n in names)
     now = patching.active()
     assert all([n for n in now[f"{c.__qualname__}.{a}"] if n.startswith("observe")]
@@ -87,7 +93,8 @@ def test_tracer_never_synchronizes_inside_a_step(engines):
         request.run_budgets(eng, [1, 3], max_tokens=6)  # the tracer's one-time device indices
         n0 = len(t.steps)
         with OpsFrom(os.path.join("workbook", "hooks", "tracer.py"),
-                     os.path.join("workbook", "hooks", "budget_trace.py")) as ops:
+                     os.path.join("workbook", "hooks", "budget_trace.py"),
+                     os.path.join("workbook", "hooks", "outputs.py")) as ops:
             request.run_budgets(eng, [1, 3, None], max_tokens=10)
         n = len(t.steps) - n0
     assert n > 0 and ops.seen, "the tracer issued no device work in its steps"
@@ -168,3 +175,29 @@ def test_unhookable_vllm_names_the_missing_hook_point(monkeypatch):
     with pytest.raises(hookpoints.HookPointError,
                        match=r"thinking_budget\.ThinkingBudgetState\.apply is missing"):
         hookpoints.resolve()
+
+
+def test_install_puts_one_output_collector_before_its_readers():
+    """``hooks.install`` from a RunConfig: the outputs both collectors read are ONE collector,
+    first on the run's one observer; removing it restores vLLM's methods (no engine needed)."""
+    from workbook import hooks
+    from workbook.core.config import RunConfig
+    from workbook.hooks.observer import Observer
+    from workbook.hooks.outputs import Outputs
+    from workbook.hooks.rowcheck import RowCheck
+
+    hp = hookpoints.resolve()
+    before = hp.runner.__dict__["sample"]
+    for trace, rows, kinds in ((True, True, [Outputs, RowCheck, Tracer]),
+                               (True, False, [Outputs, Tracer]), (False, True, [Outputs, RowCheck])):
+        sets, tracer = hooks.install(RunConfig(trace=trace, row_check=rows))
+        try:
+            (obs,) = [s for s in sets if isinstance(s, Observer)]
+            assert [type(c) for c in obs.collectors] == kinds
+            readers = [c for c in obs.collectors if not isinstance(c, Outputs)]
+            assert all(c.outputs is obs.collectors[0] for c in readers)
+            assert (tracer is not None) == trace
+        finally:
+            for s in reversed(sets):
+                s.remove()
+        assert hp.runner.__dict__["sample"] is before

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from workbook.batch.environment import REPO, RunSpec, notebook_parameters, read_notebook
+from workbook.batch.proctree import MARKER, kill_tree, run_processes  # noqa: F401
 from workbook.batch.signals import Interrupted
 from workbook.core.config import RunConfig
 from workbook.core.rundir import FAILURE, now, read_json, write_json
@@ -37,7 +38,6 @@ from workbook.run import pipeline
 
 KILL_GRACE_S = 60.0
 POLL_S = 1.0
-MARKER = "WORKBOOK_RUN_TAG"  # in the environment of every process of a papermill run
 STAGES = {"validate": "validating the configuration", "start": "engine start",
           "request": "the reported request", "check_A": "check A", "check_B": "check B",
           "trace": "reading the trace", "diagnose": "diagnosis", "finish": "finishing"}
@@ -156,46 +156,6 @@ def _wait_or_kill(proc: subprocess.Popen, limit: float, tick=None, marker=None) 
         kill_tree(proc.pid, marker=marker)
         proc.wait()
         raise
-
-
-def run_processes(pid: int | None = None, marker: str | None = None) -> list:
-    """The live processes of a run: ``pid`` and its descendants, and every process whose
-    environment carries ``WORKBOOK_RUN_TAG=marker`` (also those re-parented away from it)."""
-    import psutil
-
-    found: dict[int, Any] = {}
-    if pid is not None:
-        try:
-            root = psutil.Process(pid)
-            for p in [root] + root.children(recursive=True):
-                found[p.pid] = p
-        except psutil.NoSuchProcess:
-            pass
-    if marker:
-        for p in psutil.process_iter():
-            if p.pid in found or p.pid == os.getpid():
-                continue
-            try:
-                if p.environ().get(MARKER) == marker:
-                    found[p.pid] = p
-            except (psutil.Error, OSError):
-                pass
-    return list(found.values())
-
-
-def kill_tree(pid: int, marker: str | None = None, wait: bool = True) -> None:
-    """Kill ``pid``, every descendant (the kernel, vLLM's engine processes) and every process
-    tagged with ``marker`` — by id, never by name."""
-    import psutil
-
-    procs = run_processes(pid, marker)
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    if wait:
-        psutil.wait_procs(procs, timeout=30)
 
 
 def _row(spec, folder, rc, killed, wall, started, interrupted=None) -> dict[str, Any]:

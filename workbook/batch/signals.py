@@ -16,7 +16,7 @@ SIGINT, SIGTERM and SIGHUP in the main thread:
   then treat the folder as unfinished (no ``SHA256SUMS``).
 
 Outside the main thread (a library caller) nothing is installed. Not here: killing a process
-tree (``executors.kill_tree``), the manifest (``execute``).
+tree (``proctree.kill_tree``), the manifest (``execute``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import signal
 import sys
 import threading
 
-kill_tree = None  # workbook.batch.executors.kill_tree, bound on entry (no import cycle)
+from workbook.batch.proctree import kill_tree
+
 HANDLED = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP"))
                 if s is not None)
 
@@ -67,8 +68,6 @@ class Guard:
         # psutil runs would find it half-initialised and leave the run's processes alive.
         import psutil  # noqa: F401
 
-        global kill_tree
-        from workbook.batch.executors import kill_tree
         if threading.current_thread() is threading.main_thread():
             for s in HANDLED:
                 self._previous[s] = signal.signal(s, self._handle)

@@ -30,6 +30,8 @@ import os
 import shutil
 import tempfile
 
+from workbook.core.cache import cache_root  # noqa: F401  (re-exported)
+
 VOCAB = 4096
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
@@ -113,11 +115,6 @@ MODELS: dict[str, tuple] = {
     "tiny-llama-eagle": (_llama_eagle, {}),
     "tiny-qwen2-draft": (_qwen2_draft, {}),
 }
-
-
-def cache_root() -> str:
-    return os.environ.get("WORKBOOK_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
-                                                         "workbook"))
 
 
 def names() -> list[str]:

@@ -52,7 +52,7 @@ import os
 import shutil
 import tempfile
 
-from workbook.core.models import cache_root
+from workbook.core.cache import cache_root
 
 VOCAB = 248320
 BASE_VOCAB = 248044  # ids 0..248043: the BPE model's own vocabulary; added tokens follow

@@ -13,7 +13,8 @@ Layering (``workbook.vllm.patching``): vLLM's original < fault < guard < trace, 
 always observes what the guard finally emits and the guard what a (simulated) broken vLLM
 produced. Modules: ``observer`` (one patch set, one wrapper per hook point, calling each
 collector), ``tracer`` (per-step evidence; its thinking-budget part: ``budget_trace``),
-``rowcheck`` (every logits row, the output, the prompt rows),
+``outputs`` (the step's sampled / accepted / emitted tokens and logprobs, which the tracer
+and the row check both read), ``rowcheck`` (every logits row, the prompt rows),
 ``faults`` (one per catalogue entry), ``guard`` (the fix), ``plugin`` (the
 ``vllm.general_plugins`` entry point), ``served_rows`` (the row check and constraint fault of
 a served constraints grid, driven by files).
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 def install(cfg, engine=None, *, trace_dir: str | None = None):
     """Install ``cfg``'s fault, constraint fault, guard and ONE observer (``hooks.observer``)
-    with the collectors it asks for (the row check, the tracer); returns (patch sets, tracer
+    with the collectors it asks for (the outputs, the row check, the tracer); returns (patch sets, tracer
     or None); the row check, when asked for, is the observer's (``row_check(hooks)`` finds it). A start-up fault (``before_start``) is not installed
     here: ``pre_start`` did."""
     from workbook.core.hypotheses import FAULTS
@@ -44,6 +45,10 @@ def install(cfg, engine=None, *, trace_dir: str | None = None):
 
         hooks.append(guard.install())
     collectors = []  # one observer: every collector on the same hook points
+    if cfg.trace or getattr(cfg, "row_check", False):  # the outputs both read, recorded once
+        from workbook.hooks.outputs import Outputs
+
+        collectors.append(Outputs())
     if getattr(cfg, "row_check", False):
         from workbook.hooks.rowcheck import RowCheck
 

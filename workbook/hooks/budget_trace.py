@@ -49,15 +49,14 @@ given. It does not import the tracer at run time (the tracer imports it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from workbook.core import budget
+from workbook.hooks.trace_records import TraceCall
 from workbook.vllm import hookpoints
 
-if TYPE_CHECKING:  # annotations only: the tracer imports this module, never the reverse
-    from workbook.hooks.tracer import Tracer, _Call
 
 FORCED_THRESHOLD = budget.FORCED_LOGIT
 
@@ -90,7 +89,7 @@ class _LaunchProxy:
     launch): ``kernel[grid](*args)`` tells the tracer what the launch really received (and,
     when it was not ``apply``'s logits, what it wrote), then launches the original."""
 
-    def __init__(self, fn, name: str, tracer: "Tracer"):
+    def __init__(self, fn, name: str, tracer: "BudgetTrace"):
         self._fn, self._name, self._tracer = fn, name, tracer
 
     def __getitem__(self, grid):
@@ -136,7 +135,7 @@ class BudgetTrace:
             if call is None or tracer._step is None:
                 return orig(state, *a, **k)
             args = hookpoints.budget_apply_args(tracer.hp.generation, a, k)
-            slots_np = _own(call)  # the requests' own slots (host record)
+            slots_np = own_slots(call)  # the requests' own slots (host record)
             rec = call.apply
             call.apply_called = True
             logits = args.logits
@@ -237,16 +236,16 @@ class BudgetTrace:
         wm = torch.where(w <= total.long().unsqueeze(1), w, 0)  # [reqs, width]
         return (all_tok[idx, :width].long() * wm).sum(-1)
 
-    def _substituted(self, rec: dict, call: _Call, named: dict) -> list[str]:
+    def _substituted(self, rec: dict, call: TraceCall, named: dict) -> list[str]:
         """Kernel pointer arguments that are not the state's / the batch's tensors."""
         state = rec.get("state")
         out = []
         for arg, key in STATE_ARGS.items():
             if arg in named and state is not None and \
-                    _ptr(named[arg]) != _ptr(_state_tensor(state, key)):
+                    tensor_ptr(named[arg]) != tensor_ptr(_state_tensor(state, key)):
                 out.append(key)
         for arg, key in CALL_ARGS.items():
-            if arg in named and key in call.ptrs and _ptr(named[arg]) != call.ptrs[key]:
+            if arg in named and key in call.ptrs and tensor_ptr(named[arg]) != call.ptrs[key]:
                 out.append(key)
         if "logits_ptr" in named and named["logits_ptr"].data_ptr() != rec.get("a_ptr"):
             out.append("logits")
@@ -388,7 +387,7 @@ class BudgetTrace:
             rec["history_ok"] = sl_ == len(hist) and ss_ == self._checksum.get(req_id)
 
 
-# ---- helpers (the tracer imports _own, _ptr and _host from here: imports point one way) ---
+# ---- helpers (the tracer imports own_slots, tensor_ptr and _host from here: imports point one way) ---
 
 def _slots(rec: dict):
     """The apply call's requests' own slots (``Tracer._own_index``) as an int64 device index:
@@ -396,7 +395,7 @@ def _slots(rec: dict):
     return rec["idx"]
 
 
-def _own(call: _Call) -> np.ndarray:
+def own_slots(call: TraceCall) -> np.ndarray:
     """The call's requests' own slots (the host's record); the call's mapping when unknown."""
     return call.owner if call.owner is not None and len(call.owner) == len(call.gate_slots) \
         else call.gate_slots
@@ -410,7 +409,7 @@ def _version(t) -> int | None:
         return None
 
 
-def _ptr(t) -> tuple[int, int] | None:
+def tensor_ptr(t) -> tuple[int, int] | None:
     """(data_ptr, numel) of a tensor: its identity as a kernel argument."""
     return (t.data_ptr(), t.numel()) if hasattr(t, "data_ptr") else None
 

@@ -45,12 +45,12 @@ LOG_W = 9
 F_BUDGET, F_COUNT, F_TAIL = 0, 1, 2  # field codes (the kernel's): tail position i is F_TAIL + i
 
 
-def _new_replica(max_num_reqs: int, tail_len: int, device) -> torch.Tensor:
+def new_replica(max_num_reqs: int, tail_len: int, device) -> torch.Tensor:
     """One replica: flat int32 [max_num_reqs * (2 + tail_len)], all -1 (its own allocation)."""
     return torch.full((max_num_reqs * (2 + tail_len),), -1, dtype=torch.int32, device=device)
 
 
-def _replica_views(rep: torch.Tensor, max_num_reqs: int, tail_len: int):
+def replica_views(rep: torch.Tensor, max_num_reqs: int, tail_len: int):
     """(budget [n], count [n], tail [n, tail_len]) views of a replica."""
     n = max_num_reqs
     return rep[:n], rep[n:2 * n], rep[2 * n:].view(n, tail_len)
@@ -69,7 +69,7 @@ def launch(sampled, num_sampled, num_rejected, truth, replicas, max_num_reqs: in
     """One program per row of ``sampled`` ([num_rows, k+1]); see the module docstring.
     ``truth``: int32 [num_rows, 4 + tail_len] (``T_*`` columns; with ``take_back`` one more,
     ``T_TAIL + tail_len``: the row's take-back mode, ``M_*`` or a reason ``R_*``); ``replicas``: three flat int32
-    tensors (``_new_replica`` layout); ``counters`` int32 [2]; ``log`` int32 [LOG_N, LOG_W];
+    tensors (``new_replica`` layout); ``counters`` int32 [2]; ``log`` int32 [LOG_N, LOG_W];
     ``echo`` int32 [num_rows, >= E_TOKENS + k+1]; ``markers``: a ``budget.Markers`` (its ids
     become ``tl.constexpr`` tuples); ``take_back``: the step's processed logits and the end
     columns before the budget's forcing (None: an end forced where not due is left)."""
@@ -152,7 +152,7 @@ def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget,
                        device=dev)
     launch(sampled, num_sampled, num_rejected, truth, reps, n, tail_len, fixed_rows, counters,
            log, echo, 0, budget_markers(start_ids, end_ids, natural_end_ids), take_back)
-    b, c, t = _replica_views(rep, n, tail_len)
+    b, c, t = replica_views(rep, n, tail_len)
     fixed_total += counters[0:1]
     count.copy_(c)
     tail.copy_(t)

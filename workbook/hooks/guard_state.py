@@ -27,7 +27,7 @@ from workbook.core import budget
 from workbook.hooks import guard_takeback as takeback
 from workbook.hooks.guard_kernel import (
     E_FIXED, E_KEPT, E_REPAIRED, E_TAKEN, E_TOKENS, E_UNTAKEN, F_BUDGET, F_COUNT, F_TAIL, LOG_W,
-    T_BUDGET, T_COUNT, T_CURRENT, T_SLOT, T_TAIL, _new_replica, _replica_views, launch)
+    T_BUDGET, T_COUNT, T_CURRENT, T_SLOT, T_TAIL, new_replica, replica_views, launch)
 
 # the install this state belongs to: ``guard.install()`` bumps ``generation`` (state staged
 # under an older install is dropped); ``installed()``: whether the guard's patches are in place
@@ -115,8 +115,8 @@ class GuardState:
                                                + self.end_ids)) or [-2], dtype=np.int32)
         self.generation = INSTALL.generation
         n, d, i32 = self.max_num_reqs, self.device, torch.int32
-        self.replicas = [_new_replica(n, self.TAIL, d) for _ in range(3)]
-        self.budget, self.count, self.tail = _replica_views(self.replicas[0], n, self.TAIL)
+        self.replicas = [new_replica(n, self.TAIL, d) for _ in range(3)]
+        self.budget, self.count, self.tail = replica_views(self.replicas[0], n, self.TAIL)
         self.fixed_rows = torch.zeros(n, dtype=i32, device=d)  # [max_num_reqs]
         self.counters = torch.zeros(2, dtype=i32, device=d)  # fixed tokens | log entries
         self.log = torch.zeros((LOG_N, LOG_W), dtype=i32, device=d)
@@ -224,7 +224,7 @@ class GuardState:
         rows = rows.to(self.device, non_blocking=True)
         slots = rows[:, 0].long()
         for rep in self.replicas:
-            b, c, t = _replica_views(rep, self.max_num_reqs, self.TAIL)
+            b, c, t = replica_views(rep, self.max_num_reqs, self.TAIL)
             b.index_copy_(0, slots, rows[:, 1])
             c.index_copy_(0, slots, rows[:, 2])
             t.index_copy_(0, slots, rows[:, 3:])

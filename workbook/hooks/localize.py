@@ -23,10 +23,10 @@ import time
 from workbook.vllm import startup
 from workbook.vllm.patching import PatchSet
 
-_frames = itertools.count()  # frame ids of the wrapped-call / module / op stacks (shared)
+frame_ids = itertools.count()  # frame ids of the wrapped-call / module / op stacks (shared)
 
 
-def _stack_names(frames) -> list[str]:
+def stack_names(frames) -> list[str]:
     return [q for _, q in frames]
 
 
@@ -118,7 +118,7 @@ def _module_hooks(loc: Localization):
         if w.busy or loc.done:
             return
         name = loc.module_name(mod)
-        w.mods.append((next(_frames), name))
+        w.mods.append((next(frame_ids), name))
         if w.state is not None and not loc.timed_out():
             loc.checks += 1
             w.check("mod-enter", name, level="module")
@@ -196,7 +196,7 @@ def _op_mode(loc: Localization):
             if checked:
                 loc.checks += 1
                 w.check("op-before", f"{name} [in {where}]", level="op")
-            w.ops.append((next(_frames), name))
+            w.ops.append((next(frame_ids), name))
             try:
                 return func(*args, **kwargs)
             finally:
@@ -220,10 +220,10 @@ def _note_alias_writes(loc: Localization, op: str, where: str, tensors) -> None:
         allowed = startup.ALLOWED_WRITERS.get(role, ())
         if any(q in allowed for _, q in w.stack):
             continue
-        own = t is (w.canaries.get(hit) if hit in w.canaries else startup._resolve(w.state, hit))
+        own = t is (w.canaries.get(hit) if hit in w.canaries else startup.resolve_path(w.state, hit))
         loc.alias_writes.append({
             "op": op, "tensor": hit, "alias": not own, "module": where,
-            "phase": startup.classify(_stack_names(w.stack), kv_ready=w.kv_ready, step=w.step),
+            "phase": startup.classify(stack_names(w.stack), kv_ready=w.kv_ready, step=w.step),
             "ptr": hex(t.data_ptr()), "t": round(time.perf_counter() - w.t0, 4)})
 
 
@@ -244,13 +244,13 @@ def _launch_hooks(loc: Localization):
                                if hasattr(v, "data_ptr") for h in [_overlaps(w, v)] if h})
                 if hits and not any(q.startswith("ThinkingBudgetState.") for _, q in w.stack):
                     loc.launches.append({"kernel": name, "module": where, "tensors": hits,
-                                         "phase": startup.classify(_stack_names(w.stack),
+                                         "phase": startup.classify(stack_names(w.stack),
                                                                    kv_ready=w.kv_ready,
                                                                    step=w.step)})
                 label = f"triton:{name} [in {where}]"
                 loc.checks += 2
                 w.check("launch-before", label, level="op")
-                w.ops.append((next(_frames), f"triton:{name}"))
+                w.ops.append((next(frame_ids), f"triton:{name}"))
                 try:
                     return orig(self, *a, **k)
                 finally:

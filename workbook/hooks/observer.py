@@ -8,9 +8,13 @@ return value is that tap's state for this call), then vLLM's method, then every 
 A collector's error in a tap goes to its own ``error(where, e)``: evidence lost is never a
 reason to break the engine. A tap with ``make`` instead is a whole wrapper (a hook point only one
 collector needs, such as the thinking budget's kernel launches); it composes inside the shared
-one. Collectors: ``workbook.hooks.tracer.Tracer`` (the step and the thinking budget's evidence,
-``budget_trace``) and ``workbook.hooks.rowcheck.RowCheck`` (every logits row, the output and
-the prompt rows); ``workbook.hooks.install`` builds one observer from a run's configuration.
+one. Collectors: ``workbook.hooks.outputs.Outputs`` (the step's sampled / accepted / emitted
+tokens and logprobs, recorded once), ``workbook.hooks.tracer.Tracer`` (the step and the thinking
+budget's evidence, ``budget_trace``) and ``workbook.hooks.rowcheck.RowCheck`` (every logits row
+and the prompt rows); the last two NEED ``Outputs`` (``Collector.needs``): the observer adds one
+where none is given and puts every needed collector first, so its taps run before its readers';
+``attached(observer)`` lets a reader find it and ask for what it reads.
+``workbook.hooks.install`` builds one observer from a run's configuration.
 
 A collector used alone (``with Tracer() as t:``) gets an observer of its own. Deliberately not
 here: what a collector records (its module) or judges (``workbook.run``). Removing the observer
@@ -42,7 +46,11 @@ class Collector(patching.Hooked):
     ``install()`` / ``remove()`` / ``with``: through its observer (its own when used alone)."""
 
     name = "collector"
+    needs: tuple = ()  # collector types this one reads (the observer adds them, first)
     _observer: "Observer | None" = None
+
+    def attached(self, observer: "Observer") -> None:
+        """Called once every collector of ``observer`` is there, before the taps are read."""
 
     def taps(self) -> list[Tap]:
         raise NotImplementedError
@@ -71,11 +79,20 @@ class Observer(patching.Hooked):
     """The collectors of one run on one patch set; ``collector(cls)`` finds one by type."""
 
     def __init__(self, collectors: list[Collector]):
-        self.collectors = list(collectors)
+        collectors = list(collectors)
+        for c in list(collectors):
+            for kind in c.needs:
+                if not any(isinstance(o, kind) for o in collectors):
+                    collectors.insert(0, kind())
+        needed = tuple(k for c in collectors for k in c.needs)
+        self.collectors = ([c for c in collectors if isinstance(c, needed)] +
+                           [c for c in collectors if not isinstance(c, needed)])
         for c in self.collectors:
             if c._observer is not None:
                 raise ValueError(f"{c.name} is already observed")
             c._observer = self
+        for c in self.collectors:
+            c.attached(self)
         self.patches = patching.PatchSet(
             "observe:" + "+".join(c.name for c in self.collectors), "trace")
         points: dict[tuple[type, str], list[tuple[Collector, Tap]]] = {}

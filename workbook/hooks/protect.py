@@ -206,7 +206,7 @@ def _arr(vals):
 
 # ---- the caching allocator's segments -------------------------------------------------------------
 
-def _segments() -> list[dict]:
+def segments() -> list[dict]:
     import torch
 
     try:
@@ -215,7 +215,7 @@ def _segments() -> list[dict]:
         return []
 
 
-def _blocks(seg: dict) -> list[dict]:
+def blocks(seg: dict) -> list[dict]:
     """A segment's blocks with their addresses (they tile the segment, in order)."""
     out, addr = [], seg["address"]
     for b in seg.get("blocks", []):
@@ -257,7 +257,7 @@ def neighbours(tensors: dict, width: int = 4) -> dict:
                                 else None}
                             for i, (p, n, k) in enumerate(rows)}}
     caching = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1"
-    segs = _segments() if caching else []
+    segs = segments() if caching else []
     out = {}
     for n, t in tensors.items():
         p = t.data_ptr()
@@ -267,7 +267,7 @@ def neighbours(tensors: dict, width: int = 4) -> dict:
                       "note": "own allocation (caching allocator off)" if not caching else
                       "not in a caching-allocator segment (e.g. pinned/UVA memory)"}
             continue
-        bl = _blocks(seg)
+        bl = blocks(seg)
         i = next((k for k, b in enumerate(bl) if b["address"] <= p < b["address"] + b["size"]),
                  None)
         near = [] if i is None else [
@@ -336,7 +336,7 @@ class _Base:
     def _named_ptrs(self, names) -> list[dict]:
         out = []
         for n in names:
-            t = startup._resolve(self.state, n)
+            t = startup.resolve_path(self.state, n)
             if t is not None and hasattr(t, "data_ptr") and t.numel():
                 out.append({"name": n, "ptr": t.data_ptr(), "nbytes": t.numel() * t.element_size()})
         return out
@@ -456,7 +456,7 @@ class NvtxGuard(_Base):
     def _ptrs(self, names) -> list[int]:
         out = []
         for n in names:
-            t = startup._resolve(self.state, n)
+            t = startup.resolve_path(self.state, n)
             if t is not None and hasattr(t, "data_ptr") and t.numel():
                 out.append(t.data_ptr())
         return out
@@ -485,13 +485,13 @@ class NvtxGuard(_Base):
         self.restore()
 
     def _register_segments(self, ptrs) -> None:
-        segs = _segments()
+        segs = segments()
         for p in ptrs:
             seg = segment_of(p, segs)
             if seg is None or seg["address"] in self.heaps:
                 continue
             heap = self.lib.wbp_heap(seg["address"], seg["total_size"])
-            bl = _blocks(seg)
+            bl = blocks(seg)
             self.lib.wbp_regions(heap, _arr([b["address"] for b in bl]),
                                  _arr([b["size"] for b in bl]), len(bl))
             self.heaps[seg["address"]] = {"segment": hex(seg["address"]),

@@ -58,10 +58,10 @@ def _block_size(ptr: int) -> int | None:
 
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
         return None
-    seg = protect.segment_of(ptr, protect._segments())
+    seg = protect.segment_of(ptr, protect.segments())
     if seg is None:
         return None
-    return next((b["size"] for b in protect._blocks(seg)
+    return next((b["size"] for b in protect.blocks(seg)
                  if b["address"] <= ptr < b["address"] + b["size"]), None)
 
 

@@ -15,8 +15,10 @@ of ``Sampler.apply_sampling_params`` at a bounded set of columns, gathered on th
   (all requests' inputs: their drafts), and the ``TOP_K`` largest columns of the raw and of the
   processed row; the number of finite columns (when a request has allowed ids or a schema); the
   penalty counts there (when a request is penalised); whether the fast path returned the input;
-- ``GPUModelRunner.sample``: the tokens sampled per request and row, the values at the emitted
-  token, and the logprobs vLLM returns per row with what the row says at those ids;
+- the step's outputs are NOT recorded here but read from the observer's ``Outputs`` collector
+  (``workbook.hooks.outputs``, ``want("rows")``): the tokens sampled per request and row, the
+  values at the emitted token, and the logprobs vLLM returns per row with what the row says at
+  those ids — recorded once, shared with the tracer;
 - ``PromptLogprobsWorker.compute_prompt_logprobs``: per prompt position the ids and values vLLM
   returned and, through the same ``logits_fn``, what the row that predicts it says.
 
@@ -38,6 +40,7 @@ import numpy as np
 
 from workbook.core import budget, contracts
 from workbook.hooks.observer import Collector, Tap
+from workbook.hooks.outputs import Outputs, StepOutput, to_host
 from workbook.vllm import hookpoints
 
 TOP_K = 4  # the largest columns of the raw and of the processed row kept per row
@@ -63,10 +66,6 @@ class _Call:
     fast_path: bool = False
     w_static: int = 0
     w_hist: int = 0
-    raw_t: Any = None  # the raw / processed logits, held until the step's sample returns
-    proc_t: Any = None
-    at_tok: Any = None  # (raw, proc) [n] at the emitted token of each row
-    lp: Any = None  # (ids [n, L], vals [n, L], raw_at [n, L], lse [n]) per logprobs_mode
 
 
 @dataclass
@@ -77,8 +76,7 @@ class _Step:
     cu: np.ndarray  # host cu_num_logits
     cu_dev: Any
     calls: list = field(default_factory=list)
-    sampled: Any = None  # [reqs, k+1]
-    num_sampled: Any = None
+    out: StepOutput | None = None  # the step's outputs (the observer's ``Outputs``)
 
 
 class RowCheck(Collector):
@@ -108,15 +106,22 @@ class RowCheck(Collector):
         self._prompt_pending: list[dict] = []  # prompt-logprob chunks, device tensors
         self._prompt_rows: dict[str, dict[int, dict]] = {}  # req -> prompt position -> row
         self.errors: list[str] = []
+        self._outputs_errors = 0  # the outputs collector's errors already copied to errors
 
     # ---- install ------------------------------------------------------------------------------
     name = "rowcheck"
+
+    needs = (Outputs,)
+    outputs: Outputs | None = None
+
+    def attached(self, observer) -> None:
+        self.outputs = observer.collector(Outputs)
+        self.outputs.want("rows")
 
     def taps(self) -> list[Tap]:
         hp = self.hp
         out = [Tap(hp.runner, "add_requests", after=self._after_add),
                Tap(hp.runner, "sample_tokens", before=self._before_step, final=self._final_step),
-               Tap(hp.runner, "sample", after=self._after_sample),
                Tap(hp.sampler, "apply_sampling_params", before=self._before_apply,
                    after=self._after_apply)]
         if hp.prompt_logprobs is not None:  # optional: else no prompt-logprob rows
@@ -223,8 +228,6 @@ class RowCheck(Collector):
     def _final_step(self, _state):
         if self._step is not None:
             self._pending.append(self._step)
-            for c in self._step.calls:  # release the logits
-                c.raw_t = c.proc_t = None
         self._step = None
 
     def _begin(self, batch) -> None:
@@ -239,7 +242,7 @@ class RowCheck(Collector):
             if r in self._len_ub:
                 self._len_ub[r] += int(n)
         self._step = _Step(self._nsteps, req_ids, np.array(batch.idx_mapping_np, copy=True), cu,
-                           getattr(batch, "cu_num_logits", None))
+                           getattr(batch, "cu_num_logits", None), out=self.outputs.current)
         self._nsteps += 1
 
     def _before_apply(self, sampler, *a, **k):
@@ -281,7 +284,7 @@ class RowCheck(Collector):
                      local_pos=lp, input_ids=args.input_ids.clone(), cols=cols,
                      raw=logits.gather(1, cols).float(), proc=out.gather(1, cols).float(),
                      top2=top, w_static=int(static.shape[1]),
-                     w_hist=w, fast_path=out is logits, raw_t=logits, proc_t=out)
+                     w_hist=w, fast_path=out is logits)
         slots_np = np.asarray(args.idx_mapping_np)
         call.gate_slots = np.array(slots_np, copy=True)
         g = getattr(sampler, "needs_logits_processing", None)
@@ -294,39 +297,6 @@ class RowCheck(Collector):
         if counts is not None and any(p is not None and p.penalised for p in ps):
             call.counts = counts[slots.unsqueeze(1), cols]
         step.calls.append(call)
-
-    def _after_sample(self, _state, out, *a, **k):
-        if self._step is not None:
-            self._on_sample(self._step, out)
-
-    def _on_sample(self, step: _Step, out) -> None:
-        import torch
-
-        sampler_output, num_sampled = out[0], out[1]
-        sampled = sampler_output.sampled_token_ids
-        step.sampled, step.num_sampled = sampled.clone(), num_sampled.clone()
-        lpt = getattr(sampler_output, "logprobs_tensors", None)
-        want_lp = any(p is not None and p.logprobs is not None
-                      for p in (self.params.get(r) for r in step.req_ids))
-        for c in step.calls:
-            if c.raw_t is None:
-                continue
-            dev = c.raw_t.device
-            rows = torch.arange(c.offset, c.offset + c.n, device=dev)
-            cu = step.cu_dev
-            if cu is None:
-                cu = torch.as_tensor(step.cu, device=dev)
-            bi = torch.searchsorted(cu[1:].long(), rows, right=True).clamp(max=sampled.shape[0] - 1)
-            tok = sampled[bi, c.local_pos.clamp(max=sampled.shape[1] - 1)].long()
-            tok = tok.clamp(0, c.raw_t.shape[-1] - 1)  # rows past num_sampled hold garbage
-            c.at_tok = (c.raw_t.gather(1, tok[:, None]).float()[:, 0],
-                        c.proc_t.gather(1, tok[:, None]).float()[:, 0])
-            if want_lp and lpt is not None:
-                src = c.proc_t if self.logprobs_mode.startswith("processed") else c.raw_t
-                ids = lpt.logprob_token_ids[c.offset:c.offset + c.n].long()
-                c.lp = (ids, lpt.logprobs[c.offset:c.offset + c.n].float(),
-                        src.float().gather(1, ids.clamp(0, src.shape[-1] - 1)),
-                        torch.logsumexp(src.float(), -1))
 
     def _after_prompt_logprobs(self, _state, out, worker, *a, **k):
         self._on_prompt_logprobs(worker, a, k, out)
@@ -386,11 +356,15 @@ class RowCheck(Collector):
     # ---- after the run ------------------------------------------------------------------------
     def materialize(self) -> None:
         """Copy pending steps to the host and build the per-(step, request) records."""
+        lost = self.outputs.errors if self.outputs is not None else []
+        if len(lost) > self._outputs_errors:  # the shared output evidence this check reads
+            self.errors += [f"outputs: {e}" for e in lost[self._outputs_errors:]]
+            self._outputs_errors = len(lost)
         if not self._pending and not self._prompt_pending:
             return
         _sync()
         for c in self._prompt_pending:
-            h = {k: _host(c[k]) for k in ("input_ids", "ids", "vals", "at", "lse")}
+            h = {k: to_host(c[k]) for k in ("input_ids", "ids", "vals", "at", "lse")}
             rows = self._prompt_rows.setdefault(c["req_id"], {})
             for t in range(min(c["m"], len(h["ids"]))):
                 rows[c["start"] + t + 1] = {
@@ -409,13 +383,19 @@ class RowCheck(Collector):
                 self._error("materialize", e)
 
     def _materialize(self, step: _Step) -> None:
-        h = _host
-        sampled, ns = h(step.sampled), h(step.num_sampled)
-        calls = [(c, {k: h(getattr(c, k)) for k in ("slots", "local_pos", "input_ids", "cols",
-                                                   "raw", "proc", "finite", "counts")},
-                  (h(c.top2[0]), h(c.top2[1])),
-                  None if c.at_tok is None else (h(c.at_tok[0]), h(c.at_tok[1])),
-                  None if c.lp is None else tuple(h(x) for x in c.lp)) for c in step.calls]
+        h = to_host
+        o = step.out
+        sampled = None if o is None else o.host("sampled")
+        ns = None if o is None else o.host("num_sampled")
+        rows_out = {} if o is None else o.rows
+        calls = []
+        for c in step.calls:
+            at, lp = rows_out.get(c.offset, (None, None))
+            calls.append((c, {k: h(getattr(c, k)) for k in (
+                "slots", "local_pos", "input_ids", "cols", "raw", "proc", "finite", "counts")},
+                (h(c.top2[0]), h(c.top2[1])),
+                None if at is None else (h(at[0]), h(at[1])),
+                None if lp is None else tuple(h(x) for x in lp)))
         for i, req_id in enumerate(step.req_ids):
             if req_id not in self.params:
                 continue
@@ -510,14 +490,6 @@ def _all_tokens(sampler, rc: RowCheck):
 def _penalty_counts(sampler):
     ps = getattr(sampler, "penalties_state", None)
     return getattr(ps, "output_bin_counts", None)
-
-
-def _host(t):
-    if t is None:
-        return None
-    if isinstance(t, np.ndarray):
-        return t
-    return t.detach().cpu().numpy()
 
 
 def _sync() -> None:

@@ -1,7 +1,7 @@
 """The tracer's tables: its pending steps, copied to the host after the step, as table rows.
 
 ``TraceTables`` (a mixin ``workbook.hooks.tracer.Tracer`` inherits) turns what the tracer's taps
-recorded during a step (device clones, host copies; ``Tracer._Step`` / ``_Call``) into the
+recorded during a step (device clones, host copies; ``workbook.hooks.trace_records``) into the
 ``steps`` / ``requests`` / ``rows`` tables (``workbook.core.tracefiles``' columns) and the
 ``registrations`` and ``meta`` frames, with one synchronization for many steps
 (``materialize``); ``save`` / ``flush`` write them. Per row it lays out the evidence columns

@@ -21,6 +21,11 @@ and dummy runs never enter ``sample_tokens`` with a request and are ignored):
   processing, forced (after ``apply`` >= 1e8), top-k ids and values before and after, the token
   vLLM sampled at the row, whether the row's draft was accepted, whether its token was emitted.
 
+The step's outputs (tokens sampled by vLLM, tokens emitted, rejected drafts, the guard's
+replaced rows) are not cloned here: the observer's ``Outputs`` collector
+(``workbook.hooks.outputs``, ``want("steps")``) records them once, for the row check too, and
+the tracer's ``TraceStep.out`` points at that record.
+
 This module is the GENERIC recording: the taps of the step
 (``sample_tokens``, ``sample``, the sampling path, ``apply_sampling_params`` per call, what the
 sampler / rejection sampler consumed, ``postprocess_sampled``), the host's own history of each
@@ -58,63 +63,15 @@ Never whole vocabulary rows: memory is bounded by ``max_steps`` × rows × ``top
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 
 from workbook.core import budget
-from workbook.hooks.budget_trace import FORCE_KERNEL, SCAN_KERNEL, BudgetTrace, _own, _ptr
+from workbook.hooks.budget_trace import FORCE_KERNEL, SCAN_KERNEL, BudgetTrace, own_slots, tensor_ptr
 from workbook.hooks.observer import Collector, Tap
+from workbook.hooks.outputs import Outputs
+from workbook.hooks.trace_records import TraceCall, TraceStep
 from workbook.hooks.trace_tables import TraceTables
 from workbook.vllm import hookpoints
-
-
-@dataclass
-class _Call:
-    """One ``apply_sampling_params`` call (a step may have several: chunks)."""
-    pos0: int = 0  # batch position of its first request (calls cover the batch in order)
-    ptrs: dict = field(default_factory=dict)  # data_ptr/numel of its mapping inputs
-    req_slots: Any = None  # [reqs] the device idx_mapping the call got (a clone)
-    owner: Any = None  # np [reqs] the host's slots of its requests (req_id_to_index)
-    out_ptr: int | None = None  # the tensor apply_sampling_params returned
-    s_ptr: int | None = None  # the tensor the sampler / rejection sampler consumed
-    end_s: Any = None  # [rows, E] end columns of that tensor
-    top_s: Any = None  # (vals, ids) [rows, 2]
-    slots: Any = None  # [rows] expanded_idx_mapping
-    local_pos: Any = None  # [rows]
-    input_ids: Any = None  # [rows]
-    gate: Any = None  # np [reqs]
-    gate_slots: Any = None  # np [reqs]
-    end_in: Any = None  # [rows, E]
-    end_final: Any = None
-    top_in: Any = None  # (vals, ids) [rows, k]
-    top_final: Any = None
-    fast_path: bool | None = None
-    apply_called: bool = False
-    apply: dict = field(default_factory=dict)
-
-
-@dataclass
-class _Step:
-    index: int
-    req_ids: list
-    idx_mapping: np.ndarray
-    idx_mapping_dev: Any  # the batch's device copy (read within this step only)
-    cu_num_logits: np.ndarray
-    num_draft_tokens: int
-    owner: np.ndarray = None  # [reqs] each request's slot as registered (req_id_to_index)
-    index_moved: list = field(default_factory=list)  # requests req_id_to_index moved since
-    path: str | None = None
-    calls: list = field(default_factory=list)
-    sampled_vllm: Any = None  # [reqs, k+1] before the guard
-    num_sampled_vllm: Any = None
-    sampled: Any = None  # final (emitted)
-    num_sampled: Any = None
-    num_rejected: Any = None
-    total_len_after: Any = None
-    proposed: Any = None
-    guard_fixed: Any = None
 
 
 class Tracer(BudgetTrace, TraceTables, Collector):
@@ -127,8 +84,8 @@ class Tracer(BudgetTrace, TraceTables, Collector):
         self.flush_dir = flush_dir
         self.flush_every = flush_every
         self.hp = hookpoints.resolve()
-        self._step: _Step | None = None
-        self._call: _Call | None = None
+        self._step: TraceStep | None = None
+        self._call: TraceCall | None = None
         self._nsteps = 0
         self._history: dict[str, list[int]] = {}  # req_id -> prompt + emitted (host view)
         self._prompt_len: dict[str, int] = {}
@@ -136,7 +93,7 @@ class Tracer(BudgetTrace, TraceTables, Collector):
         self._steps: list[dict] = []
         self._requests: list[dict] = []
         self._rows: list[dict] = []
-        self._pending: list[_Step] = []  # device-side records not yet copied to the host
+        self._pending: list[TraceStep] = []  # device-side records not yet copied to the host
         self._index_ring = _IndexRing()
         self.max_pending = max_pending
         self.markers: dict[str, list[int]] | None = None  # the runner's, as a dict (trace meta)
@@ -157,6 +114,12 @@ class Tracer(BudgetTrace, TraceTables, Collector):
 
     # ---- the observer's taps (``workbook.hooks.observer``) --------------------------------
     name = "trace"
+    needs = (Outputs,)
+    outputs: Outputs | None = None
+
+    def attached(self, observer) -> None:
+        self.outputs = observer.collector(Outputs)
+        self.outputs.want("steps")
 
     def removed(self) -> None:
         if self.flush_dir:
@@ -169,12 +132,9 @@ class Tracer(BudgetTrace, TraceTables, Collector):
         hp = self.hp
         out = [Tap(hp.runner, "add_requests", before=self._before_add, after=self._after_add),
                Tap(hp.runner, "sample_tokens", before=self._before_step, final=self._final_step),
-               Tap(hp.runner, "sample", after=self._after_sample),
                Tap(hp.runner, "postprocess_sampled", after=self._after_postprocess),
-               Tap(hp.sampler, "__call__", before=self._path_before("Sampler"),
-                   after=self._path_after),
-               Tap(hp.rejection, "__call__", before=self._path_before("RejectionSampler"),
-                   after=self._path_after),
+               Tap(hp.sampler, "__call__", before=self._path_before("Sampler")),
+               Tap(hp.rejection, "__call__", before=self._path_before("RejectionSampler")),
                Tap(hp.sampler, "apply_sampling_params", before=self._before_apply,
                    final=self._final_apply, after=self._after_apply),
                Tap(hp.budget, "apply", make=self._w_budget_apply)]
@@ -223,17 +183,6 @@ class Tracer(BudgetTrace, TraceTables, Collector):
         finally:
             self._step = None
 
-    def _after_sample(self, _state, out, runner, *a, **k):
-        step = self._step
-        if step is not None:
-            sampler_output, num_sampled, num_rejected = out
-            step.sampled = sampler_output.sampled_token_ids.clone()
-            step.num_sampled = num_sampled.clone()
-            step.num_rejected = num_rejected.clone()
-            g = getattr(runner, "_workbook_guard", None)
-            fixed = getattr(g, "last_fixed", None)
-            step.guard_fixed = fixed.clone() if fixed is not None else None
-
     def _after_postprocess(self, _state, _out, runner, *a, **k):
         step = self._step
         if step is not None:
@@ -249,11 +198,6 @@ class Tracer(BudgetTrace, TraceTables, Collector):
 
         return before
 
-    def _path_after(self, step, out, *a, **k):
-        if step is not None:  # the outermost sampler call of the step
-            step.sampled_vllm = out.sampled_token_ids.clone()
-            step.num_sampled_vllm = out.num_sampled.clone()
-
     def _before_apply(self, sampler, *a, **k):
         step = self._step
         if step is None:
@@ -261,9 +205,9 @@ class Tracer(BudgetTrace, TraceTables, Collector):
         args = hookpoints.apply_sampling_args(a, k)
         pos0 = sum(len(c.gate_slots) for c in step.calls)
         n_req = len(args.idx_mapping_np)
-        call = _Call(pos0=pos0, owner=step.owner[pos0:pos0 + n_req])
+        call = TraceCall(pos0=pos0, owner=step.owner[pos0:pos0 + n_req])
         self._call = call
-        call.ptrs = {n: _ptr(t) for n, t in (
+        call.ptrs = {n: tensor_ptr(t) for n, t in (
             ("expanded_idx_mapping", args.expanded_idx_mapping),
             ("req_ids", args.idx_mapping), ("input_ids", args.input_ids),
             ("expanded_local_pos", args.expanded_local_pos))}
@@ -273,7 +217,7 @@ class Tracer(BudgetTrace, TraceTables, Collector):
         call.input_ids = args.input_ids.clone()
         call.gate_slots = np.array(args.idx_mapping_np, copy=True)
         # the per-slot gate at each request's own slot (the host's record, not the batch's)
-        call.gate = np.array(sampler.needs_logits_processing[_own(call)], copy=True)
+        call.gate = np.array(sampler.needs_logits_processing[own_slots(call)], copy=True)
         call.end_in = self._end_vals(args.logits)
         call.top_in = self._topk(args.logits)
         return step, call, args.logits
@@ -291,14 +235,14 @@ class Tracer(BudgetTrace, TraceTables, Collector):
         call.top_final = self._topk(out)
         step.calls.append(call)
 
-    def _own_index(self, call: _Call, device):
+    def _own_index(self, call: TraceCall, device):
         """The call's requests' own slots as a device index (once per call, no sync, and no
         tensor built from host data: the slots go through a reused index buffer)."""
         if call.apply.get("own_dev") is None:
-            call.apply["own_dev"] = self._index_ring.put(_own(call), device)
+            call.apply["own_dev"] = self._index_ring.put(own_slots(call), device)
         return call.apply["own_dev"]
 
-    def _consumed(self, call: _Call, logits) -> None:
+    def _consumed(self, call: TraceCall, logits) -> None:
         """What the sampler consumed: its storage, the end columns and its top-2 per row."""
         call.s_ptr = logits.data_ptr()
         call.end_s = self._end_vals(logits)
@@ -347,7 +291,7 @@ class Tracer(BudgetTrace, TraceTables, Collector):
                 reg["gate"] = bool(sampler.needs_logits_processing[slot])
             self.registrations.append(reg)
 
-    def _begin_step(self, batch, runner=None) -> _Step | None:
+    def _begin_step(self, batch, runner=None) -> TraceStep | None:
         if batch is None or not getattr(batch, "req_ids", None):
             return None
         req_ids = list(batch.req_ids)
@@ -356,11 +300,12 @@ class Tracer(BudgetTrace, TraceTables, Collector):
         if self._nsteps >= self.max_steps:
             self.dropped_steps += 1
             return None
-        step = _Step(index=self._nsteps, req_ids=req_ids,
+        step = TraceStep(index=self._nsteps, req_ids=req_ids,
                      idx_mapping=np.array(batch.idx_mapping_np, copy=True),
                      idx_mapping_dev=batch.idx_mapping,
                      cu_num_logits=np.array(batch.cu_num_logits_np, copy=True),
-                     num_draft_tokens=int(batch.num_draft_tokens))
+                     num_draft_tokens=int(batch.num_draft_tokens),
+                     out=self.outputs.current)
         now = getattr(getattr(runner, "req_states", None), "req_id_to_index", None) or {}
         # the host's own record of each request's slot: where add_request put its state
         # (req_id_to_index then); the batch's mapping — and req_id_to_index now — are checked
@@ -378,7 +323,7 @@ class Tracer(BudgetTrace, TraceTables, Collector):
         self._step = step
         return step
 
-    def _end_step(self, runner, step: _Step) -> None:
+    def _end_step(self, runner, step: TraceStep) -> None:
         spec_states = getattr(runner.req_states, "draft_tokens", None)
         if spec_states is not None and getattr(runner, "speculator", None) is not None:
             step.proposed = spec_states[step.idx_mapping_dev.long()]  # a copy

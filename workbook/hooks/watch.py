@@ -64,10 +64,11 @@ import functools
 import json
 import os
 
-from workbook.hooks.localize import _frames
-from workbook.hooks.watch_core import (  # noqa: F401  (the Watch object's names re-exported)
-    CANARY, SCHEMA, STEP_BOUNDARIES, Boundary, Options, Watch, WatchError, _active, _by_obj,
-    _canary_i32, _current, _lock, _pending, _watch_for)
+from workbook.hooks.localize import frame_ids
+from workbook.hooks.watch_core import Boundary, Watch  # noqa: F401  (re-exported)
+from workbook.hooks.watch_registry import (  # noqa: F401  (the options' names re-exported)
+    ACTIVE, BY_OBJ, CANARY, LOCK, ON_RING, PENDING, SCHEMA, STEP_BOUNDARIES, Options, WatchError,
+    canary_i32, current, watch_for)
 from workbook.vllm import startup
 from workbook.vllm.patching import PatchSet
 
@@ -102,8 +103,8 @@ def _run_in_phase(w: Watch, qual: str, orig, self, a, k):
             a[0] if a else k.get("scheduler_output"), k):
         w.step_started()
     w.calls[qual] = w.calls.get(qual, 0) + 1
-    w.stack.append((next(_frames), qual))
-    _active.append(w)
+    w.stack.append((next(frame_ids), qual))
+    ACTIVE.append(w)
     depth0 = len(w.stack) == 1
     try:
         w.check("enter", qual)
@@ -114,7 +115,7 @@ def _run_in_phase(w: Watch, qual: str, orig, self, a, k):
         w.check("exit", qual)
         return res
     finally:
-        _active.pop()
+        ACTIVE.pop()
         w.stack.pop()
         if qual == "GPUModelRunner.initialize_kv_cache":
             w.kv_ready = True
@@ -126,22 +127,22 @@ def _run_in_phase(w: Watch, qual: str, orig, self, a, k):
 
 
 def _find_runner(self, a):
-    return _by_obj.get(id(self))
+    return BY_OBJ.get(id(self))
 
 
 def _find_worker(self, a):
-    return _watch_for(self)
+    return watch_for(self)
 
 
 def _find_current(self, a):
-    return _by_obj.get(id(self)) or _current()
+    return BY_OBJ.get(id(self)) or current()
 
 
 def _runner_init(orig):
     @functools.wraps(orig)
     def __init__(self, *a, **k):
-        with _lock:
-            w = _pending.pop(0) if _pending else None
+        with LOCK:
+            w = PENDING.pop(0) if PENDING else None
         if w is None:
             return orig(self, *a, **k)
         w.bind_runner(self)
@@ -149,7 +150,7 @@ def _runner_init(orig):
         _late_wrap(self)
         spec = getattr(self, "speculator", None)
         if spec is not None:
-            _by_obj[id(spec)] = w
+            BY_OBJ[id(spec)] = w
             w.speculator_class = f"{type(spec).__module__}.{type(spec).__qualname__}"
         return res
     return __init__
@@ -158,7 +159,7 @@ def _runner_init(orig):
 def _state_init(orig):
     @functools.wraps(orig)
     def __init__(self, req_states, *a, **k):
-        w = _current()
+        w = current()
         if w is None or w.removed or w.state is not None:
             return orig(self, req_states, *a, **k)
         import torch
@@ -168,11 +169,11 @@ def _state_init(orig):
 
         def canaries():
             with torch.inference_mode():
-                return [torch.full((n,), _canary_i32(), dtype=torch.int32, device=dev)
+                return [torch.full((n,), canary_i32(), dtype=torch.int32, device=dev)
                         for _ in range(w.opts.canaries)]
 
         pre = canaries()
-        w.stack.append((next(_frames), "ThinkingBudgetState.__init__"))
+        w.stack.append((next(frame_ids), "ThinkingBudgetState.__init__"))
         try:
             res = orig(self, req_states, *a, **k)
         finally:
@@ -191,7 +192,7 @@ def _func_wrapper(mod, name: str):
 
     @functools.wraps(orig)
     def wrapper(*a, **k):
-        w = _watch_for(a[0]) if a else None
+        w = watch_for(a[0]) if a else None
         if w is None or w.removed:
             return orig(*a, **k)
         return _run_in_phase(w, qual, lambda _s, *aa, **kk: orig(*aa, **kk), None, a, k)
@@ -249,7 +250,7 @@ def _after_load(orig):
     @functools.wraps(orig)
     def load_model(self, *a, **k):
         res = orig(self, *a, **k)
-        w = _by_obj.get(id(self))
+        w = BY_OBJ.get(id(self))
         if w is not None:
             _name_modules(w, self)
         return res
@@ -307,8 +308,8 @@ def install(opts: Options | None = None, **kw) -> Watch:
     import torch
 
     w.plan_protection("cuda" if torch.cuda.is_available() else "cpu")
-    with _lock:
-        _pending.append(w)
+    with LOCK:
+        PENDING.append(w)
     atexit.register(w.write)
     return w
 
@@ -320,7 +321,7 @@ def _ring_wrapper(qual: str, enter_step: bool):
     def make(orig):
         @functools.wraps(orig)
         def wrapper(self, *a, **k):
-            w = _by_obj.get(id(self))
+            w = BY_OBJ.get(id(self))
             if w is None or w.removed or w.mode != "ring":
                 return orig(self, *a, **k)
             if enter_step:
@@ -330,7 +331,7 @@ def _ring_wrapper(qual: str, enter_step: bool):
             if w.step % w.opts.ring_stride:  # a step not checked: the next check rebases
                 w.rebase = True
                 return orig(self, *a, **k)
-            frame = (next(_frames), qual)
+            frame = (next(frame_ids), qual)
             w.stack.append(frame)
             try:
                 w.check("enter", qual)
@@ -353,7 +354,7 @@ def _slim() -> None:
     so a step pays for four ring records and two Python wrappers, nothing else."""
     global _ring_patches
     ws = watches()
-    if _pending or not ws or any(w.mode != "ring" for w in ws if not w.removed):
+    if PENDING or not ws or any(w.mode != "ring" for w in ws if not w.removed):
         return
     if _ring_patches is None:
         from vllm.v1.worker.gpu.sample import thinking_budget as tbm
@@ -393,7 +394,7 @@ def suspend() -> None:
     watched and unwatched steps of one engine). ``resume()`` puts them back."""
     global _suspended
     for w in watches():
-        with _lock:
+        with LOCK:
             w.flush()
             w.rebase = True
     _suspended = "ring" if _ring_patches is not None and _ring_patches.installed else "full"
@@ -413,7 +414,7 @@ def resume() -> None:
 
 
 def watches() -> list[Watch]:
-    return list({id(w): w for w in _by_obj.values()}.values())
+    return list({id(w): w for w in BY_OBJ.values()}.values())
 
 
 # ---- the plugin path -------------------------------------------------------------------------------
@@ -483,3 +484,6 @@ def force_cpu_profile_run() -> PatchSet | None:
     ps.wrap(CPUWorker, "_should_warm_up_model", lambda orig: (lambda self: True))
     _cpu_profile = ps
     return ps.install()
+
+
+ON_RING.append(_slim)  # the Watch calls it when it enters ring mode (watch_registry)

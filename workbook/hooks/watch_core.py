@@ -15,101 +15,29 @@ the watched tensors into a device ring buffer, compared when the ring is flushed
 ``out_dir/watch.json`` by ``Watch.write()``; the sanitizer stage (``workbook.hooks.protect``) is
 planned, attached and detached from here and its layout evidence kept.
 
-Also here: ``Options``, ``WatchError``, and the registry of this process's watches (pending,
-bound by object id, active) in which the wrappers look up their watch — it lives only here.
-
-Not here: anything that patches vLLM — the phase and ring-mode wrappers, ``install``,
-``suspend`` / ``resume``, the plugin path, the CPU profiling-run emulation
-(``workbook.hooks.watch``, which re-exports this module's public names) — nor the localization's
-hooks (``workbook.hooks.localize``). The one call back up is ``Watch.step_finished`` →
-``workbook.hooks.watch._slim()`` (a function-level import: the wrappers switch to ring mode once
-every watch of the process is past its detailed steps).
+Not here: ``Options``, ``WatchError`` and the registry of this process's watches (pending,
+bound by object id, active) in which the wrappers look up their watch
+(``workbook.hooks.watch_registry``); anything that patches vLLM — the phase and ring-mode
+wrappers, ``install``, ``suspend`` / ``resume``, the plugin path, the CPU profiling-run
+emulation (``workbook.hooks.watch``, which re-exports the public names) — nor the localization's
+hooks (``workbook.hooks.localize``). Entering ring mode, ``Watch.step_finished`` calls
+``watch_registry.ON_RING`` (the installer's slimming, registered there): no import back up.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
-import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from workbook.core.config import LOCALIZE
 from workbook.hooks import protect, watch_evidence
-from workbook.hooks.localize import Localization, _stack_names
+from workbook.hooks.localize import Localization, stack_names
+from workbook.hooks.watch_registry import (ACTIVE, BY_OBJ, CANARY, LOCK, ON_RING,  # noqa: F401
+                                           PENDING, SCHEMA, STEP_BOUNDARIES, Options,
+                                           WatchError, canary_i32, current, watch_for)
 from workbook.vllm import startup
-
-SCHEMA = "workbook.watch/1"
-CANARY = 0x5AFEC0DE  # int32 pattern of the canary tensors
-STEP_BOUNDARIES = {  # kept after the detailed steps (ring mode): they bracket the writers
-    ("enter", "ThinkingBudgetState.apply_staged_writes"),
-    ("exit", "ThinkingBudgetState.apply_staged_writes"),
-    ("enter", "ThinkingBudgetState.apply"), ("exit", "ThinkingBudgetState.apply")}
-
-
-class WatchError(RuntimeError):
-    """The watch cannot do what it was asked (named in the message)."""
-
-
-@dataclass
-class Options:
-    out_dir: str | None = None  # write watch.json here as the watch goes
-    localize: str = "none"  # none | module | op
-    localize_within: str = ""  # op level only inside modules whose name starts with this
-    localize_timeout_s: float = 600.0  # fine levels stop after this (start of localization)
-    localize_steps: int = 8  # real steps localized after start-up
-    op_stride: int = 1  # op level: check every n-th op / launch
-    canaries: int = 2  # canary tensors on each side of the state (0: vLLM's layout untouched)
-    timeline_steps: int = 3  # real steps with every boundary checked and kept in the timeline
-    ring_rows: int = 512  # per-step ring buffer rows (boundaries) before a flush
-    ring_stride: int = 4  # ring mode: record the boundaries of every n-th step only
-    flush_every_steps: int = 0  # 0: when the ring is full or read; server runs use 1
-    label: str = ""  # free text carried into the evidence (e.g. the run name)
-    protect: str = "none"  # none | auto | nvtx | page: the state read-only (workbook.hooks.protect)
-
-    def __post_init__(self):
-        if self.localize not in LOCALIZE:
-            raise WatchError(f"localize={self.localize!r}: choose one of {LOCALIZE}")
-        if self.op_stride < 1:
-            raise WatchError(f"op_stride={self.op_stride!r} must be >= 1")
-        if self.ring_stride < 1:
-            raise WatchError(f"ring_stride={self.ring_stride!r} must be >= 1")
-        if self.protect not in protect.MODES:
-            raise WatchError(f"protect={self.protect!r}: choose one of {protect.MODES}")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Options":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in (d or {}).items() if k in names})
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-# ---- the watches of this process and how a wrapper finds its own ------------------------------
-
-_pending: list["Watch"] = []  # installed, waiting for the next runner
-_by_obj: dict[int, "Watch"] = {}  # id(runner / worker / state / speculator) -> watch
-_active: list["Watch"] = []  # watches whose wrapped methods are running (innermost last)
-_lock = threading.RLock()
-
-
-def _watch_for(obj) -> "Watch | None":
-    w = _by_obj.get(id(obj))
-    if w is not None:
-        return w
-    mr = getattr(obj, "model_runner", None)  # a worker
-    if mr is not None:
-        return _by_obj.get(id(mr))
-    return None
-
-
-def _current() -> "Watch | None":
-    return _active[-1] if _active else None
-
 
 # ---- a boundary --------------------------------------------------------------------------------
 
@@ -177,7 +105,7 @@ class Watch:
     # -- binding ---------------------------------------------------------------------------
     def bind_runner(self, runner) -> None:
         self.runner = runner
-        _by_obj[id(runner)] = self
+        BY_OBJ[id(runner)] = self
         import torch
 
         self.platform = "cuda" if torch.cuda.is_available() else "cpu"
@@ -211,7 +139,7 @@ class Watch:
 
     def _attach(self, state, tensors, pre, post) -> None:
         self.state = state
-        _by_obj[id(state)] = self
+        BY_OBJ[id(state)] = self
         self.canaries = {f"canary.pre{i}": t for i, t in enumerate(pre)}
         self.canaries.update({f"canary.post{i}": t for i, t in enumerate(post)})
         self.names = list(tensors) + list(self.canaries)
@@ -282,7 +210,7 @@ class Watch:
             if n in self.canaries:
                 out[n] = self.canaries[n]
             else:
-                out[n] = startup._resolve(s, n)  # re-read: the budget's UVA view rotates
+                out[n] = startup.resolve_path(s, n)  # re-read: the budget's UVA view rotates
         return out
 
     def _views(self) -> list:
@@ -402,7 +330,7 @@ class Watch:
         if not np.array_equal(prev_row, row):
             old, new = self._split(prev_row), self._split(row)
             common = _common(prev_b.stack, b.stack)
-            common_q = set(_stack_names(common))
+            common_q = set(stack_names(common))
             for n in names:
                 if np.array_equal(old[n], new[n]):
                     continue
@@ -432,7 +360,7 @@ class Watch:
         idx = np.flatnonzero(old != new)
         mods = _common(pb.mods, b.mods)
         ops = _common(pb.ops, b.ops)
-        phase = startup.classify(_stack_names(common), kv_ready=b.kv_ready, step=b.step)
+        phase = startup.classify(stack_names(common), kv_ready=b.kv_ready, step=b.step)
         if not common and not mods:
             phase = f"between phases ({pb.label()} → {b.label()})"
         if b.rebase and pb.step != b.step:
@@ -447,14 +375,14 @@ class Watch:
             "ptr_moved": None if not (pb.ptrs and b.ptrs) else pb.ptrs.get(name) != b.ptrs.get(name),
             "version": [pb.versions.get(name), b.versions.get(name)],
             "last_clean": pb.label(), "first_dirty": b.label(), "level": b.level,
-            "path": " > ".join(_stack_names(common)),
+            "path": " > ".join(stack_names(common)),
             "module": mods[-1][1] if mods else None,
             "op": ops[-1][1] if ops else None,
             "context": list(self.history[-12:]) if self.loc.active else [],
         }
 
     def _phase_seen(self, b: Boundary, unexpected: list[str]) -> None:
-        name = startup.top_phase(startup.classify(_stack_names(b.stack), kv_ready=b.kv_ready,
+        name = startup.top_phase(startup.classify(stack_names(b.stack), kv_ready=b.kv_ready,
                                                   step=b.step))
         if name.startswith("step ") and b.step > self.opts.timeline_steps:
             name = f"steps {self.opts.timeline_steps + 1}+"
@@ -476,7 +404,7 @@ class Watch:
         self.timeline.append({
             "seq": b.seq, "t": round(b.t, 4), "kind": b.kind, "where": b.where,
             "depth": len(b.stack) - (1 if b.kind in ("enter", "exit") else 0),
-            "phase": startup.classify(_stack_names(b.stack), kv_ready=b.kv_ready, step=b.step),
+            "phase": startup.classify(stack_names(b.stack), kv_ready=b.kv_ready, step=b.step),
             "markers": mk, "changed": found, "unexpected": unexpected})
 
     # -- ring mode (every step after the detailed ones) ---------------------------------------
@@ -526,9 +454,8 @@ class Watch:
                 self.layout_evidence["after_startup"] = self._neighbours()
             protect.stop_history()
             self.write()
-            from workbook.hooks.watch import _slim  # the installer (imports this module)
-
-            _slim()
+            for fn in list(ON_RING):  # the installer's (``workbook.hooks.watch``) slimming
+                fn()
         if self.mode == "ring" and self.opts.flush_every_steps and \
                 self.step % self.opts.flush_every_steps == 0:
             self.flush()
@@ -537,7 +464,7 @@ class Watch:
     # -- evidence --------------------------------------------------------------------------
     def read(self) -> dict:
         """The evidence so far (flushes the ring first)."""
-        with _lock:
+        with LOCK:
             if not self.busy:
                 self.flush()
             return self.to_dict()
@@ -550,7 +477,7 @@ class Watch:
             vals = self._split(self.last[1])
             end = {"markers_intact": all(vals[n].tolist() == self.creation[n] for n in self.names
                                          if self.roles[n] == "marker"),
-                   "canaries_intact": all(bool((vals[n] == _canary_i32()).all())
+                   "canaries_intact": all(bool((vals[n] == canary_i32()).all())
                                           for n in self.canaries),
                    "values": {n: _short(vals[n]) for n in self.names}}
         first_real = next((p for p in self.phases if p.startswith("step ")), None)
@@ -595,7 +522,7 @@ class Watch:
         b = self.pos_b
         if b is None:
             return None
-        phase = startup.classify(_stack_names(b.stack), kv_ready=b.kv_ready, step=b.step)
+        phase = startup.classify(stack_names(b.stack), kv_ready=b.kv_ready, step=b.step)
         if self.step > b.step:
             phase = f"step {self.step}"
         return {"boundary": b.label(), "seq": b.seq, "step": self.step,
@@ -619,7 +546,7 @@ class Watch:
 
     def remove(self) -> None:
         """Stop watching this engine (its wrappers become pass-through)."""
-        with _lock:
+        with LOCK:
             if self.removed:
                 return
             self.flush()
@@ -628,19 +555,13 @@ class Watch:
             if self.guard is not None:
                 protect.detach(self.guard)
             self.loc.finish("watch removed")
-            for k in [k for k, w in _by_obj.items() if w is self]:
-                del _by_obj[k]
-            if self in _pending:
-                _pending.remove(self)
+            for k in [k for k, w in BY_OBJ.items() if w is self]:
+                del BY_OBJ[k]
+            if self in PENDING:
+                PENDING.remove(self)
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-
-def _canary_i32() -> int:
-    import numpy as np
-
-    return int(np.array([CANARY], dtype=np.uint32).view(np.int32)[0])
-
 
 def _short(v, n: int = 8) -> list:
     v = list(v.tolist() if hasattr(v, "tolist") else v)

@@ -17,8 +17,8 @@ from typing import Any
 
 from workbook.core import hypotheses
 from workbook.report import tokens
-from workbook.report.runs import (Batch, Run, guard_twin, judged_requests,  # noqa: F401
-                                  verdict_of)
+from workbook.report.runs import (Batch, Run, first_violated, guard_twin,  # noqa: F401
+                                  judged_requests, verdict_of)
 from workbook.report import wording
 from workbook.report.wording import DASH  # noqa: F401
 
@@ -28,12 +28,31 @@ def stage_of(hyp: str | None) -> str | None:
 
 
 def cause_text(v: dict) -> str:
-    hyp = v.get("hypothesis")
+    """The cause named: a run's verdict (``hypothesis``) or a verdict record (``cause``)."""
+    hyp = v.get("cause") if "contract" in v else v.get("hypothesis")
     if not hyp:
         return ("no cause named (unclassified)" if v.get("verdict") == "violated"
                 else "no cause: nothing was violated")
-    t = v.get("hypothesis_title") or hypotheses.title(hyp) or ""
+    t = (v.get("hypothesis_title") if "contract" not in v else None) or \
+        hypotheses.title(hyp) or ""
     return f"{hyp}: {t}" if t else str(hyp)
+
+
+def named_by(run: Run) -> dict:
+    """What names the run's cause: its first violated verdict record (the one shape), else
+    (no request traced: a verdict from the client alone) its diagnosis."""
+    return first_violated(run) or run.verdict
+
+
+def cause_of(run: Run) -> str | None:
+    """The hypothesis id the run's first violation is blamed on (None: none named)."""
+    v = named_by(run)
+    return v.get("cause") if "contract" in v else v.get("hypothesis")
+
+
+def stage_text(run: Run) -> str | None:
+    """The stage of the run's first violation: the catalogue's stage of its named cause."""
+    return stage_of(cause_of(run))
 
 
 def chain_text(v: dict) -> str | None:
@@ -73,20 +92,27 @@ def where_text(run: Run) -> str:
     """``step s, row r (local_pos p, path), request i of n (budget b): <what happened>`` —
     what happened said per violation kind (``wording.violation_text``)."""
     v = run.verdict
-    fv = v.get("first_violation") or {}
-    if not fv:
+    rec = first_violated(run) or {}  # the one shape: request, step, row, local_pos
+    fv = v.get("first_violation") or {}  # the budget's own: path, kind, what was emitted
+    if not fv and not rec:
         return "no first violating step recorded"
+    if not fv:
+        fv = {"req_id": rec.get("request")}
+    rid = rec.get("request", fv.get("req_id"))
+    if rid != fv.get("req_id"):  # the budget's details belong to another request: not said
+        fv = {"req_id": rid}
     reqs = judged_requests(run)
-    idx = next((r["index"] for r in reqs if r["req_id"] == fv.get("req_id")), None)
-    req = next((r for r in reqs if r["req_id"] == fv.get("req_id")), {})
+    idx = next((r["index"] for r in reqs if r["req_id"] == rid), None)
+    req = next((r for r in reqs if r["req_id"] == rid), {})
     which = f"request {idx} of {len(reqs)}" if idx else "request"
     b = fv.get("budget") if "budget" in fv else req.get("budget")
     budget = f" ({wording.budget_text(b)})" if wording.absent(b) or \
         wording.budget_text(b) == wording.NO_BUDGET else f" (budget {wording.budget_text(b)})"
     path = wording.value_text(fv.get("path"), "path not recorded")
-    step = wording.value_text(fv.get("step"), "not located")
-    row = wording.value_text(fv.get("row"), "not located")
-    lp = wording.value_text(fv.get("local_pos"), "not located")
+    at = rec if rec else fv
+    step = wording.value_text(at.get("step"), "not located")
+    row = wording.value_text(at.get("row"), "not located")
+    lp = wording.value_text(at.get("local_pos"), "not located")
     return (f"step {step}, row {row} (local_pos {lp}, {path}), {which}{budget}: "
             + wording.violation_text(fv, lambda t: tokens.label(run.decode, t)))
 
@@ -110,7 +136,7 @@ def _category(r: Run) -> str:
     return r.category
 
 
-def _count_line(runs: list[Run]) -> str:
+def count_line(runs: list[Run]) -> str:
     c: dict[str, int] = {}
     for r in runs:
         key = verdict_of(r) or r.row.get("status") or "unknown"
@@ -124,7 +150,7 @@ def _count_line(runs: list[Run]) -> str:
     return ", ".join(f"{c[k]} {k}" for k in keys) or "none"
 
 
-def _n_requests(runs: list[Run]) -> tuple[int, int]:
+def n_requests(runs: list[Run]) -> tuple[int, int]:
     """(requests that honoured the budget rule, requests judged against it): a request the
     evidence did not judge (``honored`` None: no budget that could bind) is not counted."""
     reqs = [q for r in runs for q in judged_requests(r) if q["honored"] is not None]
@@ -221,8 +247,8 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
                 continue
             guard, fixed = _guard_text(r, b.runs)
             v = r.verdict
-            violated.append({"run": r, "fault": r.fault, "stage": stage_of(v.get("hypothesis")),
-                             "cause": cause_text(v), "chain": chain_text(v),
+            violated.append({"run": r, "fault": r.fault, "stage": stage_text(r),
+                             "cause": cause_text(named_by(r)), "chain": chain_text(v),
                              "where": where_text(r), "guard": guard, "fixed": fixed})
         bad = [r for r in b.runs if r.row.get("status") not in (None, "ok")]
         per_batch.append({"batch": b, "cats": cats, "violated": violated, "not_ok": bad,
@@ -234,7 +260,7 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
     faults = [r for r in all_runs if r.category == "fault"]
     faults_judged = [r for r in faults if r.finished_ok and verdict_of(r)]
     caught = [r for r in faults_judged if verdict_of(r) == "violated"]
-    named = [r for r in caught if r.verdict.get("hypothesis")]
+    named = [r for r in caught if cause_of(r)]
     tried = [g for g in (guard_result(r, all_runs) for r in all_runs if r.fault != "none")
              if g is not None and g["off_violated"]]
     fixed = [g for g in tried if g["fixed"]]
@@ -243,11 +269,11 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
     # the hardware the healthy verdicts come from (not every batch's: a batch of faults only
     # says nothing about healthy vLLM on its hardware)
     hw = " and ".join(sorted({r.hardware for r in judged} or {b.hardware for b in batches}))
-    ok_req, n_req = _n_requests(judged)
+    ok_req, n_req = n_requests(judged)
     every = "every run" if not stopped else "every run that finished"
     parts = []
     if healthy_bad:
-        names = ", ".join(f"{r.short} ({cause_text(r.verdict)})" for r in healthy_bad)
+        names = ", ".join(f"{r.short} ({cause_text(named_by(r))})" for r in healthy_bad)
         parts.append(f"vLLM ignored thinking_token_budget WITHOUT any injected fault in "
                      f"{len(healthy_bad)} of {_runs(len(judged), 'finished run')}: {names}.")
     elif judged and all(verdict_of(r) == "honored" for r in judged):
@@ -255,7 +281,7 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
                      f"{_runs(len(judged))} without a fault, {ok_req} of {n_req} requests judged "
                      f"with </think> exactly where the budget puts it.")
     elif judged:
-        parts.append(f"Runs without a fault on {hw}: {_count_line(judged)}.")
+        parts.append(f"Runs without a fault on {hw}: {count_line(judged)}.")
     elif healthy:
         parts.append("No run without a fault finished: there is no verdict on healthy vLLM "
                      "here.")
@@ -303,7 +329,7 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
                      f"token-identical ({', '.join(r.name for r, _ in ident)}).")
     not_ok = [r for r in all_runs if r.row.get("status") not in (None, "ok")]
     if not_ok:
-        parts.append(f"{_runs(len(not_ok))} did not finish ({_count_line(not_ok)}).")
+        parts.append(f"{_runs(len(not_ok))} did not finish ({count_line(not_ok)}).")
     parts += stopped
     warn = bool(stopped or not_ok or not judged)
     return {"headline": " ".join(parts) or "No runs.", "alarm": bool(healthy_bad),

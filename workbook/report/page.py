@@ -166,7 +166,7 @@ nav.toc{font-size:.9em;color:#444}nav.toc a{margin-right:.9em}
 .viol-block{border-left:4px solid #d62728;padding-left:.8em;margin:1em 0 1.6em}"""
 
 
-def _link(href: str | None, text: str) -> str | None:
+def link_html(href: str | None, text: str) -> str | None:
     return f'<a href="{html.escape(href)}">{html.escape(text)}</a>' if href else None
 
 

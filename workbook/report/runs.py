@@ -195,7 +195,12 @@ def judged_requests(run: Run) -> list[dict]:
     From the diagnosis (every traced request), else from what the client saw (the reported
     request and the checks' requests)."""
     out = []
+    # held / violated / not judged: the request's verdict record (the one shape) when it has
+    # one, the budget's own flag otherwise (a folder without records for it)
+    said = {x.get("request"): {"held": True, "violated": False}.get(x.get("verdict"))
+            for x in verdict_records(run) if x.get("contract") == "thinking_token_budget"}
     for i, r in enumerate(run.verdict.get("requests") or []):
+        honored = said[r.get("req_id")] if r.get("req_id") in said else r.get("honored")
         output = r.get("output") or []
         actual = r.get("actual_end_index")
         if actual is None:  # evidence from before the diagnosis recorded it
@@ -203,10 +208,10 @@ def judged_requests(run: Run) -> list[dict]:
         out.append({"index": i + 1, "req_id": r.get("req_id"), "budget": _int(r.get("budget")),
                     "expected": _int(r.get("expected_end_index")),
                     "actual": None if actual == -1 else actual,
-                    "honored": r.get("honored"), "output": output,
+                    "honored": honored, "output": output,
                     # why a violated request is violated (missing / early / unbudgeted /
                     # twice) and its first violating output index; None otherwise
-                    "kind": r.get("kind") if r.get("honored") is False else None,
+                    "kind": r.get("kind") if honored is False else None,
                     "at": _int(r.get("at"))})
     if out:
         return out
@@ -231,19 +236,59 @@ def _int(v):
         return v
 
 
+def verdict_records(r: Run) -> list[dict]:
+    """The run's verdicts in the one shape (``workbook.run.verdicts.Verdict``: request,
+    contract, held / violated / not judged, step, row, local_pos, column, output index, stage,
+    cause, evidence), one per judged request: the diagnosis' own ``verdicts``; for a folder
+    written before the diagnosis kept them, the same records built from its verdict
+    (``workbook.run.diagnose.budget_verdicts``)."""
+    v = r.verdict
+    recs = v.get("verdicts")
+    if recs is None and v.get("requests"):
+        from workbook.run.diagnose import budget_verdicts
+
+        fv = v.get("first_violation")
+        if not v.get("violations") and isinstance(fv, dict):  # older still: one violation
+            causes = v.get("causes") if isinstance(v.get("causes"), list) else []
+            v = {**v, "violations": [{"req_id": fv.get("req_id"), "first_violation": fv,
+                                      "causes": causes, "hypothesis": v.get("hypothesis")}]}
+        try:
+            recs = budget_verdicts(v)
+        except (KeyError, TypeError, IndexError):  # a verdict too old to carry its violations
+            recs = []
+    return [x for x in recs or [] if isinstance(x, dict)]
+
+
+def first_violated(r: Run) -> dict | None:
+    """The run's first violated verdict record, in the diagnosis' order (the earliest step,
+    then local position; unlocated last); None when none is violated."""
+    bad = [x for x in verdict_records(r) if x.get("verdict") == "violated"]
+    if not bad:
+        return None
+    return min(bad, key=lambda x: (x.get("step") is None, x.get("step") or 0,
+                                   x.get("local_pos") or 0))
+
+
 def verdict_of(r: Run):
-    """The run's verdict (honored / violated / inconclusive), None when it has none."""
-    return r.verdict.get("verdict")
+    """The run's verdict over its verdict records (``verdict_records``): violated when one
+    is, else honored when one held, else inconclusive; a run without records (no request
+    traced) keeps its diagnosis' word; None when it has no verdict."""
+    recs = verdict_records(r)
+    if not recs:
+        return r.verdict.get("verdict")
+    words = {x.get("verdict") for x in recs}
+    return "violated" if "violated" in words else "honored" if "held" in words \
+        else "inconclusive"
 
 
-_verdict = verdict_of
+verdict_name = verdict_of
 
 
-def _same_batch(a: Run, b: Run) -> bool:
+def same_batch(a: Run, b: Run) -> bool:
     return a is not b and a.hardware == b.hardware and a.run_id == b.run_id
 
 
-def _n_diff(a: dict, b: dict, ignore=()) -> int:
+def n_diff(a: dict, b: dict, ignore=()) -> int:
     return sum(a.get(k) != b.get(k) for k in set(a) | set(b) if k not in ignore)
 
 
@@ -252,7 +297,7 @@ def guard_twin(run: Run, runs: list[Run]) -> Run | None:
     if run.guard:
         return None
     for b in runs:
-        if _same_batch(run, b) and b.guard and _n_diff(run.config, b.config,
+        if same_batch(run, b) and b.guard and n_diff(run.config, b.config,
                                                        ignore=("guard",)) == 0:
             return b
     return None
@@ -260,9 +305,9 @@ def guard_twin(run: Run, runs: list[Run]) -> Run | None:
 
 def nearest_honoured(run: Run, runs: list[Run]) -> Run | None:
     twin = guard_twin(run, runs)
-    if twin is not None and _verdict(twin) == "honored":
+    if twin is not None and verdict_name(twin) == "honored":
         return twin
-    near = [b for b in runs if _same_batch(run, b) and _verdict(b) == "honored" and b.outcome]
-    return min(near, key=lambda b: _n_diff(run.config, b.config)) if near else None
+    near = [b for b in runs if same_batch(run, b) and verdict_name(b) == "honored" and b.outcome]
+    return min(near, key=lambda b: n_diff(run.config, b.config)) if near else None
 
 

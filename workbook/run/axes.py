@@ -207,7 +207,7 @@ def generate(llm, prompts: list[dict], sps: list, arrival: str = "step0", filler
         return llm.generate(prompts, sps, use_tqdm=False)
     eng = llm.llm_engine
     queue = [(f"wb-arrive-{next(_ids)}", p, sp) for p, sp in zip(prompts, sps)]
-    from workbook.run.constraints import sampling_params
+    from workbook.run.caseparams import sampling_params
 
     if filler is not None:  # unconstrained, as long as the batch's first request
         queue.insert(0, (f"wb-arrive-{next(_ids)}", filler,
@@ -239,7 +239,7 @@ def refusals(llm, prompts: list[dict], sps: list) -> dict[int, Exception]:
     found before the batch is sent so one refused request does not take its batch with it:
     each is added through ``LLMEngine.add_request`` and, when accepted, aborted at once
     (nothing is scheduled: no step runs in between). Returns index -> vLLM's exception."""
-    from workbook.run.constraints import is_refusal
+    from workbook.run.caseparams import is_refusal
 
     eng = llm.llm_engine
     out: dict[int, Exception] = {}

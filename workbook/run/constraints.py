@@ -82,6 +82,7 @@ from typing import Any
 
 from workbook.core import contracts
 from workbook.core.config import ConfigError, RunConfig
+from workbook.run.caseparams import is_refusal, sampling_params  # noqa: F401  (re-exported)
 
 METHODS = ("none", "mtp", "eagle", "ngram", "draft_model")
 BATCHES = ("single", "mixed", "mixed-natural", "mixed-scaled")
@@ -170,20 +171,6 @@ def prompt_for(tokenizer, name: str) -> list[int]:
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return [int(t) for t in ids]
-
-
-def sampling_params(kw: dict, max_tokens: int = 16):
-    from vllm import SamplingParams
-
-    kw = dict(kw)
-    so = kw.pop("structured_outputs", None)
-    if so is not None:
-        from vllm.sampling_params import StructuredOutputsParams
-
-        kw["structured_outputs"] = StructuredOutputsParams(**so)
-    base = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
-    base.update(kw)
-    return SamplingParams(**base)
 
 
 def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
@@ -501,13 +488,6 @@ def _returned_logprobs(comp, output, emitted):
 class MethodRefused(Exception):
     """vLLM refused the speculative method itself when the engine was configured (e.g. "Model
     Runner V2 does not yet support ..."): every cell of the method is ``method refused``."""
-
-
-def is_refusal(e: Exception) -> bool:
-    """vLLM's own validation: ``VLLMValidationError`` (not a ValueError), ValueError,
-    NotImplementedError and pydantic's ValidationError (a ValueError) of its config classes."""
-    return type(e).__name__ == "VLLMValidationError" or isinstance(e, (ValueError,
-                                                                        NotImplementedError))
 
 
 def one_line(e: Exception) -> str:

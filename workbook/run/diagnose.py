@@ -63,7 +63,7 @@ from workbook.run import verdicts
 from workbook.run.evidence_text import (cache_saw, history_saw, mapping_saw,  # noqa: F401
                                         reasoning_state)
 from workbook.run.stages import (  # noqa: F401 (re-exported: the stage rules' public names)
-    FORCED, FORCING_RULES, RULES, Ctx, classify, _forced, _inputs_right)
+    FORCED, FORCING_RULES, RULES, Ctx, classify, row_forced, inputs_right)
 
 
 def _markers(frames, effective) -> budget.Markers:
@@ -220,7 +220,7 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
                                                 "kernel differ from the batch's")
         if s.get("cache_before_ok") is False:
             hit("device state", "cache before apply", s, cache_saw(s))
-        scanned = s.get("kernels_launched") and _inputs_right(s) and \
+        scanned = s.get("kernels_launched") and inputs_right(s) and \
             int(s.get("budget_device") if s.get("budget_device") is not None else -1) >= 0
         if scanned and s.get("cache_scan_ok") is False or (
                 scanned and s.get("cache_scan_ok") is None and s.get("cache_after_ok") is False):
@@ -248,7 +248,7 @@ def contract_breaks(frames: dict, markers: budget.Markers | None = None,
                                                                 "committed", r["local_pos"])
             continue
         if r.get("due"):
-            if not _forced(r):
+            if not row_forced(r):
                 if r.get("due_logit_kernel") is not None and r["due_logit_kernel"] >= FORCED:
                     hit("apply", "biased tensor", r, "the kernel forced another tensor",
                         r["local_pos"])

@@ -293,14 +293,14 @@ class known_model:
                 # orthogonal to h, get a small multiple of the target's row: its argmax
                 W = np.outer(target, h / float(h @ h))
                 head.weight.copy_(torch.as_tensor(W, dtype=head.weight.dtype))
-                rq._repack(head)
+                rq.repack(head)
             # compute_logits normalises the state it receives (the final norm) before the
             # head: the logits are target * (a . g) for the normalised state g; rescale once
             got = runner.model.compute_logits(torch.as_tensor(h[None], dtype=torch.float32))
             c = float(got[0, HOT[0]]) / TARGET_LOGITS[HOT[0]]
             for head in self.heads:
                 head.weight.div_(c)
-                rq._repack(head)
+                rq.repack(head)
         return self
 
     def _hidden_state(self) -> np.ndarray:
@@ -336,7 +336,7 @@ class known_model:
             for m, w in zip(self.embeds + self.heads, self.saved):
                 m.weight.copy_(w)
             for h in self.heads:
-                rq._repack(h)
+                rq.repack(h)
         return False
 
 

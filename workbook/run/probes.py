@@ -210,11 +210,11 @@ def _recorrupted(name: str, frames: dict, request_id: str) -> str | None:
     """Positive evidence that what a repair probe wrote was changed again: its own trace, at
     the violating request's steps, read the repaired value (after the repair, when the kernel
     read it) and found it wrong. None when it held (or the probe repairs nothing)."""
-    from workbook.run import diagnose
+    from workbook.run import verdicts
 
     if name not in ("markers", "budget", "caches"):
         return None
-    steps = sorted((s for s in diagnose._records(frames.get("requests"))
+    steps = sorted((s for s in verdicts.records(frames.get("requests"))
                     if s["req_id"] == request_id or str(s["req_id"]).startswith(
                         f"{request_id}-")), key=lambda s: s["step"])
     for s in steps:

@@ -176,13 +176,13 @@ def _edited_lm_heads(engine, edit):
         with torch.no_grad():
             for h in heads:
                 edit(h.weight)
-                _repack(h)
+                repack(h)
         yield heads
     finally:
         with torch.no_grad():
             for h, w in zip(heads, saved):
                 h.weight.copy_(w)
-                _repack(h)
+                repack(h)
 
 
 def zeroed_lm_head(engine):
@@ -217,7 +217,7 @@ def _lm_heads(runner) -> list:
     return heads
 
 
-def _repack(module) -> None:
+def repack(module) -> None:
     try:
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
     except ImportError:

@@ -195,7 +195,7 @@ class Request:
 
 # --- per position -----------------------------------------------------------------------------
 
-def _token_id(entry: dict, fallback: int | None = None) -> int | None:
+def entry_token_id(entry: dict, fallback: int | None = None) -> int | None:
     tok = entry.get("token")
     if isinstance(tok, str) and tok.startswith("token_id:"):
         try:
@@ -219,10 +219,10 @@ def tops_from_openai(choice: dict, output: Sequence[int]) -> list[dict[int, floa
             out.append(d)
             continue
         for e in pos.get("top_logprobs") or []:
-            t = _token_id(e)
+            t = entry_token_id(e)
             if t is not None:
                 d[t] = float(e["logprob"])
-        t = _token_id(pos, emitted)
+        t = entry_token_id(pos, emitted)
         if t is not None and t not in d:
             d[t] = float(pos["logprob"])
         out.append(d)
@@ -381,16 +381,12 @@ def marker_mismatch(given: Markers, server: Markers, prompt: Sequence[int],
         else None
 
 
-def _ids(seq: Sequence[int]) -> str:
-    return ",".join(str(t) for t in seq)
-
-
 def mismatch_line(given: Markers, server: Markers, found: dict[str, Any],
                   texts: dict[int, str | None],
                   given_texts: tuple[str, str] | None = None) -> str:
     """One line: the markers given (``given_texts``: the texts they came from), the server's,
     the evidence, the flag that matches."""
-    ids = _ids
+    ids = ids_text
     given_one = (lambda seq, i: f"{ids(seq)} ({json.dumps(given_texts[i])})" if given_texts
                  else ids(seq))
 
@@ -428,7 +424,7 @@ def infer_mode(ep: Endpoint, model: str, req: Request) -> tuple[str, dict]:
         if not content:
             raise ServerCheckError("the server returned no logprobs (was it started with "
                                    "--max-logprobs 0?)")
-        vals[t] = {_token_id(e): float(e["logprob"]) for e in content[0].get("top_logprobs")
+        vals[t] = {entry_token_id(e): float(e["logprob"]) for e in content[0].get("top_logprobs")
                    or []}
     common = sorted(set(vals[1.0]) & set(vals[0.5]))
     evidence = {"control_t1": {str(k): vals[1.0][k] for k in common},
@@ -532,10 +528,10 @@ def check(url: str, model: str | None = None, *, req: Request | None = None,
     if mismatch:
         judged["notes"].append(
             f"the markers given differ from the server's own ({json.dumps(START_TEXT)} "
-            f"{_ids(own.start)}, {json.dumps(END_TEXT)} {_ids(own.end)}), and the server forced "
+            f"{ids_text(own.start)}, {json.dumps(END_TEXT)} {ids_text(own.end)}), and the server forced "
             f"{mismatch['column']} at output position {mismatch['position']}, neither end "
-            f"marker: judged with the markers given; --marker-ids {_ids(own.start)}/"
-            f"{_ids(own.end)} judges against the server's own")
+            f"marker: judged with the markers given; --marker-ids {ids_text(own.start)}/"
+            f"{ids_text(own.end)} judges against the server's own")
     return Result(url=ep.base, model=model, request=body, mode=mode, mode_evidence=evidence,
                   judged=judged, finish_reason=choice.get("finish_reason"),
                   usage=resp.get("usage") or {}, prompt_tail=prompt[-4:], texts=texts)
@@ -556,7 +552,7 @@ def from_request_output(out, budget_value: int | None, markers: Markers,
 
 # --- text -------------------------------------------------------------------------------------
 
-def _ids(v) -> str:
+def ids_text(v) -> str:
     """Marker ids in a line of text: "248068" / "248068 248069"; "none" when absent."""
     return " ".join(str(int(t)) for t in v) if v else "none"
 
@@ -581,7 +577,7 @@ def render(res: Result) -> str:
              "prompt: " + say(j.get("prompt_reasoning_count"),
                               "not counted (the start, end or natural-end marker ids are "
                               "missing)")
-             + f"; markers start {_ids(mk.get('start'))} end {_ids(mk.get('end'))}",
+             + f"; markers start {ids_text(mk.get('start'))} end {ids_text(mk.get('end'))}",
              f"logprobs mode: {res.mode} ({res.mode_evidence.get('from', 'given')})",
              f"finish_reason {say(res.finish_reason, 'not reported')}, completion tokens "
              f"{say(res.usage.get('completion_tokens'), 'not reported')}, end marker expected "

@@ -113,7 +113,7 @@ def _tops(choice: dict) -> list[dict[int, float]]:
     for i, d in enumerate(lp.get("top_logprobs") or []):
         row: dict[int, float] = {}
         for tok, v in (d or {}).items():
-            t = sc._token_id({"token": tok})
+            t = sc.entry_token_id({"token": tok})
             if t is not None and v is not None:
                 row[t] = float(v)
         out.append(row)
@@ -485,8 +485,8 @@ def _one(ep, model, name, kw, markers, given, own, mode, decode, max_tokens, bas
 def render(res: Result) -> str:
     lines = [f"server {res.url}  model {res.model}",
              f"logprobs mode: {res.mode} ({res.mode_evidence.get('from', 'given')}); reasoning "
-             f"markers used: start {sc._ids(res.markers.get('start'))} end "
-             f"{sc._ids(res.markers.get('end'))}; baseline (unconstrained greedy) "
+             f"markers used: start {sc.ids_text(res.markers.get('start'))} end "
+             f"{sc.ids_text(res.markers.get('end'))}; baseline (unconstrained greedy) "
              f"{' '.join(map(str, res.baseline)) or 'empty'}",
              "", f"{'constraint':<26} {'verdict':<14} detail"]
     for v in res.verdicts:

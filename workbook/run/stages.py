@@ -57,7 +57,7 @@ registered that was not asked for), H-j (mapping), the device state (H-i…, H-d
 H-d-cache), H-d-kernel (``apply`` biased a row that was not due), H-k (the end committed over
 another sampled token). Gate and launch cannot add a forcing and are not consulted.
 
-The row-level tests ``_forced`` and ``_inputs_right`` (and ``FORCED``) live here only; the
+The row-level tests ``row_forced`` and ``inputs_right`` (and ``FORCED``) live here only; the
 trace-wide contract checks (``workbook.run.diagnose.contract_breaks``) import them. The evidence
 in sentences (the cache, the mapping, the history view, a marker write) is
 ``workbook.run.evidence_text``'s; a cause that leaves a question to a probe (batch composition:
@@ -235,7 +235,7 @@ def _rule_device_state(c: Ctx) -> list[dict]:
             out.append(_cause("H-d-history", f"{left}: {history_saw(prev)}"))
         elif prev is not None and prev.get("cache_after_ok") is False and \
                 prev.get("cache_scan_ok") is not True and prev.get("kernels_launched") and \
-                _inputs_right(prev):
+                inputs_right(prev):
             out.append(_cause("H-d-kernel", left + " from right inputs"))
         elif prev is not None and prev.get("cache_after_ok") is False:
             out.append(_cause("H-d-cache", f"{cache_saw(st)}; the scan at step "
@@ -253,7 +253,7 @@ def _previous_apply(c: Ctx) -> dict | None:
     return prev[-1] if prev else None
 
 
-def _inputs_right(s: dict) -> bool:
+def inputs_right(s: dict) -> bool:
     return (s.get("markers_ok") is not False and s.get("history_ok") is not False
             and s.get("mapping_ok") is not False and s.get("positions_ok") is not False
             and s.get("cache_before_ok") is not False
@@ -285,7 +285,7 @@ def _rule_kernel(c: Ctx) -> list[dict]:
     emitted = row.get("emitted_token")
     if not row.get("due"):
         return []
-    if _forced(row):
+    if row_forced(row):
         if emitted is not None and int(emitted) in cols and int(emitted) != c.due_token:
             return [_cause("H-d-column", f"row {row['row']} (local_pos {row['local_pos']}) got "
                                          f"+1e9 in columns {say(cols)}, not only in the due "
@@ -320,13 +320,13 @@ def _rule_kernel(c: Ctx) -> list[dict]:
                                     f"{reasoning_state(st.get('truth_start'))}: the cache was "
                                     "changed after the scan")]
     if st.get("cache_after_ok") is False and st.get("cache_before_ok") is not False and \
-            _inputs_right(st) and st.get("kernels_launched"):
+            inputs_right(st) and st.get("kernels_launched"):
         return [_cause("H-d-kernel", f"from a right cache, the marker scan at step "
                                      f"{st['step']} produced last_start="
                                      f"{say(st.get('last_start'))} last_end="
                                      f"{say(st.get('last_end'))}, where "
                                      f"{reasoning_state(st.get('truth_start'))}")]
-    if not _inputs_right(st) or st.get("kernels_launched") is not True:
+    if not inputs_right(st) or st.get("kernels_launched") is not True:
         return []
     where = "a draft row" if row["local_pos"] > 0 else "the first row"
     saw = (f"kernels launched at step {st['step']} with the state's own tensors, markers, "
@@ -384,7 +384,7 @@ def _rule_forced_kernel(c: Ctx) -> list[dict]:
         return []
     cols = [int(x) for x in (row.get("bias_cols") or [])]
     em = row.get("emitted_token")
-    if em is None or not (int(em) in cols or (_forced(row) and c.markers.end
+    if em is None or not (int(em) in cols or (row_forced(row) and c.markers.end
                                               and int(em) == int(c.markers.end[0]))):
         return []
     b = c.budget
@@ -425,7 +425,7 @@ def _batch_dependence(c: Ctx, what: str) -> str | None:
         return None
     if what == "forced":
         by_key = {(s["req_id"], s["step"]): s for s in c.steps}
-        same = [r for r in c.rows if r.get("due") and _forced(r)
+        same = [r for r in c.rows if r.get("due") and row_forced(r)
                 and (by_key.get((r["req_id"], r["step"])) or {}).get("batch_size") == size
                 and (by_key.get((r["req_id"], r["step"])) or {}).get("batch_pos") == pos]
         if same:
@@ -452,7 +452,7 @@ def _batch_dependence(c: Ctx, what: str) -> str | None:
 
 def _rule_sampling(c: Ctx) -> list[dict]:
     row, st = c.row, c.st
-    if row is None or not _forced(row):
+    if row is None or not row_forced(row):
         return []
     due = c.due_token
     ds = row.get("due_logit_sampled")
@@ -488,7 +488,7 @@ def _rule_sampling(c: Ctx) -> list[dict]:
                                      f"{sampler} sampled {sv} from it (its own sample, not a "
                                      "draft)")]
     if row.get("from_draft"):
-        own = [r for r in c.rows if r.get("from_draft") is False and _forced(r)
+        own = [r for r in c.rows if r.get("from_draft") is False and row_forced(r)
                and (r.get("due_logit_sampled") or 0) >= FORCED and r.get("sampled_vllm")
                is not None and c.path_of.get(r["step"]) == st.get("path")]
         ignored = [r for r in own if int(r["sampled_vllm"]) != int(r["due_token"])]
@@ -532,7 +532,7 @@ FORCING_RULES = (("registration", _rule_registration), ("batch mapping", _rule_m
                  ("commit", _rule_forced_commit))
 
 
-def _forced(row: dict) -> bool:
+def row_forced(row: dict) -> bool:
     v = row.get("due_logit_after_apply")
     if v is None:
         v = row.get("end_logit_after_apply")
@@ -553,10 +553,10 @@ def _pattern(c: Ctx, what: str) -> dict | None:
         items = []
         for r in c.rows:
             s = by_key.get((r["req_id"], r["step"]))
-            if not r.get("due") or s is None or not _inputs_right(s) or \
+            if not r.get("due") or s is None or not inputs_right(s) or \
                     s.get("kernels_launched") is not True:
                 continue
-            items.append((_forced(r), r["local_pos"] > 0, s.get("batch_pos") or 0,
+            items.append((row_forced(r), r["local_pos"] > 0, s.get("batch_pos") or 0,
                           s.get("batch_size") or 1))
     else:
         items = [(bool(s.get("kernels_launched")), False, s.get("batch_pos") or 0,

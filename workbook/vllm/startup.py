@@ -78,7 +78,7 @@ class StateLayoutError(RuntimeError):
     """The installed vLLM's ``ThinkingBudgetState`` lacks a tensor the watch needs."""
 
 
-def _resolve(obj, path: str):
+def resolve_path(obj, path: str):
     for part in path.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
@@ -90,7 +90,7 @@ def state_tensors(state, version: str = "?") -> dict:
     """``{name: tensor}`` for every ``STATE_TENSORS`` entry of a live, enabled state."""
     out, missing = {}, []
     for name in STATE_TENSORS:
-        t = _resolve(state, name)
+        t = resolve_path(state, name)
         if t is None or not hasattr(t, "data_ptr"):
             missing.append(name)
         else:
