@@ -163,7 +163,7 @@ def cmd_run(args) -> int:
                             progress=_terminal() if args.progress is None else args.progress,
                             report=None if args.no_report else functools.partial(
                                 rep.write, committed=True),
-                            executor="in-process" if args.in_process else "papermill",
+                            executor="in-process" if args.in_process else env.raw.get("executor", "papermill"),
                             hide_code=args.hide_code, notebook_html=not args.no_notebook_html)
     manifest = rundir.read_json(os.path.join(run_dir, rundir.MANIFEST))
     _print_finding(run_dir)
