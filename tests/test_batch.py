@@ -473,3 +473,10 @@ def test_warm_kernel_shares_the_engine_and_keeps_each_runs_record(tmp_path):
             pass
     assert not left, f"processes of the batch still alive: {left}"
     assert workbook("verify", run_dir).returncode == 0
+
+
+def test_unknown_executor_is_a_one_line_error(tmp_path):
+    env = env_file(tmp_path, "badexec", [{"name": "a"}], executor="warm-ish")
+    res = workbook("validate", env)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "executor='warm-ish'" in res.stderr and "papermill-warm" in res.stderr
