@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import threading
 import time
 import traceback
@@ -69,7 +68,12 @@ def _start_kernel(name: str, cwd: str, env: dict[str, str]) -> _Kernel:
     tag = f"{os.path.abspath(cwd)}:warm:{os.getpid()}"
     km = AsyncKernelManager(kernel_name=name)
     with open(os.path.join(cwd, KERNEL_LOG), "ab") as out:  # until the first run's prelude
-        run_sync(km.start_kernel)(cwd=cwd, env={**env, ex.MARKER: tag}, stdout=out, stderr=out)
+        try:
+            run_sync(km.start_kernel)(cwd=cwd, env={**env, ex.MARKER: tag}, stdout=out,
+                                      stderr=out)
+        except BaseException:
+            ex.kill_tree(None, marker=tag)  # whatever it started
+            raise
     return _Kernel(km, name, tag)
 
 
@@ -88,12 +92,8 @@ def close() -> None:
     k, _KERNEL = _KERNEL, None
     if k is None:
         return
-    pid = k.pid
     try:
-        if pid is not None:
-            ex.kill_tree(pid, marker=k.tag)
-        else:
-            ex.kill_tree(os.getpid(), marker=k.tag)  # the tagged ones only (not this process)
+        ex.kill_tree(k.pid, marker=k.tag)  # pid None: the tagged processes only
     finally:
         try:
             from jupyter_core.utils import run_sync
@@ -181,8 +181,14 @@ def run_papermill_warm(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str]
     if _KERNEL is not None and (_KERNEL.name != name or not _alive(_KERNEL)):
         close()
     if _KERNEL is None:
-        _KERNEL = _start_kernel(name, folder, {**os.environ, **extra_env,
-                                               "PYTHONUNBUFFERED": "1"})
+        try:
+            _KERNEL = _start_kernel(name, folder, {**os.environ, **extra_env,
+                                                   "PYTHONUNBUFFERED": "1"})
+        except Exception:  # a failure row, as a papermill process that could not start one
+            with open(os.path.join(folder, "papermill.log"), "w") as f:
+                f.write(f"the warm kernel {name!r} did not start\n{traceback.format_exc()}")
+            close()
+            return ex._row(spec, folder, 1, False, time.perf_counter() - t0, started)
     k = _KERNEL
     box: dict[str, Any] = {}
     log = open(os.path.join(folder, "papermill.log"), "w")
@@ -205,8 +211,8 @@ def run_papermill_warm(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str]
             log.flush()
 
     thread = threading.Thread(target=work, name=f"papermill-{spec.name}", daemon=True)
-    if guard is not None:
-        guard.child = (k.pid or os.getpid(), k.tag)
+    if guard is not None and k.pid is not None:
+        guard.child = (k.pid, k.tag)
     killed = False
     try:
         thread.start()
