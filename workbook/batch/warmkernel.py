@@ -41,7 +41,11 @@ from workbook.core.rundir import now
 
 ENGINE = "workbook-warm"  # the papermill engine's name in papermill's registry
 KERNEL_LOG = "kernel.log"  # in each run's folder: what the kernel's process wrote (vLLM's log)
-JOIN_S = 60.0  # how long a killed run's papermill thread may take to write its notebook
+JOIN_S = 60.0
+# nbclient waits 4 s (its default) for a cell's last IOPub output after the cell's reply; on a
+# loaded 2-core machine a cell with a large display missed that and its run was failed, though
+# the cell had finished. The cell's own timeout is the run's timeout, as before.
+IOPUB_TIMEOUT_S = 120  # how long a killed run's papermill thread may take to write its notebook
 
 
 @dataclasses.dataclass
@@ -131,7 +135,7 @@ def _engine_class():
             km, cwd = kwargs.pop("km"), kwargs.pop("run_cwd")
             kwargs = remove_args(["input_path", "timeout", "startup_timeout"], **kwargs)
             client = WarmClient(nb_man, km=km, **merge_kwargs(
-                kwargs, timeout=execution_timeout, startup_timeout=start_timeout,
+                kwargs, timeout=execution_timeout, iopub_timeout=IOPUB_TIMEOUT_S, startup_timeout=start_timeout,
                 kernel_name=kernel_name, log=logging.getLogger("papermill"),
                 log_output=log_output, stdout_file=stdout_file, stderr_file=stderr_file))
             log = os.path.join(cwd, KERNEL_LOG)
