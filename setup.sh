@@ -48,7 +48,10 @@ install() {  # install VENV PIP-INSTALL-ARGS...: uv where it works, else pip
   local venv=$1; shift
   if [ -z "${WORKBOOK_PIP:-}" ] && "$venv/bin/python" -m uv --version >/dev/null 2>&1; then
     local args; mapfile -t args < <(uv_args "$venv/bin/python")
-    "$venv/bin/python" -m uv pip install -q --python "$venv/bin/python" "${args[@]}" "$@" \
+    # --compile-bytecode: pip writes the .pyc files at install; without them (and with
+    # PYTHONDONTWRITEBYTECODE=1, as here and in CI) every `import vllm` compiles from source
+    "$venv/bin/python" -m uv pip install -q --compile-bytecode --python "$venv/bin/python" \
+      "${args[@]}" "$@" \
       2> >(quiet) && return 0
     log "uv failed; installing with pip instead"
   fi
