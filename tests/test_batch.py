@@ -431,3 +431,52 @@ def test_second_ctrl_c_forces_and_the_folder_stays_unfinished(tmp_path):
     assert res.returncode == 2
     assert f"skipped unfinished batch folder (no closed manifest or no SHA256SUMS): {run_dir}" \
         in res.stderr
+
+
+def test_warm_kernel_shares_the_engine_and_keeps_each_runs_record(tmp_path):
+    """executor papermill-warm (workbook.batch.warmkernel): the second run reuses the first's
+    kernel and engine, yet has its own folder, notebook and evidence; a run that times out keeps
+    its failure row and partial notebook; no process of the batch outlives it."""
+    import psutil
+
+    out = tmp_path / "outputs"
+    env = env_file(tmp_path, "warm", [
+        {"name": "a", "spec_method": "mtp", "checks": ["A"]},
+        {"name": "b", "spec_method": "mtp", "checks": ["A"]},
+        {"name": "slow", "notebook": "tests/notebooks/blocks.py", "timeout": 20},
+    ], executor="papermill-warm")
+    res = workbook("run", env, "--out", out)
+    assert res.returncode == 1, res.stderr[-3000:]  # slow times out, on purpose
+    (run_dir,) = run_dirs(out)
+    a, b, slow = manifest(run_dir)["runs"]
+    for row in (a, b):
+        assert row["status"] == "ok" and row["failure"] is None, row["failure"]
+        names = set(os.listdir(run_dir / row["name"]))
+        assert (RUN_FILES | {"kernel.log"}) <= names, names
+        nb = nbformat.read(run_dir / row["name"] / "01_reproduce.ipynb", as_version=4)
+        injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+        assert str(run_dir / row["name"]) in injected[0].source
+    assert a["timings"]["engine_start_s"] > 0
+    assert b["timings"]["start_s"] < a["timings"]["start_s"]  # b did not start an engine
+    assert b["verdict"]["verdict"] == a["verdict"]["verdict"]
+    assert b["outcome"] == a["outcome"]  # the shared engine answers as the first run's did
+    assert "reused" in (run_dir / "b" / "vllm.log").read_text()[:200]
+    assert slow["status"] == "timeout" and slow["failure"]["ename"] == "CellTimeoutError"
+    nb = nbformat.read(run_dir / "slow" / "blocks.ipynb", as_version=4)
+    assert "time.sleep" in nb.cells[slow["failure"]["cell_index"]].source
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if (p.environ().get("WORKBOOK_RUN_TAG") or "").startswith(str(run_dir)):
+                left.append(p.pid)
+        except (psutil.Error, OSError):
+            pass
+    assert not left, f"processes of the batch still alive: {left}"
+    assert workbook("verify", run_dir).returncode == 0
+
+
+def test_unknown_executor_is_a_one_line_error(tmp_path):
+    env = env_file(tmp_path, "badexec", [{"name": "a"}], executor="warm-ish")
+    res = workbook("validate", env)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "executor='warm-ish'" in res.stderr and "papermill-warm" in res.stderr

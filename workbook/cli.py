@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--in-process", action="store_true",
                    help="all runs in this process, engines shared, no papermill "
                         "(executor in-process; e.g. a GPU host without the notebook stack)")
+    r.add_argument("--executor", choices=("papermill", "papermill-warm"),
+                   help="how each run is executed (default: the environment's `executor`, else "
+                        "papermill: a process per run; papermill-warm: one warm kernel)")
     r.add_argument("--hide-code", action="store_true",
                    help="render each executed notebook to HTML without its code cells")
     r.add_argument("--no-notebook-html", action="store_true",
@@ -163,7 +166,8 @@ def cmd_run(args) -> int:
                             progress=_terminal() if args.progress is None else args.progress,
                             report=None if args.no_report else functools.partial(
                                 rep.write, committed=True),
-                            executor="in-process" if args.in_process else "papermill",
+                            executor="in-process" if args.in_process else (
+                                getattr(args, "executor", None) or env.raw.get("executor", "papermill")),
                             hide_code=args.hide_code, notebook_html=not args.no_notebook_html)
     manifest = rundir.read_json(os.path.join(run_dir, rundir.MANIFEST))
     _print_finding(run_dir)

@@ -9,6 +9,8 @@ An environment file holds::
     checks: [A]                        # deterministic checks (workbook.run.request), default none
     timeout: 600                       # seconds per run (papermill cell timeout + a hard kill)
     kernel: null                       # Jupyter kernel name; null: the notebook's kernelspec
+    executor: papermill-warm           # optional: how `workbook run` executes each run
+                                       # (workbook.batch.executors.EXECUTORS; default papermill)
     env: {VLLM_TRITON_FORCE_FIRST_CONFIG: "1"}   # extra environment for the papermill process
     install: |                         # the install recipe this file assumes (recorded only)
       bash setup.sh
@@ -45,7 +47,8 @@ from workbook.core.envfiles import environment_names, find_environment  # noqa: 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESERVED = ("name", "notebook", "checks", "timeout", "description")
 TOP_KEYS = ("study", "hardware", "notebook", "checks", "timeout", "kernel", "env", "install",
-            "description", "defaults", "runs")
+            "description", "defaults", "runs", "executor")
+EXECUTOR_NAMES = ("papermill", "papermill-warm", "in-process")  # executors.EXECUTORS
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 PLACEHOLDER_RE = re.compile(r"^<.*>$", re.S)
 
@@ -103,6 +106,9 @@ def load_environment(name: str, overrides: dict[str, Any] | None = None, *,
     unknown = sorted(set(raw) - set(TOP_KEYS))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {list(TOP_KEYS)}")
+    if raw.get("executor", "papermill") not in EXECUTOR_NAMES:
+        raise ConfigError(f"{where}: executor={raw.get('executor')!r}; choose one of "
+                          f"{list(EXECUTOR_NAMES)}")
     stem = os.path.splitext(os.path.basename(path))[0]
     env = Environment(path=path, name=stem, hardware=str(raw.get("hardware") or stem), raw=raw)
     _check_name(env.hardware, f"{where}: hardware")

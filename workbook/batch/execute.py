@@ -92,6 +92,8 @@ def execute(env: Environment, *, out: str = "outputs", only: list[str] | None = 
             write_json(os.path.join(run_dir, MANIFEST), manifest)
         finally:
             bar.close()
+            with guard.optional():  # e.g. the warm kernel and its engines (papermill-warm)
+                getattr(EXECUTORS[executor], "close", lambda: None)()
         guard.closing = True
         environment: dict[str, Any] = {"interrupted": True}
         with guard.optional():

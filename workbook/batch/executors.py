@@ -124,14 +124,14 @@ def run_papermill(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str], ker
         try:
             killed = _wait_or_kill(proc, limit + KILL_GRACE_S, tick, tag)
         except Interrupted as e:
-            e.row = _row(spec, folder, proc.returncode, False, time.perf_counter() - t0,
+            e.row = manifest_row(spec, folder, proc.returncode, False, time.perf_counter() - t0,
                          started, interrupted=e)
             raise
         finally:
             if guard is not None:
                 guard.child = None
     wall = time.perf_counter() - t0
-    return _row(spec, folder, proc.returncode, killed, wall, started)
+    return manifest_row(spec, folder, proc.returncode, killed, wall, started)
 
 
 def _wait_or_kill(proc: subprocess.Popen, limit: float, tick=None, marker=None) -> bool:
@@ -158,7 +158,7 @@ def _wait_or_kill(proc: subprocess.Popen, limit: float, tick=None, marker=None) 
         raise
 
 
-def _row(spec, folder, rc, killed, wall, started, interrupted=None) -> dict[str, Any]:
+def manifest_row(spec, folder, rc, killed, wall, started, interrupted=None) -> dict[str, Any]:
     nb_path = executed_path(spec, folder)
     failure = None
     status = "ok" if rc == 0 and not killed else ("timeout" if killed else "failed")
@@ -308,7 +308,7 @@ def run_in_process(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str],
                              f"{time.perf_counter() - t0:.0f} s into the run",
                    "traceback": None, "cell": None}
         write_json(os.path.join(folder, FAILURE), failure)
-        row = _row(spec, folder, 1, False, time.perf_counter() - t0, started)
+        row = manifest_row(spec, folder, 1, False, time.perf_counter() - t0, started)
         row.update(status="interrupted", failure=failure, executed_notebook=None,
                    executor="in-process")
         e.row = row
@@ -317,7 +317,7 @@ def run_in_process(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str],
         failure = {"ename": type(e).__name__, "evalue": str(e)[:2000],
                    "traceback": traceback.format_exc()[-6000:], "cell": None}
         write_json(os.path.join(folder, FAILURE), failure)
-    row = _row(spec, folder, 0 if failure is None else 1, False,
+    row = manifest_row(spec, folder, 0 if failure is None else 1, False,
                      time.perf_counter() - t0, started)
     row["executed_notebook"] = None
     row["executor"] = "in-process"
@@ -326,4 +326,20 @@ def run_in_process(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str],
     return row
 
 
-EXECUTORS = {"papermill": run_papermill, "in-process": run_in_process}
+def _warm(*args, **kw) -> dict[str, Any]:
+    from workbook.batch.warmkernel import run_papermill_warm
+
+    return run_papermill_warm(*args, **kw)
+
+
+def _warm_close() -> None:
+    import sys as _sys
+
+    mod = _sys.modules.get("workbook.batch.warmkernel")
+    if mod is not None:
+        mod.close()
+
+
+_warm.close = _warm_close  # the batch calls an executor's close() once its runs are done
+# papermill-warm: every run by papermill on one warm kernel (workbook.batch.warmkernel)
+EXECUTORS = {"papermill": run_papermill, "papermill-warm": _warm, "in-process": run_in_process}
