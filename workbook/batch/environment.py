@@ -10,7 +10,7 @@ An environment file holds::
     timeout: 600                       # seconds per run (papermill cell timeout + a hard kill)
     kernel: null                       # Jupyter kernel name; null: the notebook's kernelspec
     executor: papermill-warm           # optional: how `workbook run` executes each run
-                                       # (workbook.batch.executors.EXECUTORS; default papermill)
+                                       # (workbook.batch.registry.EXECUTORS; default papermill)
     env: {VLLM_TRITON_FORCE_FIRST_CONFIG: "1"}   # extra environment for the papermill process
     install: |                         # the install recipe this file assumes (recorded only)
       bash setup.sh
@@ -48,7 +48,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RESERVED = ("name", "notebook", "checks", "timeout", "description")
 TOP_KEYS = ("study", "hardware", "notebook", "checks", "timeout", "kernel", "env", "install",
             "description", "defaults", "runs", "executor")
-EXECUTOR_NAMES = ("papermill", "papermill-warm", "in-process")  # executors.EXECUTORS
+EXECUTOR_NAMES = ("papermill", "papermill-warm", "in-process")  # registry.EXECUTORS
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 PLACEHOLDER_RE = re.compile(r"^<.*>$", re.S)
 

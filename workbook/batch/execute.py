@@ -3,7 +3,7 @@
 ``execute(env, out=..., executor="papermill")`` creates ``<out>/<hardware>/<run-id>/``
 (``workbook.core.rundir.new_run_dir``: never an existing one), writes ``manifest.json`` at
 once (``status: running``) and after every run, runs each selected run with the executor of
-``workbook.batch.executors.EXECUTORS`` (its executed notebook also rendered to HTML next to
+``workbook.batch.registry.EXECUTORS`` (its executed notebook also rendered to HTML next to
 it, ``workbook.batch.nbhtml``), then writes ``environment.json``
 (``workbook.batch.envcapture``), closes the manifest, writes ``report.html``
 with the report writer its caller passes (the CLI passes ``workbook.report.write``) and, last, ``SHA256SUMS`` over every file.
@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from workbook.batch import signals
 from workbook.batch.environment import REPO, Environment, select
-from workbook.batch.executors import EXECUTORS
+from workbook.batch.registry import EXECUTORS
 from workbook.core.rundir import (MANIFEST, REPORT, file_sha256, new_run_dir, now, write_json,
                                   write_sums)
 
@@ -45,7 +45,7 @@ def execute(env: Environment, *, out: str = "outputs", only: list[str] | None = 
     ``report(run_dirs, path)`` (the layer above passes ``workbook.report.write``; imports point
     one way) writes ``report.html`` over this batch before ``SHA256SUMS`` is written (a failing
     report never costs the checksums); ``None``: no report.
-    ``executor`` names the run executor (``workbook.batch.executors.EXECUTORS``);
+    ``executor`` names the run executor (``workbook.batch.registry.EXECUTORS``);
     ``notebook_html`` renders each executed notebook to HTML (``hide_code``: without code).
     ``on_start(run_dir)`` is called once the folder exists.
     """

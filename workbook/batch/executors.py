@@ -1,4 +1,4 @@
-"""Executors: how one run of a batch is executed, chosen from ``EXECUTORS`` by name.
+"""Executors: how one run of a batch is executed, chosen by name from ``workbook.batch.registry.EXECUTORS``.
 
 - ``papermill`` (default): the run's notebook executed by ``python -m papermill`` in its own
   process group (executed notebook, ``parameters.yaml``, ``papermill.log``, and the evidence the
@@ -324,22 +324,3 @@ def run_in_process(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str],
     if failure is not None:
         row["failure"] = failure
     return row
-
-
-def _warm(*args, **kw) -> dict[str, Any]:
-    from workbook.batch.warmkernel import run_papermill_warm
-
-    return run_papermill_warm(*args, **kw)
-
-
-def _warm_close() -> None:
-    import sys as _sys
-
-    mod = _sys.modules.get("workbook.batch.warmkernel")
-    if mod is not None:
-        mod.close()
-
-
-_warm.close = _warm_close  # the batch calls an executor's close() once its runs are done
-# papermill-warm: every run by papermill on one warm kernel (workbook.batch.warmkernel)
-EXECUTORS = {"papermill": run_papermill, "papermill-warm": _warm, "in-process": run_in_process}
