@@ -318,4 +318,4 @@ def timings_table(runs: list[Run]) -> pd.DataFrame:
         if parts:
             rows.append({"run": r.short, **{k: round(v, 1) for k, v in parts},
                          "wall time": round(float(r.row.get("wall_s") or 0.0), 1)})
-    return pd.DataFrame(rows).fillna("—") if rows else pd.DataFrame()
+    return pd.DataFrame(rows).astype(object).fillna("—") if rows else pd.DataFrame()
