@@ -96,19 +96,26 @@ def fallback_kernel(ipynb: str) -> str | None:
     return "python3" if "python3" in specs else None
 
 
-def run_papermill(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str], kernel: str | None,
-                  timeout: float | None = None, on_progress=None, guard=None) -> dict[str, Any]:
-    """Execute one run in its own papermill process; return its manifest row."""
+def prepare_run(spec: RunSpec, run_dir: str, timeout: float | None):
+    """A papermill run's folder (new: runs never overwrite) and its ``parameters.yaml`` (the
+    notebook's ``outdir`` pointed at the folder where it declares one); returns (folder, the
+    parameters, the notebook's source, the spec with its timeout resolved)."""
     folder = os.path.join(run_dir, spec.name)
     os.makedirs(folder)
     params = notebook_parameters(spec)
-    _, declared = read_notebook(spec.notebook)
+    src, declared = read_notebook(spec.notebook)
     if "outdir" in declared:
         params["outdir"] = folder
     with open(os.path.join(folder, "parameters.yaml"), "w") as f:
         yaml.safe_dump(params, f, sort_keys=True)
-    limit = float(timeout or spec.timeout)
-    spec = dataclasses.replace(spec, timeout=limit)
+    return folder, params, src, dataclasses.replace(spec, timeout=float(timeout or spec.timeout))
+
+
+def run_papermill(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str], kernel: str | None,
+                  timeout: float | None = None, on_progress=None, guard=None) -> dict[str, Any]:
+    """Execute one run in its own papermill process; return its manifest row."""
+    folder, _, _, spec = prepare_run(spec, run_dir, timeout)
+    limit = spec.timeout
     cmd = papermill_command(spec, folder, kernel)
     tag = f"{os.path.abspath(folder)}:{os.getpid()}"
     env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1", MARKER: tag}

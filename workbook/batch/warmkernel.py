@@ -32,10 +32,9 @@ import time
 import traceback
 from typing import Any
 
-import yaml
 
 from workbook.batch import executors as ex
-from workbook.batch.environment import RunSpec, notebook_parameters, read_notebook
+from workbook.batch.environment import RunSpec
 from workbook.batch.signals import Interrupted
 from workbook.core.rundir import now
 
@@ -169,16 +168,8 @@ def run_papermill_warm(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str]
     import papermill
 
     _register()
-    folder = os.path.join(run_dir, spec.name)
-    os.makedirs(folder)
-    params = notebook_parameters(spec)
-    src, declared = read_notebook(spec.notebook)
-    if "outdir" in declared:
-        params["outdir"] = folder
-    with open(os.path.join(folder, "parameters.yaml"), "w") as f:
-        yaml.safe_dump(params, f, sort_keys=True)
-    limit = float(timeout or spec.timeout)
-    spec = dataclasses.replace(spec, timeout=limit)
+    folder, params, src, spec = ex.prepare_run(spec, run_dir, timeout)
+    limit = spec.timeout
     name = kernel or ex.fallback_kernel(src) or _notebook_kernel(src)
     t0 = time.perf_counter()
     started = now()
