@@ -29,6 +29,22 @@ def test_grammar_start(prompt, output, reasoning, start):
     assert G.grammar_start(prompt, output, M, reasoning) == start
 
 
+# reasoning_end_str "Okay, done." (no </think>) and "</think>\n\n": the grammar starts where the
+# parser's natural end (</think>, 369) is, never at a token of the configured phrase
+PHRASE = budget.Markers(start=(368,), end=(46, 74, 64, 88, 11, 327, 77, 68, 13), natural_end=(369,))
+AFTER = budget.Markers(start=(368,), end=(369, 198, 198), natural_end=(369,))
+
+
+@pytest.mark.parametrize("markers,output,start", [
+    (PHRASE, (46, 74, 64, 88, 11, 327, 77, 68, 13, 90), None),  # the phrase alone: not ended
+    (PHRASE, (46, 74, 369, 90), 3),  # the parser's end after part of the phrase
+    (AFTER, (369, 773, 90), 1),  # right after </think>, whatever the forced string's rest
+    (AFTER, (198, 198, 90), None),  # the forced string's newlines are not an end
+])
+def test_grammar_starts_at_the_parsers_natural_end(markers, output, start):
+    assert G.grammar_start((1, 368, 198), output, markers, True) == start
+
+
 @pytest.fixture(scope="module")
 def checker():
     from transformers import AutoTokenizer

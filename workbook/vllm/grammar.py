@@ -19,7 +19,8 @@ Where the grammar starts (``grammar_start``): with a reasoning parser (and
 ``enable_in_reasoning`` off) vLLM applies the grammar only after the reasoning ended — from
 output index 0 when the prompt already ends the reasoning (an end marker after the last start
 marker, e.g. a chat template's ``enable_thinking=False``), else from the token *after* the
-first end marker (``</think>``) in the output; a reasoning that never ends leaves every token
+first natural end (the parser's ``</think>``, never a token of a configured ``reasoning_end_str``
+phrase) in the output; a reasoning that never ends leaves every token
 unconstrained (``start`` None). This is read from the reasoning markers (``budget.Markers``),
 not from vLLM's reasoning parser, so a reasoning-boundary error in vLLM (the grammar starting a
 token late or early when ``</think>`` lands inside a step's accepted drafts, vLLM #44297 /
@@ -55,20 +56,32 @@ def available() -> str | None:
 def grammar_start(prompt: Sequence[int], output: Sequence[int], markers: Any,
                   reasoning: bool) -> int | None:
     """The output index of the first token vLLM constrains: 0 without a reasoning parser (or
-    when the prompt ends the reasoning), else the index after the first end marker in the
-    output; None when the reasoning never ends within the output."""
+    when the prompt ends the reasoning), else the index after the first natural end in the
+    output; None when the reasoning never ends within the output.
+
+    The boundary is the reasoning parser's: vLLM starts the grammar where the parser says the
+    reasoning ended, i.e. at its natural end marker (``Markers.natural_end``, ``</think>``), not
+    at a configured ``reasoning_end_str`` (whose tokens may be a transition phrase: matching any
+    of those ids would start the grammar inside the phrase). Markers are matched as whole
+    sequences."""
     if not reasoning:
         return 0
     m = budget.Markers.of(markers)
-    if not m.end:
+    end = list(m.natural_end)
+    if not end:
         return 0
-    ends = set(m.end)
-    starts = set(m.start)
-    last_start = max((i for i, t in enumerate(prompt) if t in starts), default=-1)
-    if any(t in ends for t in list(prompt)[last_start + 1:]):
+    prompt, output = list(prompt), list(output)
+
+    def ends(seq: list, i: int) -> bool:  # an end sequence finishes at seq[i]
+        return i + 1 >= len(end) and seq[i + 1 - len(end):i + 1] == end
+
+    start = list(m.start)
+    last_start = max((i for i in range(len(prompt))
+                      if start and prompt[i + 1 - len(start):i + 1] == start), default=-1)
+    if any(ends(prompt, i) for i in range(last_start + 1, len(prompt))):
         return 0
-    for i, t in enumerate(output):
-        if t in ends:
+    for i in range(len(output)):
+        if ends(prompt + output[:i + 1], len(prompt) + i):
             return i + 1
     return None
 
