@@ -93,6 +93,23 @@ def test_no_attribution_by_elimination():
     assert v2["B"]["first"]["contract"] == "allowed_token_ids" and v2["B"]["affected_by"] == []
 
 
+def test_no_leak_claimed_once_the_row_broke_its_own_contract():
+    """B broke its own allowed_token_ids at row 0 (column 9 not masked); at its next row column 9
+    is masked while column 7 is not — A's mask {5, 6} would explain that row, but B's own state
+    is already wrong for the same contract: B's own breach, no leak credited to A."""
+    pa, pb = contracts.Params(allowed_token_ids=(5, 6)), contracts.Params(allowed_token_ids=(5, 6, 7))
+    raw = {5: 0.0, 7: 1.0, 9: 2.0}
+    steps = [{"step": 0, "req_id": "A", "emitted": [5],
+              "rows": [_row(0, 0, raw, {5: 0.0, 7: NEG, 9: NEG}, 5)]},
+             {"step": 0, "req_id": "B", "emitted": [5, 5],
+              "rows": [_row(1, 0, raw, {5: 0.0, 7: 1.0, 9: 2.0}, 5),
+                       _row(2, 1, raw, {5: 0.0, 7: NEG, 9: NEG}, 5)]}]
+    v = _judge(steps, {"A": pa, "B": pb})
+    assert v["A"]["breaches"] == [] and v["B"]["affected_by"] == []
+    assert [(b["row"], b["contract"]) for b in v["B"]["breaches"]][:2] == [
+        (1, "allowed_token_ids"), (2, "allowed_token_ids")]
+
+
 def test_verdict_records_in_the_one_shape():
     """The judge's verdict records (``verdicts.Verdict``): A's allowed_token_ids violated at
     its first breach (the leak, with its cause); B — no contract of its own — held, with

@@ -8,7 +8,9 @@ Attribution: in a batch, a row of request B that breaks B's prediction where eve
 value is what another request A's contract gives at that column (A's ``expected`` applied to B's
 raw value, or to B's own prediction), A's transform actually changing it, is A's constraint
 leaking: a breach of A's contract ("request A's <constraint> applied to request B's row ...");
-B keeps it as ``affected_by`` and is not violated by it. Never by elimination.
+B keeps it as ``affected_by`` and is not violated by it. Never by elimination, and not once B
+broke that same contract on its own rows (its later values of it then follow from its own wrong
+state: a neighbour's prediction matching them is no evidence of a leak).
 
 Stages: the one list (``workbook.core.stages``), named from positive evidence only:
 registration, gate, device state (the committed history the row was processed with), apply,
@@ -57,6 +59,7 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
                                        "affected_by": [],
                                        "constraints": params[req_id].constraints()})
 
+    broken: dict[str, set] = {}  # request -> contracts it already broke on its own rows
     for rec in steps:
         req_id = rec["req_id"]
         if req_id not in params:
@@ -72,6 +75,10 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
             cols = [b for b in found if b.column is not None]
             leak = _source(req_id, row, ctx, cols, by_step[rec["step"]], params, prompts,
                            before, markers) if cols else None
+            if leak is not None and leak[1] in broken.get(req_id, ()):
+                # B already broke this contract on its own rows: its later values of it follow
+                # from its own wrong state and cannot be told from A's (no leak claimed)
+                leak = None
             leak_stage = _draft_aware("apply", j, row0_ok)
             if leak is not None:
                 a, name, col, exp, got = leak
@@ -93,6 +100,7 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
             if j == 0:
                 row0_ok = not marked and leak is None
             for b, st in marked:
+                broken.setdefault(req_id, set()).add(b.contract)
                 d = {"step": rec["step"], "row": row["row"], "local_pos": j, "stage": st,
                      **b.to_dict()}
                 if b.column is not None and b.column in row["raw"]:
