@@ -201,3 +201,28 @@ def test_install_puts_one_output_collector_before_its_readers():
             for s in reversed(sets):
                 s.remove()
         assert hp.runner.__dict__["sample"] is before
+
+
+def test_the_written_trace_carries_the_output_collectors_errors(tmp_path):
+    """The step outputs the trace reads are the ``Outputs`` collector's: an error in one of its
+    taps (the observer hands it to ``Outputs.error``) is in the trace the tracer writes, as the
+    tracer's own are — a steps row of step -1, path ``tracer-error:outputs:<where>: <error>`` —
+    once, however often the trace is read (no engine: the collectors wired as on a run)."""
+    from workbook.hooks.observer import Observer
+    from workbook.hooks.outputs import Outputs
+
+    t = Tracer()
+    out = Observer([t]).collector(Outputs)
+    assert t.outputs is out
+    out.error("GPUModelRunner.sample", RuntimeError("no sampled_token_ids"))
+    t.error("GPUModelRunner.sample_tokens", ValueError("own"))
+    t.save(str(tmp_path))
+    steps = load(str(tmp_path))["steps"]
+    assert list(steps[steps["step"] == -1]["path"]) == [
+        "tracer-error:GPUModelRunner.sample_tokens:ValueError:own",
+        "tracer-error:outputs:GPUModelRunner.sample: RuntimeError: no sampled_token_ids"]
+    out.error("Sampler.__call__", KeyError("x"))
+    t.frames()
+    assert [s["path"] for s in t.steps if s["step"] == -1][1:] == [
+        "tracer-error:outputs:GPUModelRunner.sample: RuntimeError: no sampled_token_ids",
+        "tracer-error:outputs:Sampler.__call__: KeyError: 'x'"]
