@@ -83,6 +83,47 @@ def test_removing_the_tracer_restores_the_original_methods(engines):
     assert patching.active() == active_before
 
 
+# the constraints a row check gathers for (static columns, penalty counts, logprobs, draft rows)
+ROW_CASES = ("thinking_token_budget", "min_tokens", "allowed_token_ids", "bad_words",
+             "penalties", "logprobs", "prompt_logprobs")
+
+
+@pytest.mark.parametrize("spec_method", ["mtp", "ngram"])
+def test_the_constraints_observer_never_changes_what_vllm_samples(engines, spec_method):
+    """The one observer of a constraints run — the outputs, the row check and the tracer on
+    the same hook points (``hooks.install``) — on a mixed batch of constraint requests with the
+    lm_head zeroed (drafts accepted: draft rows checked): the same tokens and logprobs as
+    without it. The tracer alone is checked above on every method; here the row check's
+    gathers too, on the engines the tests above started (no engine of its own)."""
+    from workbook import hooks
+    from workbook.core.config import RunConfig
+    from workbook.run import constraints as C
+    from workbook.run import rowjudge
+    from workbook.run.caseparams import sampling_params
+
+    eng = engines(spec_method=spec_method)
+    tok = eng.tokenizer
+    prompts = [{"prompt_token_ids": C.prompt_for(tok, c)} for c in ROW_CASES]
+    sps = [sampling_params(C.case_kwargs(c, [0] * 16, tok.decode), 8) for c in ROW_CASES]
+
+    def run():
+        outs = eng.llm.generate(prompts, sps, use_tqdm=False)
+        return [(list(o.outputs[0].token_ids), repr(o.outputs[0].logprobs),
+                 repr(o.prompt_logprobs)) for o in outs]
+
+    with request.zeroed_lm_head(eng):
+        plain = run()
+        sets, tracer = hooks.install(RunConfig(trace=True, row_check=True))
+        try:
+            observed = run()
+        finally:
+            for h in reversed(sets):
+                h.remove()
+    assert observed == plain, spec_method
+    verdicts = rowjudge.judge(hooks.row_check(sets))
+    assert len(verdicts) == len(ROW_CASES) and len(tracer.steps) > 0
+    assert sum(v["draft_rows"] for v in verdicts.values()) > 0
+
 def test_tracer_never_synchronizes_inside_a_step(engines):
     """Inside a step the tracer only queues device work: no tensor built from host data (on a
     GPU an H2D copy that synchronizes the stream, e.g. indexing with a Python list) and no read
@@ -201,3 +242,28 @@ def test_install_puts_one_output_collector_before_its_readers():
             for s in reversed(sets):
                 s.remove()
         assert hp.runner.__dict__["sample"] is before
+
+
+def test_the_written_trace_carries_the_output_collectors_errors(tmp_path):
+    """The step outputs the trace reads are the ``Outputs`` collector's: an error in one of its
+    taps (the observer hands it to ``Outputs.error``) is in the trace the tracer writes, as the
+    tracer's own are — a steps row of step -1, path ``tracer-error:outputs:<where>: <error>`` —
+    once, however often the trace is read (no engine: the collectors wired as on a run)."""
+    from workbook.hooks.observer import Observer
+    from workbook.hooks.outputs import Outputs
+
+    t = Tracer()
+    out = Observer([t]).collector(Outputs)
+    assert t.outputs is out
+    out.error("GPUModelRunner.sample", RuntimeError("no sampled_token_ids"))
+    t.error("GPUModelRunner.sample_tokens", ValueError("own"))
+    t.save(str(tmp_path))
+    steps = load(str(tmp_path))["steps"]
+    assert list(steps[steps["step"] == -1]["path"]) == [
+        "tracer-error:GPUModelRunner.sample_tokens:ValueError:own",
+        "tracer-error:outputs:GPUModelRunner.sample: RuntimeError: no sampled_token_ids"]
+    out.error("Sampler.__call__", KeyError("x"))
+    t.frames()
+    assert [s["path"] for s in t.steps if s["step"] == -1][1:] == [
+        "tracer-error:outputs:GPUModelRunner.sample: RuntimeError: no sampled_token_ids",
+        "tracer-error:outputs:Sampler.__call__: KeyError: 'x'"]

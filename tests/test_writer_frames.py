@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 
-from workbook.run import integrity, sanitizer
+from workbook.run import integrity, sanitizer, writerframes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H200 = os.path.join(REPO, "outputs", "h200", "writer-20261204", "tiny-triton_store-caching-off",
@@ -122,7 +122,7 @@ def test_user_module_kernel_is_named_by_its_wrapper_through_the_module_table(tmp
         "clear_ids in user_kernels.py:19", "user_kernels", "module table")
     # the other frames by module: the workbook writer's forward told apart from the other
     # writers.py by the function at that line
-    judged = [sanitizer.frame_module(f, modules) for f in
+    judged = [writerframes.frame_module(f, modules) for f in
               sanitizer.parse(USER_LOG)["errors"][0]["python_frames"]]
     assert judged[0]["machinery"] and judged[0]["module"].startswith("triton")
     assert judged[4]["module"] == "workbook.hooks.writers"

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from workbook.batch.environment import REPO, RunSpec, notebook_parameters, read_notebook
-from workbook.batch.proctree import MARKER, kill_tree, run_processes  # noqa: F401
+from workbook.batch.proctree import MARKER, kill_tree
 from workbook.batch.signals import Interrupted
 from workbook.core.config import RunConfig
 from workbook.core.rundir import FAILURE, now, read_json, write_json

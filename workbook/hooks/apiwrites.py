@@ -13,7 +13,7 @@ into Python, which records:
 - the call (CUPTI's function name), the destination range, the source (a copy) or the value
   (a memset), the watched tensors it overlaps and the bytes of each it covers;
 - the Python stack at the call (innermost first; full paths, so the launching frame is judged
-  by module: ``workbook.run.sanitizer.name_writer``);
+  by module: ``workbook.run.writerframes.name_writer``);
 - the watch's position at that moment (its last boundary, the phase, the real step).
 
 Records go to ``<out_dir>/api_writes.json`` as they happen (a pass that dies later keeps them).

@@ -43,12 +43,12 @@ running in from a neighbour faults in the guard bytes before the marker.
 Processing order: ``requirements`` (before any engine: what is missing is named, the stage
 skipped, the rest of the watch intact) → ``attach(watch, state)`` right after
 ``ThinkingBudgetState.__init__`` (page: tensors moved before the watch reads them) →
-``lift`` / ``restore`` around the legitimate writers → ``neighbours`` (layout evidence: the
-protected blocks' neighbours in their caching-allocator segment with allocation stacks from
-PyTorch's memory history; on CPU there are no segments, and the evidence says so).
+``lift`` / ``restore`` around the legitimate writers. The layout evidence (the protected blocks'
+neighbours in their caching-allocator segment) is ``workbook.hooks.alloc_layout``'s.
 
 Deliberately not here: running compute-sanitizer and parsing its log (``workbook.run``), the
-watch's value comparison (``workbook.hooks.watch``).
+watch's value comparison (``workbook.hooks.watch``), reading the allocator's layout
+(``workbook.hooks.alloc_layout``).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ import subprocess
 import sys
 import sysconfig
 
+from workbook.hooks.alloc_layout import blocks, segment_of, segments
 from workbook.vllm import startup
 from workbook.vllm.patching import PatchSet
 
@@ -202,120 +203,6 @@ def load_shim(path: str):
 
 def _arr(vals):
     return (ctypes.c_size_t * len(vals))(*vals)
-
-
-# ---- the caching allocator's segments -------------------------------------------------------------
-
-def segments() -> list[dict]:
-    import torch
-
-    try:
-        return torch.cuda.memory_snapshot()
-    except Exception:
-        return []
-
-
-def blocks(seg: dict) -> list[dict]:
-    """A segment's blocks with their addresses (they tile the segment, in order)."""
-    out, addr = [], seg["address"]
-    for b in seg.get("blocks", []):
-        a = b.get("address", addr)
-        out.append({**b, "address": a})
-        addr = a + b["size"]
-    return out
-
-
-def segment_of(ptr: int, segs: list[dict]) -> dict | None:
-    return next((s for s in segs if s["address"] <= ptr < s["address"] + s["total_size"]), None)
-
-
-def _frames(b: dict, n: int = 6) -> list[str]:
-    fr = [f for f in b.get("frames") or [] if f.get("filename", "").endswith(".py")]
-    keep = [f for f in fr if "/torch/" not in f["filename"]] or fr
-    return [f"{f.get('name') or '?'} in {f['filename']}:{f.get('line') or '?'}"
-            for f in keep[:n]]
-
-
-def neighbours(tensors: dict, width: int = 4) -> dict:
-    """Layout evidence: for each tensor, its block's neighbours in its caching-allocator
-    segment (``width`` each side: offset from the tensor, size, requested size, state and the
-    allocation stack when PyTorch's memory history was on). On CPU there are no segments."""
-    import torch
-
-    if not tensors:
-        return {"platform": None, "note": "no tensors", "tensors": {}}
-    dev = next(iter(tensors.values())).device
-    if dev.type != "cuda":
-        rows = sorted((t.data_ptr(), n, t.numel() * t.element_size()) for n, t in
-                      tensors.items())
-        return {"platform": dev.type, "caching_allocator": False,
-                "note": "CPU: c10's CPU allocator has no caching-allocator segments to read; "
-                        "recorded are the watched tensors' own addresses and gaps (the "
-                        "neighbour evidence exists on a GPU only)",
-                "tensors": {n: {"ptr": hex(p), "nbytes": k,
-                                "gap_to_next": (rows[i + 1][0] - p - k) if i + 1 < len(rows)
-                                else None}
-                            for i, (p, n, k) in enumerate(rows)}}
-    caching = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1"
-    segs = segments() if caching else []
-    out = {}
-    for n, t in tensors.items():
-        p = t.data_ptr()
-        seg = segment_of(p, segs)
-        if seg is None:
-            out[n] = {"ptr": hex(p), "segment": None,
-                      "note": "own allocation (caching allocator off)" if not caching else
-                      "not in a caching-allocator segment (e.g. pinned/UVA memory)"}
-            continue
-        bl = blocks(seg)
-        i = next((k for k, b in enumerate(bl) if b["address"] <= p < b["address"] + b["size"]),
-                 None)
-        near = [] if i is None else [
-            {"offset": b["address"] - p, "size": b["size"],
-             "requested": b.get("requested_size"), "state": b.get("state"),
-             "watched": next((m for m, u in tensors.items()
-                              if b["address"] <= u.data_ptr() < b["address"] + b["size"]),
-                             None),
-             "allocated_by": _frames(b)}
-            for b in bl[max(0, i - width):i + width + 1]]
-        out[n] = {"ptr": hex(p), "segment": hex(seg["address"]),
-                  "segment_size": seg["total_size"], "segment_blocks": len(bl),
-                  "offset_in_segment": p - seg["address"], "neighbours": near}
-    return {"platform": "cuda", "caching_allocator": caching,
-            "memory_history": bool(_history_on()), "torch": torch.__version__, "tensors": out}
-
-
-_HISTORY = {"on": False}
-
-
-def _history_on() -> bool:
-    return _HISTORY["on"]
-
-
-def record_history(max_entries: int = 200000) -> str | None:
-    """PyTorch's memory history (allocation stacks of every block), before the engine
-    starts; None when on, else why not."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return "no CUDA device: no caching allocator to record"
-        torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
-        _HISTORY["on"] = True
-        return None
-    except Exception as e:  # an older torch: no stacks="python"
-        return f"memory history unavailable: {type(e).__name__}: {e}"
-
-
-def stop_history() -> None:
-    """After start-up: no more recording (it would cost every step an allocation record)."""
-    if _HISTORY["on"]:
-        import torch
-
-        try:
-            torch.cuda.memory._record_memory_history(enabled=None)
-        finally:
-            _HISTORY["on"] = False
 
 
 # ---- the two forms --------------------------------------------------------------------------------

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import os
 
+from workbook.hooks import alloc_layout
+
 ENV = "WORKBOOK_REDZONE"
 DEFAULT = 256
 MAX = 1 << 20
@@ -54,14 +56,12 @@ def size_from_env(env: dict | None = None) -> int:
 def _block_size(ptr: int) -> int | None:
     """The caching allocator's block holding ``ptr`` (None: not in a segment, e.g. caching off
     or CPU)."""
-    from workbook.hooks import protect
-
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
         return None
-    seg = protect.segment_of(ptr, protect.segments())
+    seg = alloc_layout.segment_of(ptr, alloc_layout.segments())
     if seg is None:
         return None
-    return next((b["size"] for b in protect.blocks(seg)
+    return next((b["size"] for b in alloc_layout.blocks(seg)
                  if b["address"] <= ptr < b["address"] + b["size"]), None)
 
 

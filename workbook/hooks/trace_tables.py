@@ -32,8 +32,10 @@ class TraceTables:
         """Copy pending steps to the host and build their table rows (one sync for all).
 
         Deferred from the step itself, so tracing costs a step only its small device clones;
-        reading ``steps`` / ``requests`` / ``rows`` / ``frames()`` materializes first.
+        reading ``steps`` / ``requests`` / ``rows`` / ``frames()`` materializes first. The
+        ``Outputs`` collector's errors join the steps table as error rows here too.
         """
+        self._outputs_errors()
         if not self._pending:
             return
         _sync()

@@ -7,7 +7,9 @@ functions that consume the processed logits) and records, for every real engine 
 and dummy runs never enter ``sample_tokens`` with a request and are ignored):
 
 - **steps**: step index, path (``Sampler`` / ``RejectionSampler``), number of requests, logits
-  rows and draft tokens, tokens the guard replaced (if the guard is installed).
+  rows and draft tokens, tokens the guard replaced (if the guard is installed). What went wrong
+  in a tap, the tracer's own or the ``Outputs`` collector's it reads: a row of step -1 whose
+  path is ``tracer-error:<where>:…`` (``tracer-error:outputs:…``), in the written trace too.
 - **requests** (one per request per step): request id, slot, phase, drafts verified this step,
   ``enabled``, ``use_thinking_budget[slot]``, the budget in the host array AND in the device
   tensor, the per-slot gate ``needs_logits_processing[slot]``, whether
@@ -111,6 +113,7 @@ class Tracer(BudgetTrace, TraceTables, Collector):
         self._marker_base: dict | None = None
         self._weights = None  # device arange(1..max_len) for the history checksum
         self.dropped_steps = 0
+        self._outputs_seen = 0  # the Outputs collector's errors already among the error rows
 
     # ---- the observer's taps (``workbook.hooks.observer``) --------------------------------
     name = "trace"
@@ -358,10 +361,20 @@ class Tracer(BudgetTrace, TraceTables, Collector):
         return budget.reasoning_count(hist, self._rule_markers)
 
     def _error(self, where: str, e: Exception) -> None:
-        self._steps.append({"step": -1,
-                            "path": f"tracer-error:{where}:{type(e).__name__}:{e}"[:300],
-                            "num_reqs": 0, "num_logits": 0, "num_draft_tokens": 0,
-                            "guard_fixed": None})
+        self._error_row(f"tracer-error:{where}:{type(e).__name__}:{e}")
+
+    def _error_row(self, path: str) -> None:
+        self._steps.append({"step": -1, "path": path[:300], "num_reqs": 0, "num_logits": 0,
+                            "num_draft_tokens": 0, "guard_fixed": None})
+
+    def _outputs_errors(self) -> None:
+        """The ``Outputs`` collector's errors (the step outputs this trace reads: a tap of it
+        that failed leaves the trace's emitted / sampled columns empty) as this trace's own
+        error rows, each once: ``tracer-error:outputs:<where>: <error>``."""
+        lost = self.outputs.errors if self.outputs is not None else []
+        for e in lost[self._outputs_seen:]:
+            self._error_row(f"tracer-error:outputs:{e}")
+        self._outputs_seen = len(lost)
 
 class _IndexRing:
     """Host slot numbers → int64 device index without building a tensor from host data in a

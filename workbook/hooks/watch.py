@@ -108,7 +108,7 @@ def _run_in_phase(w: Watch, qual: str, orig, self, a, k):
     depth0 = len(w.stack) == 1
     try:
         w.check("enter", qual)
-        if w.guard is not None:  # a refused write ends the process: the evidence names
+        if w.protection.guard is not None:  # a refused write ends the process: the evidence names
             w.write()             # the phase (and step) it entered last
         with (w.loc.around() if depth0 or not w.loc.active else contextlib.nullcontext()):
             res = orig(self, *a, **k)
@@ -307,7 +307,7 @@ def install(opts: Options | None = None, **kw) -> Watch:
     w.version = vllm.__version__
     import torch
 
-    w.plan_protection("cuda" if torch.cuda.is_available() else "cpu")
+    w.protection.plan("cuda" if torch.cuda.is_available() else "cpu")
     with LOCK:
         PENDING.append(w)
     atexit.register(w.write)
@@ -326,7 +326,7 @@ def _ring_wrapper(qual: str, enter_step: bool):
                 return orig(self, *a, **k)
             if enter_step:
                 w.step += 1
-                if w.guard is not None:  # under the sanitizer stage: the step a write is in
+                if w.protection.guard is not None:  # sanitizer stage: the step a write is in
                     w.write()
             if w.step % w.opts.ring_stride:  # a step not checked: the next check rebases
                 w.rebase = True

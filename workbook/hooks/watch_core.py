@@ -12,8 +12,8 @@ last clean and the first dirty boundary), the values before and after, and wheth
 or ``_version`` moved. In ring mode (after the detailed steps) a boundary is one ``torch.cat`` of
 the watched tensors into a device ring buffer, compared when the ring is flushed. The evidence:
 ``Watch.read()`` / ``Watch.to_dict()`` (schema ``workbook.watch/1``), written to
-``out_dir/watch.json`` by ``Watch.write()``; the sanitizer stage (``workbook.hooks.protect``) is
-planned, attached and detached from here and its layout evidence kept.
+``out_dir/watch.json`` by ``Watch.write()``; the sanitizer stage and the layout evidence are the
+watch's ``WatchProtection`` (``workbook.hooks.watch_protection``), called at these boundaries.
 
 Not here: ``Options``, ``WatchError`` and the registry of this process's watches (pending,
 bound by object id, active) in which the wrappers look up their watch
@@ -32,8 +32,9 @@ import os
 import time
 from typing import Any
 
-from workbook.hooks import protect, watch_evidence
+from workbook.hooks import watch_evidence
 from workbook.hooks.localize import Localization, stack_names
+from workbook.hooks.watch_protection import WatchProtection
 from workbook.hooks.watch_registry import (ACTIVE, BY_OBJ, CANARY, LOCK, ON_RING,  # noqa: F401
                                            PENDING, SCHEMA, STEP_BOUNDARIES, Options,
                                            WatchError, canary_i32, current, watch_for)
@@ -95,10 +96,8 @@ class Watch:
         self.speculator_class: str | None = None
         self.removed = False
         self.rebase = False  # the next boundary is a new baseline (after a suspension)
-        self.protection: dict = {"mode": "none"}  # the sanitizer stage (workbook.hooks.protect)
-        self.guard = None  # its PageGuard / NvtxGuard once the state exists
-        self.zones = None  # the markers' red zones (nvtx: workbook.hooks.redzone)
-        self.layout_evidence: dict = {}  # neighbours of the watched blocks (protect.neighbours)
+        # the sanitizer stage, its red zones and the layout evidence
+        self.protection = WatchProtection(opts)
         self.pos_b: Boundary | None = None  # the last boundary (the position a write follows)
         self.n_modules = 0  # sys.modules' size at the last modules.json
 
@@ -120,19 +119,19 @@ class Watch:
             self.error = ("ThinkingBudgetState.enabled is False: nothing to watch (no marker "
                           "tensors; hypothesis H-b)")
             return
-        if self.protection.get("mode") == "page":  # moved onto read-only pages before reading
-            self._protect(state, {})
-        if self.protection.get("mode") == "nvtx":  # markers into padded buffers before reading
-            self._pad(state)
+        if self.protection.mode == "page":  # moved onto read-only pages before reading
+            self.protection.attach(state, {}, self.position)
+        if self.protection.mode == "nvtx":  # markers into padded buffers before reading
+            self.protection.pad(state)
         tensors = startup.state_tensors(state, self.version)  # StateLayoutError names a gap
         self.busy = True  # no boundary while the watch itself reads the new state
         try:
             self._attach(state, tensors, pre, post)
-            self.layout_evidence["at_state_creation"] = self._neighbours()
+            self.protection.neighbours("at_state_creation", self._tensors)
         finally:
             self.busy = False
-        if self.protection.get("mode") in ("nvtx", "api"):
-            self._protect(state, self.canaries)
+        if self.protection.mode in ("nvtx", "api"):
+            self.protection.attach(state, self.canaries, self.position)
         b = self.last[0]
         self._phase_seen(b, [])
         self._timeline(b, [], [])
@@ -150,57 +149,10 @@ class Watch:
         row = self._gather_now()
         self.creation = {n: v.tolist() for n, v in self._split(row).items()}
         self.layout = watch_evidence.layout(
-            self._tensors(), self.zones.layout() if self.zones is not None else None)
+            self._tensors(),
+            self.protection.zones.layout() if self.protection.zones is not None else None)
         b = self._boundary("created", "ThinkingBudgetState", level="phase")
         self.last = (b, row)
-
-    # -- the sanitizer stage (protection) and layout evidence ------------------------------
-    def plan_protection(self, platform: str) -> None:
-        """Before the engine starts: resolve ``opts.protect``; what the stage needs and lacks
-        is named in the evidence and the stage skipped (the rest of the watch is intact)."""
-        if platform == "cuda":  # allocation stacks for the layout evidence (start-up only)
-            why = protect.record_history()
-            self.protection["memory_history"] = why or "on during start-up (python stacks)"
-        if self.opts.protect == "none":
-            return
-        mode = protect.resolve_mode(self.opts.protect, platform)
-        req = protect.requirements(mode)
-        if mode == "nvtx":  # compute-sanitizer runs the process; the shim needs the rest
-            req["missing"] = [m for m in req["missing"] if m != "compute-sanitizer"] \
-                if os.environ.get("WORKBOOK_UNDER_SANITIZER") else req["missing"]
-            req["ok"] = not req["missing"]
-        self.protection.update(mode=mode if req["ok"] else "skipped", asked=self.opts.protect,
-                               missing=req["missing"], message=req["message"])
-        if not req["ok"]:
-            import sys
-
-            print(f"workbook watch: {req['message']}", file=sys.stderr, flush=True)
-
-    def _pad(self, state) -> None:
-        """Red zones around the markers (``workbook.hooks.redzone``); what fails is recorded
-        and the markers stay where vLLM put them."""
-        from workbook.hooks import redzone
-
-        try:
-            self.zones = redzone.pad(state)
-            if self.zones is None:
-                self.protection["redzones"] = f"off ({redzone.ENV}=0)"
-        except Exception as e:  # evidence only: the protection goes on without red zones
-            self.protection["redzones"] = f"not set up: {type(e).__name__}: {e}"
-
-    def _protect(self, state, canaries: dict) -> None:
-        try:
-            self.guard = protect.attach(self.protection["mode"], state,
-                                        out_dir=self.opts.out_dir, canaries=canaries,
-                                        where=self.position, zones=self.zones)
-        except Exception as e:  # the stage is skipped, the watch goes on
-            self.protection.update(mode="skipped", message=f"{type(e).__name__}: {e}")
-
-    def _neighbours(self) -> dict:
-        try:
-            return protect.neighbours(self._tensors())
-        except Exception as e:  # evidence only
-            return {"error": f"{type(e).__name__}: {e}"}
 
     # -- reading the watched bytes ---------------------------------------------------------
     def _tensors(self) -> dict:
@@ -451,8 +403,8 @@ class Watch:
             self.loc.finish("start-up and the first %d real step(s) localized" % self.step)
             self.mode = "ring"
             if self.state is not None:
-                self.layout_evidence["after_startup"] = self._neighbours()
-            protect.stop_history()
+                self.protection.neighbours("after_startup", self._tensors)
+            self.protection.stop_history()
             self.write()
             for fn in list(ON_RING):  # the installer's (``workbook.hooks.watch``) slimming
                 fn()
@@ -509,9 +461,8 @@ class Watch:
                          "step_check_s": round(self.check_s["steps"], 4)},
             "state_at_end": end,
             "position": self.position(),
-            "protection": {**self.protection,
-                           **(self.guard.to_dict() if self.guard is not None else {})},
-            "layout_evidence": self.layout_evidence,
+            "protection": self.protection.to_dict(),
+            "layout_evidence": self.protection.layout_evidence,
         }
 
     def position(self) -> dict | None:
@@ -533,7 +484,7 @@ class Watch:
             return
         try:
             os.makedirs(self.opts.out_dir, exist_ok=True)
-            if self.guard is not None:
+            if self.protection.guard is not None:
                 self.n_modules = watch_evidence.write_module_table(self.opts.out_dir,
                                                                    self.n_modules)
             path = os.path.join(self.opts.out_dir, "watch.json")
@@ -552,8 +503,7 @@ class Watch:
             self.flush()
             self.write()
             self.removed = True
-            if self.guard is not None:
-                protect.detach(self.guard)
+            self.protection.detach()
             self.loc.finish("watch removed")
             for k in [k for k, w in BY_OBJ.items() if w is self]:
                 del BY_OBJ[k]

@@ -3,7 +3,7 @@ layout, the device's name and memory per start-up phase, and the process's modul
 
 The module table (``modules.json``: base name -> [[module, path], ...]) lets a memcheck frame,
 which carries a file's base name only, be judged by its module
-(``workbook.run.sanitizer.frame_module``). Nothing here compares or records a change.
+(``workbook.run.writerframes.frame_module``). Nothing here compares or records a change.
 """
 
 from __future__ import annotations

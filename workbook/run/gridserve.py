@@ -210,7 +210,7 @@ class ServedEngine:
                           {"seq": self.seq, "constraint_fault": fault or "none"})
 
     def complete(self, prompt: list[int], kw: dict, max_tokens: int) -> dict:
-        from workbook.run import servercheck as sc
+        from workbook.run import serverapi
         from workbook.run import serverconstraints as scon
 
         body = scon.completion_body(self.server.model_id, prompt, kw, max_tokens=max_tokens,
@@ -218,7 +218,7 @@ class ServedEngine:
         if "logprobs" not in kw:
             body.pop("logprobs")  # as in-process: no logprobs unless the case asks
         body.pop("seed", None)
-        return sc.Endpoint(self.url, 600.0).post("/v1/completions", body)
+        return serverapi.Endpoint(self.url, 600.0).post("/v1/completions", body)
 
 
 def output_of(resp: dict, prompt: list[int]):

@@ -93,7 +93,7 @@ def _covered(ivs, lo: int, hi: int) -> int:
 
 def _neighbour_below(name: str, evidence: dict | None, base: int, ptr: int) -> str | None:
     """The caching-allocator block just below ``base`` (the padded buffer, or the tensor
-    itself) from the layout evidence (``protect.neighbours``: offsets from the tensor)."""
+    itself) from the layout evidence (``alloc_layout.neighbours``: offsets from the tensor)."""
     return _neighbour(name, evidence, lambda b: ptr + b["offset"] + b["size"] == base)
 
 

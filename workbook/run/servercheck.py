@@ -40,20 +40,22 @@ rejected tokens, the gate, the fast path, the device budget or markers, the mark
 which of those stages lost it, or anything about start-up; without a processed logprobs mode
 it judges the tokens only.
 
-Not here: starting a server (``workbook.run.server``), hooks of any kind, streaming.
+Not here: the HTTP transport, the served model and the markers' ids (``workbook.run.serverapi``),
+starting a server (``workbook.run.server``), hooks of any kind, streaming.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from workbook.core import budget
 from workbook.core.budget import Markers
+# the server's transport, and the names callers read from here (serverconstraints, cli)
+from workbook.run.serverapi import (TIMEOUT_S, Endpoint, ServerCheckError, served_model,
+                                    server_markers)
 from workbook.run.verdicts import say
 
 MODES = ("auto", "processed_logprobs", "processed_logits", "raw")
@@ -61,7 +63,6 @@ START_TEXT, END_TEXT = "<think>", "</think>"  # the reasoning parsers' markers (
 CLAMP = -9999.0  # vLLM's OpenAI server clamps every logprob to at least this
 FORCED_LOGPROB = -1e-3  # processed_logprobs: the forced column's logprob is 0 (float32)
 TOP_LOGPROBS = 5
-TIMEOUT_S = 300.0
 CAN_TELL = (
     "What this check can tell: the emitted tokens against the budget rule and, with processed "
     "logprobs (server flag --logprobs-mode processed_logprobs or processed_logits), whether the "
@@ -80,89 +81,8 @@ RAW_ONLY = (
     "judged. Restart the server with --logprobs-mode processed_logprobs to see the forced column.")
 
 
-class ServerCheckError(RuntimeError):
-    """The check could not be made (unreachable server, unknown model, refused request, ...)."""
-
-
 class MarkerMismatch(ServerCheckError):
     """The markers given are not the server's: a wrong setting, not a vLLM defect."""
-
-
-# --- HTTP -------------------------------------------------------------------------------------
-
-class Endpoint:
-    """An OpenAI-compatible vLLM server at ``url`` (``http://host:port``, ``/v1`` optional)."""
-
-    def __init__(self, url: str, timeout: float = TIMEOUT_S, api_key: str | None = None):
-        url = url.rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            url = "http://" + url
-        self.base = url[:-3] if url.endswith("/v1") else url
-        self.timeout = timeout
-        self.api_key = api_key
-
-    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.base + path, method=method, headers=headers,
-                                     data=json.dumps(body).encode() if body is not None else None)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            raise ServerCheckError(f"{self.base}{path}: the server answered HTTP {e.code}: "
-                                   f"{_message(e)}") from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise ServerCheckError(f"cannot reach a server at {self.base} ({reason}); is "
-                                   "`vllm serve` running there?") from None
-        except ValueError as e:
-            raise ServerCheckError(f"{self.base}{path} did not answer JSON ({e}): not an "
-                                   "OpenAI-compatible vLLM server?") from None
-
-    def get(self, path: str) -> dict:
-        return self._call("GET", path)
-
-    def post(self, path: str, body: dict) -> dict:
-        return self._call("POST", path, body)
-
-
-def _message(e: urllib.error.HTTPError) -> str:
-    try:
-        body = json.loads(e.read())
-    except Exception:
-        return str(e.reason)
-    err = body.get("error", body) if isinstance(body, dict) else body
-    if isinstance(err, dict):
-        return str(err.get("message") or err)
-    return str(err)
-
-
-def served_model(ep: Endpoint, model: str | None) -> str:
-    data = ep.get("/v1/models").get("data") or []
-    ids = [m.get("id") for m in data]
-    if not ids:
-        raise ServerCheckError(f"{ep.base}/v1/models lists no model")
-    if model is None:
-        return ids[0]
-    if model not in ids:
-        raise ServerCheckError(f"the server at {ep.base} does not serve {model!r}; it serves "
-                               f"{', '.join(map(repr, ids))}")
-    return model
-
-
-def server_markers(ep: Endpoint, model: str, start: str, end: str,
-                   natural_end: str | None = None) -> Markers:
-    """The markers as the server's tokenizer splits their texts (no special tokens added)."""
-    def ids(text):
-        out = ep.post("/tokenize", {"model": model, "prompt": text,
-                                    "add_special_tokens": False}).get("tokens")
-        if not out:
-            raise ServerCheckError(f"the server's tokenizer gives no tokens for {text!r}")
-        return [int(t) for t in out]
-
-    return Markers(ids(start), ids(end), ids(natural_end) if natural_end else ())
 
 
 # --- the request ------------------------------------------------------------------------------
