@@ -20,7 +20,10 @@ leads with the finding and then shows the evidence:
 4. **Where </think> came** (every request of every run), failures, time per run, run folders,
    the effective configuration (what differs between runs, what is common), collect-env.
 5. **Constraints under speculative decoding** — the constraint × method grid of each
-   ``grid.json`` found (``workbook.report.constraints``); no section when there is none.
+   ``grid.json`` found (``workbook.report.constraints``); no section when there is none. With
+   a grid, the lead also lists the **findings on released vLLM** (``workbook.report.findings``:
+   the registry committed under ``outputs/findings/``), each ✗ of the axes picture linked to
+   its reproducer.
 
 The runs and what each did are ``workbook.report.runs``'s, the finding's counts and sentences
 ``workbook.report.finding``'s, the page machinery (tables, itables offline, CSS)
@@ -40,6 +43,7 @@ import os
 import pandas as pd
 
 from workbook.report import constraints as constraints_section
+from workbook.report import findings as findings_section
 from workbook.report import grid, wording
 from workbook.report.finding import (cause_text, chain_text, count_line, finding,  # noqa: F401
                                      guard_runs, n_requests, named_by, repairs, stage_of,
@@ -238,12 +242,22 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
     ``grids``: constraints grids (``constraints_section.load``) — a section when any;
     ``grid_source``: a sentence saying where they come from when not from these runs."""
     runs = [r for b in batches for r in b.runs]
+    found, registry_error = [], None
+    if grids:
+        try:
+            found = findings_section.load()
+        except findings_section.BadRegistry as e:  # the report still shows the grids
+            registry_error = f"The findings registry could not be read: {e}."
+    findings_section.attach(grids or [], found, base)
     if not runs and grids:  # a constraints grid's run folder (workbook.run.grid): its grid
         page = Page(constraints_section.TITLE)
         page.h(1, page.title)
         page.p(f"Generated {dt.datetime.now().astimezone().isoformat(timespec='seconds')} from "
                f"{len(grids)} constraints grid(s).", "note")
         page.raw(constraints_section.finding_html(grids))
+        page.raw(findings_section.section_html(
+            [f for f in found if set(findings_section.violated_in(f))
+             & {str(g.get("vllm_version")) for g in grids}], base))
         page.raw(constraints_section.section_html(grids))
         return page.render()
     if not runs:
@@ -259,10 +273,14 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
         page.raw(constraints_section.finding_html(grids))
         if grid_source:
             page.p(grid_source, "note")
+        page.raw(findings_section.section_html(found, base))
+        if registry_error:
+            page.p(registry_error, "note")
     page.raw('<nav class="toc"><a href="#verdicts">Verdicts</a><a href="#violations">'
              'Violations</a><a href="#where">Where &lt;/think&gt; came</a><a href="#failures">'
              'Failures</a><a href="#time">Time</a><a href="#folders">Run folders</a>'
              '<a href="#effective">Effective configuration</a>'
+             + ('<a href="#findings">Findings</a>' if found else "")
              + ('<a href="#constraints">Constraints</a>' if grids else "") + '</nav>')
     page.h(2, "Verdicts", "verdicts")
     vt = verdict_table(runs)
