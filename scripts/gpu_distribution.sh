@@ -8,13 +8,13 @@ T0=$(date +%s); mkdir -p "$OUT"
 python3 -c "import vllm" 2>/dev/null || eval "$(bash .bundle/install.sh .bundle)" \
   || { echo "bundle install failed" > "$OUT/distribution.txt"; exit 2; }
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 VLLM_USE_V2_MODEL_RUNNER=1
-SAMPLES=${SAMPLES:-8192}; REPEATS=${REPEATS:-2}; LIMIT=${LIMIT_S:-520}
+D=/tmp/dist-$(date +%s); SAMPLES=${SAMPLES:-8192}; REPEATS=${REPEATS:-2}; LIMIT=${LIMIT_S:-520}
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/distribution.txt"
-timeout -s INT "$LIMIT" python3 -m workbook.run.distribution --out /tmp/dist \
+timeout -s INT "$LIMIT" python3 -m workbook.run.distribution --out "$D" \
   --methods none,mtp --cases unconstrained,allowed_token_ids \
   --faults rejection-tempered-twice,draft-rows-untempered --samples "$SAMPLES" --positions 4 \
   --max-num-seqs 256 --repeats "$REPEATS" > /tmp/dist.log 2>&1
 echo "rc=$? $(( $(date +%s) - T0 ))s samples=$SAMPLES repeats=$REPEATS" >> "$OUT/distribution.txt"
 grep -vE "^(INFO|WARNING|\(|DEBUG)" /tmp/dist.log | grep -v "it/s\]" | tail -60 >> "$OUT/distribution.txt"
-cp /tmp/dist/distribution.json "$OUT/" 2>/dev/null
-tar czf "$OUT/dist.tgz" -C /tmp dist dist.log 2>/dev/null
+cp "$D"/distribution.json "$OUT/" 2>/dev/null
+tar czf "$OUT/dist.tgz" -C /tmp "$(basename "$D")" dist.log 2>/dev/null

