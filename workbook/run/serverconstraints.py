@@ -54,6 +54,12 @@ HOST_ATOL = 1e-3  # two requests' rows (not one row twice): float32 batch-shape 
 HOST_RTOL = 1e-4
 ROW_CONTRACTS_NOTE = ("a row contract: the returned output cannot show it, and the logprobs "
                       "mode shows no processed row")
+REPETITION_NOT_ADDITIVE = ("the repetition penalty is not additive in log-probabilities (it "
+                           "scales logits: the server's --logprobs-mode processed_logits shows "
+                           "it); frequency and presence are judged on the same request without "
+                           "it")
+# what the server's tokenizer must split as the local one does before the grammar is judged
+GRAMMAR_PROBE = '{"a": -1000000000, "b": [1.5e3, true, null]}\n</think>'
 
 
 class UnknownConstraint(sc.ServerCheckError):
@@ -230,8 +236,7 @@ def row_breaches(p: Params, case: Sent, control: Sent, markers: Markers,
     if mode == "raw":
         return [], "the server returns raw logprobs: no processed row is visible"
     if mode == "processed_logprobs" and p.repetition_penalty != 1.0:
-        return [], ("the repetition penalty scales logits, which processed logprobs do not "
-                    "show (the server's --logprobs-mode processed_logits does)")
+        return [], REPETITION_NOT_ADDITIVE.split(";")[0]
     out: list[contracts.Breach] = []
     compared = 0
     n = min(len(case.output), len(control.output), len(case.tops), len(control.tops))
@@ -281,14 +286,21 @@ def row_breaches(p: Params, case: Sent, control: Sent, markers: Markers,
 
 
 def judge(name: str, kw: dict, p: Params, case: Sent, control: Sent | None, markers: Markers,
-          mode: str, texts: list[str] | None) -> Verdict:
-    """One case's verdict from what the server returned."""
+          mode: str, texts: list[str] | None, *, grammar: contracts.GrammarTruth | None = None,
+          no_grammar: str | None = None, rows: tuple[Params, Sent] | None = None,
+          rows_note: dict | None = None) -> Verdict:
+    """One case's verdict from what the server returned. ``grammar``: the output through the
+    request's grammar (``grammar_evidence``; ``no_grammar``: why there is none); ``rows``: the
+    (parameters, request) whose processed rows are judged against ``control`` when not the
+    case's own (the penalties without the repetition penalty in processed_logprobs);
+    ``rows_note``: what of the case those rows leave unjudged (parameter -> why)."""
     v = Verdict(name, "holds", kwargs=json.loads(json.dumps(kw, default=str)),
                 output=case.output, finish_reason=case.finish_reason)
     own = C.CASE_CONTRACTS.get(name, (name,))
     want_lp = p.logprobs is not None
     br = contracts.check_output(p, case.prompt, case.output, case.finish_reason, markers,
-                                text=case.text, logprobs=case.logprobs if want_lp else None)
+                                text=case.text, logprobs=case.logprobs if want_lp else None,
+                                grammar=grammar)
     host = contracts.Outcome(prompt=case.prompt, output=case.output, texts=texts,
                              prompt_logprobs=case.prompt_logprobs, text=case.text,
                              finish_reason=case.finish_reason)
@@ -296,10 +308,13 @@ def judge(name: str, kw: dict, p: Params, case: Sent, control: Sent | None, mark
         if c.active(p) and c.host_evidence:
             br += c.check_output(p, host)
     v.not_judged = {**contracts.unjudged(p, case.output, case.finish_reason, case.text,
-                                         no_grammar="the grammar is the server's; its endpoint "
-                                                    "returns no grammar state"),
+                                         grammar=grammar,
+                                         no_grammar=no_grammar or "the grammar is the server's; "
+                                         "its endpoint returns no grammar state"),
                     **contracts.unjudged_host(p, texts, case.prompt_logprobs)}
     v.judged.append("output")
+    if grammar is not None:
+        v.judged.append("the output through the grammar (xgrammar, the model's tokenizer)")
     if p.thinking_token_budget is not None:
         pos = sc.judge_positions(case.prompt, case.output, case.tops, p.thinking_token_budget,
                                  markers, mode)
@@ -315,10 +330,12 @@ def judge(name: str, kw: dict, p: Params, case: Sent, control: Sent | None, mark
                                        fb["index"]))
     rows_why = "no control request (no column to compare)"
     if control is not None:
-        rb, rows_why = row_breaches(p, case, control, markers, mode)
+        rp, rcase = rows or (p, case)
+        rb, rows_why = row_breaches(rp, rcase, control, markers, mode)
         br += rb
         if rows_why is None:
             v.judged.append(f"processed rows vs the control ({mode})")
+            v.not_judged.update(rows_note or {})
     if p.logprobs is not None:
         v.not_judged["logprobs"] = ("the count is judged; each value against its own row "
                                     "needs the row evidence of a hooked run")
@@ -456,10 +473,19 @@ def _one(ep, model, name, kw, markers, given, own, mode, decode, max_tokens, bas
                                logprobs=0)
         body.pop("logprobs")
         case = send(ep, body)
+    rows, rows_note = None, None
+    if mode == "processed_logprobs" and p.repetition_penalty != 1.0:
+        # the additive penalties on the same prompt without the repetition penalty
+        add = {a: b for a, b in kw.items() if a != "repetition_penalty"}
+        rows_note = {"repetition_penalty": REPETITION_NOT_ADDITIVE.split(";")[0]}
+        if p.frequency_penalty or p.presence_penalty:
+            rows = (_params(add, p.bad_words, mode),
+                    send(ep, completion_body(model, prompt, add, max_tokens=max_tokens,
+                                             logprobs=k)))
     control = None
-    if cols and mode != "raw":
-        control = send(ep, completion_body(model, prompt, {}, max_tokens=max_tokens,
-                                           logprobs=k))
+    if cols and mode != "raw" and not failed:
+        control = aligned_control(ep, model, (rows or (p, case))[1], k, max_tokens)
+    grammar, no_grammar = grammar_evidence(ep, model, p, case, markers)
     if p.thinking_token_budget is not None and given is not None and own is not None:
         found = sc.marker_mismatch(given, own, case.prompt, case.output, case.tops, mode)
         if found and found["evidence"] != "neither":
@@ -470,14 +496,76 @@ def _one(ep, model, name, kw, markers, given, own, mode, decode, max_tokens, bas
                            finish_reason=case.finish_reason)
     texts = [decode(case.output[:i + 1]) for i in range(len(case.output))] \
         if p.stop_strings else None
-    if failed:
-        control = None
-    v = judge(name, kw, p, case, control, markers, mode if not failed else "raw", texts)
+    v = judge(name, kw, p, case, control, markers, mode if not failed else "raw", texts,
+              grammar=grammar, no_grammar=no_grammar, rows=rows, rows_note=rows_note)
     if failed:
         v.message = "; ".join(x for x in (v.message, f"with logprobs the server failed the "
                                           f"request ({failed}); judged on the tokens of the "
                                           "same request without logprobs") if x)
     return v
+
+
+def aligned_control(ep: sc.Endpoint, model: str, case: Sent, k: int, max_tokens: int) -> Sent:
+    """The control of ``case``: per output index ``i``, the raw row of the same prompt and the
+    same output prefix ``case.output[:i]`` without the constraint. One unconstrained request
+    gives the rows up to where its greedy output leaves the case's; past that, each row is one
+    one-token request on the prompt + the case's prefix (the same token sequence: the same raw
+    row) returning the columns the case returned there (``logprob_token_ids``: one token is
+    what a server with MTP answers; longer lists fail there, docs/server-check.md). A position
+    the server refuses ends the control there."""
+    full = send(ep, completion_body(model, case.prompt, {}, max_tokens=max_tokens, logprobs=k))
+    tops: list[dict[int, float]] = []
+    for i in range(len(case.tops)):
+        if full.output[:i] == case.output[:i] and i < len(full.tops):
+            tops.append(full.tops[i])
+            continue
+        cols = set(case.tops[i]) | ({case.output[i]} if i < len(case.output) else set())
+        try:
+            one = send(ep, completion_body(model, case.prompt + case.output[:i], {},
+                                           max_tokens=1, logprobs=k, token_ids=sorted(cols)))
+        except sc.ServerCheckError:
+            break
+        if not one.tops:
+            break
+        tops.append(one.tops[0])
+    return Sent(full.body, case.prompt, case.output[:len(tops)], full.finish_reason, None, tops,
+                None, None)
+
+
+def model_root(ep: sc.Endpoint, model: str) -> str:
+    """Where the server loaded ``model`` from (``/v1/models``' ``root``; else its name)."""
+    for m in ep.get("/v1/models").get("data") or []:
+        if m.get("id") == model:
+            return str(m.get("root") or model)
+    return model
+
+
+def grammar_evidence(ep: sc.Endpoint, model: str, p: Params, case: Sent, markers: Markers
+                     ) -> tuple[contracts.GrammarTruth | None, str | None]:
+    """For a case with a JSON schema: the returned tokens through the request's grammar
+    (``contracts.GrammarTruth``, judged by the structured-output contract's own output check),
+    compiled by ``workbook.vllm.grammar.for_model`` from the folder the server loaded the model
+    from, once the server's tokenizer splits ``GRAMMAR_PROBE`` as that folder's does; the
+    grammar starts after the reasoning (``grammar.grammar_start``: from output index 0 when the
+    prompt already ended it, as the structured case's does; a prompt that leaves the reasoning
+    open carries a budget, which a server without a reasoning parser refuses). (None, why)
+    when no evidence can be built."""
+    if p.json_schema is None:
+        return None, None
+    from workbook.vllm import grammar as vgrammar
+
+    root = model_root(ep, model)
+    chk, why, tok = vgrammar.for_model(root, p)
+    if chk is None:
+        return None, why
+    server = [int(t) for t in ep.post("/tokenize", {"model": model, "prompt": GRAMMAR_PROBE,
+                                                    "add_special_tokens": False}
+                                      ).get("tokens") or []]
+    local = [int(t) for t in tok.encode(GRAMMAR_PROBE, add_special_tokens=False)]
+    if server != local:
+        return None, (f"the tokenizer at {root} splits {GRAMMAR_PROBE!r} into {len(local)} "
+                      f"tokens, the server's into {len(server)}: not the server's tokenizer")
+    return chk.truth(case.prompt, case.output, markers, reasoning=True), None
 
 
 # --- text -------------------------------------------------------------------------------------
