@@ -6,6 +6,7 @@ for an unknown constraint name before any request. The real server's run is in
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -22,6 +23,16 @@ PROMPT = [1, 10, 2]  # reasoning open, one reasoning token
 def _sent(output, tops=None, finish="length", text=None):
     return S.Sent({}, PROMPT, list(output), finish, text, tops or [{} for _ in output], None,
                   None)
+
+
+def _rows_judged(v, mode):
+    """(columns, positions) of the verdict's "processed rows vs the control" line."""
+    for j in v.judged:
+        m = re.fullmatch(rf"processed rows vs the control \({mode}: (\d+) columns at (\d+) "
+                         r"positions\)", j)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
 
 
 def _judge(name, kw, case, control=None, mode="processed_logprobs"):
@@ -113,6 +124,7 @@ def tiny():
 
 SCHEMA_KW = {"structured_outputs": {"json": S.contracts.JSON_SCHEMA}}
 NO_THINK = [1, 368, 198, 369, 198]  # the prompt ends the reasoning: the grammar binds at 0
+THINK = Markers((368,), (369,))  # the tiny tokenizer's <think> / </think>
 
 
 def _grammar_verdict(tiny, text, finish, *, tokenize=None, eos=False):
@@ -121,8 +133,8 @@ def _grammar_verdict(tiny, text, finish, *, tokenize=None, eos=False):
     case = S.Sent({}, NO_THINK, out, finish, text, [{} for _ in out], None, None)
     ep = _Endpoint(root, tokenize or (lambda s: tok.encode(s, add_special_tokens=False)))
     p = S._params(SCHEMA_KW, [], "processed_logprobs")
-    g, why = S.grammar_evidence(ep, "m", p, case, Markers((368,), (369,)))
-    return S.judge("structured_output", SCHEMA_KW, p, case, None, Markers((368,), (369,)),
+    g, why, _ = S.grammar_evidence(ep, "m", p, case, THINK)
+    return S.judge("structured_output", SCHEMA_KW, p, case, None, THINK,
                    "processed_logprobs", None, grammar=g, no_grammar=why), g, out
 
 
@@ -161,7 +173,7 @@ def test_grammar_unreadable_model_folder_says_why(tmp_path):
     pytest.importorskip("xgrammar")
     case = S.Sent({}, NO_THINK, [90], "length", "{", [{}], None, None)
     p = S._params(SCHEMA_KW, [], "raw")
-    g, why = S.grammar_evidence(_Endpoint(str(tmp_path / "nowhere")), "m", p, case, MK)
+    g, why, _ = S.grammar_evidence(_Endpoint(str(tmp_path / "nowhere")), "m", p, case, MK)
     assert g is None and "not readable here" in why
 
 
@@ -185,7 +197,7 @@ def test_penalties_processed_logits_per_position():
     rows = _penalised_rows(p, out)
     control = _sent(out, [dict(RAW) for _ in out])
     v = _judge("penalties", PEN, _sent(out, rows), control, mode="processed_logits")
-    assert v.status == "holds" and "processed rows vs the control (processed_logits)" in v.judged
+    assert v.status == "holds" and _rows_judged(v, "processed_logits") == (9, 3)
     # the repetition penalty not applied at output index 1 (5 emitted once: 2.0/1.5 + 0.5 + 0.3)
     bad = [dict(r) for r in rows]
     bad[1][5] = 2.0 + 0.5 + 0.3
@@ -211,8 +223,7 @@ def test_penalties_processed_logprobs_additive_judged_repetition_not():
     note = {"repetition_penalty": S.REPETITION_NOT_ADDITIVE.split(";")[0]}
     v = S.judge("penalties", PEN, p, _sent(out), control, MK, "processed_logprobs", None,
                 rows=(pa, rows_case), rows_note=note)
-    assert v.status == "holds" and "processed rows vs the control (processed_logprobs)" in \
-        v.judged
+    assert v.status == "holds" and _rows_judged(v, "processed_logprobs") == (9, 3)
     assert "not additive in log-probabilities" in v.not_judged["repetition_penalty"]
     # presence not applied at index 2 (5 emitted twice): only frequency's 0.6 raises column 5
     bad = [_logprobs(r) for r in _penalised_rows(pa, out)]
@@ -246,3 +257,27 @@ def test_aligned_control_one_token_requests_past_the_divergence():
     assert sent[1]["prompt"] == PROMPT + [5, 5] and sent[1]["max_tokens"] == 1
     assert sent[1]["logprob_token_ids"] == [9]
     assert set(ctl.tops[2]) == {9} and ctl.tops[2][9] == pytest.approx(-3.09)
+
+
+def test_grammar_mask_on_processed_rows(tiny):
+    """A column the grammar disallows must come back masked (the clamp); the control (no
+    grammar) cannot show it, the grammar's own mask does. At output index 0 only '{' (90)."""
+    root, tok = tiny
+    out = tok.encode('{"a"', add_special_tokens=False)
+    ep = _Endpoint(root, lambda s: tok.encode(s, add_special_tokens=False))
+    p = S._params(SCHEMA_KW, [], "processed_logprobs")
+    raw = [{90: -8.3, 1: -8.31, 5: -8.32} for _ in out]
+    control = S.Sent({}, NO_THINK, out, "length", None, raw, None, None)
+
+    def verdict(row0):
+        case = S.Sent({}, NO_THINK, out, "length", '{"a"', [row0] + [{} for _ in out[1:]],
+                      None, None)
+        g, why, allowed = S.grammar_evidence(ep, "m", p, case, THINK)
+        return S.judge("structured_output", SCHEMA_KW, p, case, control, THINK,
+                       "processed_logprobs", None, grammar=g, no_grammar=why, allowed=allowed)
+
+    v = verdict({90: -0.0001, 1: -9999.0, 5: -9999.0})
+    assert v.status == "holds" and _rows_judged(v, "processed_logprobs") == (3, 1), v
+    v = verdict({90: -0.7, 1: -9999.0, 5: -0.7})
+    assert v.status == "violated" and v.first["contract"] == "structured_output"
+    assert v.first["out_index"] == 0 and v.first["column"] == 5 and "-inf" in v.first["what"]

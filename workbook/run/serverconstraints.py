@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from workbook.core import budget, contracts
 from workbook.core.budget import Markers
@@ -52,6 +52,7 @@ MAX_TOKENS = 16  # the grid's
 ROW_LOGPROBS = 20  # vLLM's default --max-logprobs
 HOST_ATOL = 1e-3  # two requests' rows (not one row twice): float32 batch-shape differences
 HOST_RTOL = 1e-4
+CONTROL_CONCURRENCY = 8  # one-token control requests in flight (workbook serve: --max-num-seqs 8)
 ROW_CONTRACTS_NOTE = ("a row contract: the returned output cannot show it, and the logprobs "
                       "mode shows no processed row")
 REPETITION_NOT_ADDITIVE = ("the repetition penalty is not additive in log-probabilities (it "
@@ -229,16 +230,21 @@ def bad_word_ids(ep: sc.Endpoint, model: str, words: Sequence[str]) -> list[tupl
 
 
 def row_breaches(p: Params, case: Sent, control: Sent, markers: Markers,
-                 mode: str) -> tuple[list[contracts.Breach], str | None]:
+                 mode: str, allowed: Callable[[int], Any] | None = None,
+                 stats: dict | None = None) -> tuple[list[contracts.Breach], str | None]:
     """The processed rows the logprobs show, at the columns both requests returned, against
     ``contracts.expected`` of the control's value (same prompt and same output prefix: the
-    same raw row). Returns the breaches and, when rows could not be judged, why."""
+    same raw row). ``allowed(i)``: what the request's grammar allows at output index ``i``
+    (a bool array over the vocabulary; None where no grammar binds: ``grammar_evidence``) — a
+    column it disallows must be masked (-inf) by the grammar bitmask, which no control shows.
+    Returns the breaches and, when rows could not be judged, why; ``stats`` (if given) gets
+    the number of positions and columns compared."""
     if mode == "raw":
         return [], "the server returns raw logprobs: no processed row is visible"
     if mode == "processed_logprobs" and p.repetition_penalty != 1.0:
         return [], REPETITION_NOT_ADDITIVE.split(";")[0]
     out: list[contracts.Breach] = []
-    compared = 0
+    compared, seen_at = 0, set()
     n = min(len(case.output), len(control.output), len(case.tops), len(control.tops))
     for i in range(n + 1):
         if i >= len(case.tops) or i >= len(control.tops):
@@ -249,6 +255,11 @@ def row_breaches(p: Params, case: Sent, control: Sent, markers: Markers,
         got, raw = case.tops[i], control.tops[i]
         cols = [c for c in got if c in raw]
         exp = {c: contracts.expected(p, ctx, c, raw[c]) for c in cols}
+        mask = allowed(i) if allowed is not None else None
+        if mask is not None:
+            exp = {c: e if 0 <= c < len(mask) and mask[c] else
+                   contracts.Expect(contracts.NEG_INF, False, e.by + ("structured_output",))
+                   for c, e in exp.items()}
         if any(e.forced for e in exp.values()):
             continue  # the budget's forced column: judged per position by judge_positions
         ref = None
@@ -268,6 +279,7 @@ def row_breaches(p: Params, case: Sent, control: Sent, markers: Markers,
                 want = e.value - raw[ref]
                 ok = abs((g - got[ref]) - want) <= HOST_ATOL + HOST_RTOL * abs(want)
             compared += 1
+            seen_at.add(i)
             if not ok:
                 what = (f"column {c} at output index {i}: expected "
                         f"{'-inf (masked)' if e.value == contracts.NEG_INF else f'{e.value:.6g}'}"
@@ -280,6 +292,8 @@ def row_breaches(p: Params, case: Sent, control: Sent, markers: Markers,
                 break
         if out:
             break
+    if stats is not None:
+        stats.update(positions=len(seen_at), columns=compared)
     if not compared and not out:
         return [], "no column the contracts name came back in both requests' logprobs"
     return out, None
@@ -288,12 +302,14 @@ def row_breaches(p: Params, case: Sent, control: Sent, markers: Markers,
 def judge(name: str, kw: dict, p: Params, case: Sent, control: Sent | None, markers: Markers,
           mode: str, texts: list[str] | None, *, grammar: contracts.GrammarTruth | None = None,
           no_grammar: str | None = None, rows: tuple[Params, Sent] | None = None,
-          rows_note: dict | None = None) -> Verdict:
+          rows_note: dict | None = None, allowed: Callable[[int], Any] | None = None
+          ) -> Verdict:
     """One case's verdict from what the server returned. ``grammar``: the output through the
     request's grammar (``grammar_evidence``; ``no_grammar``: why there is none); ``rows``: the
     (parameters, request) whose processed rows are judged against ``control`` when not the
     case's own (the penalties without the repetition penalty in processed_logprobs);
-    ``rows_note``: what of the case those rows leave unjudged (parameter -> why)."""
+    ``rows_note``: what of the case those rows leave unjudged (parameter -> why); ``allowed``:
+    the grammar's mask per output index (``row_breaches``)."""
     v = Verdict(name, "holds", kwargs=json.loads(json.dumps(kw, default=str)),
                 output=case.output, finish_reason=case.finish_reason)
     own = C.CASE_CONTRACTS.get(name, (name,))
@@ -331,10 +347,12 @@ def judge(name: str, kw: dict, p: Params, case: Sent, control: Sent | None, mark
     rows_why = "no control request (no column to compare)"
     if control is not None:
         rp, rcase = rows or (p, case)
-        rb, rows_why = row_breaches(rp, rcase, control, markers, mode)
+        stats: dict = {}
+        rb, rows_why = row_breaches(rp, rcase, control, markers, mode, allowed, stats)
         br += rb
         if rows_why is None:
-            v.judged.append(f"processed rows vs the control ({mode})")
+            v.judged.append(f"processed rows vs the control ({mode}: {stats['columns']} "
+                            f"columns at {stats['positions']} positions)")
             v.not_judged.update(rows_note or {})
     if p.logprobs is not None:
         v.not_judged["logprobs"] = ("the count is judged; each value against its own row "
@@ -485,7 +503,7 @@ def _one(ep, model, name, kw, markers, given, own, mode, decode, max_tokens, bas
     control = None
     if cols and mode != "raw" and not failed:
         control = aligned_control(ep, model, (rows or (p, case))[1], k, max_tokens)
-    grammar, no_grammar = grammar_evidence(ep, model, p, case, markers)
+    grammar, no_grammar, allowed = grammar_evidence(ep, model, p, case, markers)
     if p.thinking_token_budget is not None and given is not None and own is not None:
         found = sc.marker_mismatch(given, own, case.prompt, case.output, case.tops, mode)
         if found and found["evidence"] != "neither":
@@ -497,7 +515,8 @@ def _one(ep, model, name, kw, markers, given, own, mode, decode, max_tokens, bas
     texts = [decode(case.output[:i + 1]) for i in range(len(case.output))] \
         if p.stop_strings else None
     v = judge(name, kw, p, case, control, markers, mode if not failed else "raw", texts,
-              grammar=grammar, no_grammar=no_grammar, rows=rows, rows_note=rows_note)
+              grammar=grammar, no_grammar=no_grammar, rows=rows, rows_note=rows_note,
+              allowed=allowed)
     if failed:
         v.message = "; ".join(x for x in (v.message, f"with logprobs the server failed the "
                                           f"request ({failed}); judged on the tokens of the "
@@ -513,21 +532,24 @@ def aligned_control(ep: sc.Endpoint, model: str, case: Sent, k: int, max_tokens:
     row) returning the columns the case returned there (``logprob_token_ids``: one token is
     what a server with MTP answers; longer lists fail there, docs/server-check.md). A position
     the server refuses ends the control there."""
+    from concurrent.futures import ThreadPoolExecutor
+
     full = send(ep, completion_body(model, case.prompt, {}, max_tokens=max_tokens, logprobs=k))
-    tops: list[dict[int, float]] = []
-    for i in range(len(case.tops)):
+
+    def one(i: int) -> dict[int, float] | None:
         if full.output[:i] == case.output[:i] and i < len(full.tops):
-            tops.append(full.tops[i])
-            continue
+            return full.tops[i]
         cols = set(case.tops[i]) | ({case.output[i]} if i < len(case.output) else set())
         try:
-            one = send(ep, completion_body(model, case.prompt + case.output[:i], {},
+            got = send(ep, completion_body(model, case.prompt + case.output[:i], {},
                                            max_tokens=1, logprobs=k, token_ids=sorted(cols)))
         except sc.ServerCheckError:
-            break
-        if not one.tops:
-            break
-        tops.append(one.tops[0])
+            return None
+        return got.tops[0] if got.tops else None
+
+    with ThreadPoolExecutor(CONTROL_CONCURRENCY) as pool:  # the server batches them
+        rows = list(pool.map(one, range(len(case.tops))))
+    tops = rows[:rows.index(None)] if None in rows else rows
     return Sent(full.body, case.prompt, case.output[:len(tops)], full.finish_reason, None, tops,
                 None, None)
 
@@ -541,31 +563,41 @@ def model_root(ep: sc.Endpoint, model: str) -> str:
 
 
 def grammar_evidence(ep: sc.Endpoint, model: str, p: Params, case: Sent, markers: Markers
-                     ) -> tuple[contracts.GrammarTruth | None, str | None]:
+                     ) -> tuple[contracts.GrammarTruth | None, str | None,
+                                Callable[[int], Any] | None]:
     """For a case with a JSON schema: the returned tokens through the request's grammar
     (``contracts.GrammarTruth``, judged by the structured-output contract's own output check),
     compiled by ``workbook.vllm.grammar.for_model`` from the folder the server loaded the model
     from, once the server's tokenizer splits ``GRAMMAR_PROBE`` as that folder's does; the
     grammar starts after the reasoning (``grammar.grammar_start``: from output index 0 when the
     prompt already ended it, as the structured case's does; a prompt that leaves the reasoning
-    open carries a budget, which a server without a reasoning parser refuses). (None, why)
-    when no evidence can be built."""
+    open carries a budget, which a server without a reasoning parser refuses). The third
+    item: what the grammar allows at output index ``i`` (None before it starts and where the
+    output already left or ended it; ``row_breaches``). (None, why, None) when no evidence
+    can be built."""
     if p.json_schema is None:
-        return None, None
+        return None, None, None
     from workbook.vllm import grammar as vgrammar
 
     root = model_root(ep, model)
     chk, why, tok = vgrammar.for_model(root, p)
     if chk is None:
-        return None, why
+        return None, why, None
     server = [int(t) for t in ep.post("/tokenize", {"model": model, "prompt": GRAMMAR_PROBE,
                                                     "add_special_tokens": False}
                                       ).get("tokens") or []]
     local = [int(t) for t in tok.encode(GRAMMAR_PROBE, add_special_tokens=False)]
     if server != local:
         return None, (f"the tokenizer at {root} splits {GRAMMAR_PROBE!r} into {len(local)} "
-                      f"tokens, the server's into {len(server)}: not the server's tokenizer")
-    return chk.truth(case.prompt, case.output, markers, reasoning=True), None
+                      f"tokens, the server's into {len(server)}: not the server's "
+                      "tokenizer"), None
+
+    def allowed(i: int):
+        seen = case.output[:i]
+        start = vgrammar.grammar_start(case.prompt, seen, markers, True)
+        return None if start is None or start > i else chk.allowed_mask(seen[start:])
+
+    return chk.truth(case.prompt, case.output, markers, reasoning=True), None, allowed
 
 
 # --- text -------------------------------------------------------------------------------------
