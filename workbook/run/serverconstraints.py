@@ -501,7 +501,7 @@ def _one(ep, model, name, kw, markers, given, own, mode, decode, max_tokens, bas
                     send(ep, completion_body(model, prompt, add, max_tokens=max_tokens,
                                              logprobs=k)))
     control = None
-    if cols and mode != "raw" and not failed:
+    if (cols or p.json_schema is not None) and mode != "raw" and not failed:
         control = aligned_control(ep, model, (rows or (p, case))[1], k, max_tokens)
     grammar, no_grammar, allowed = grammar_evidence(ep, model, p, case, markers)
     if p.thinking_token_budget is not None and given is not None and own is not None:
