@@ -281,3 +281,18 @@ def test_grammar_mask_on_processed_rows(tiny):
     v = verdict({90: -0.7, 1: -9999.0, 5: -0.7})
     assert v.status == "violated" and v.first["contract"] == "structured_output"
     assert v.first["out_index"] == 0 and v.first["column"] == 5 and "-inf" in v.first["what"]
+
+
+def test_processed_logprobs_blames_the_broken_column_not_the_reference():
+    """A penalty landing on a column no contract names (one column past the input token): the
+    log-softmax shift is the median over the unchanged columns, so that column is the breach."""
+    raw = {5: 2.0, 6: -1.0, 9: 0.5, 12: 0.1, 13: -0.2}
+    out = [5, 5]
+    add = {"presence_penalty": -0.5, "frequency_penalty": -0.3}
+    p = S._params(add, [], "processed_logprobs")
+    rows = _penalised_rows(p, out, raw)
+    rows[1][6] += 0.5  # column 6: unchanged by the contract, raised by the fault
+    case = _sent(out, [_logprobs(r) for r in rows])
+    v = _judge("penalties", add, case, _sent(out, [_logprobs(raw) for _ in out]))
+    assert v.status == "violated" and v.first["out_index"] == 1 and v.first["column"] == 6
+    assert "(unchanged) and the row's log-softmax shift" in v.first["what"]

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -262,31 +263,34 @@ def row_breaches(p: Params, case: Sent, control: Sent, markers: Markers,
                    for c, e in exp.items()}
         if any(e.forced for e in exp.values()):
             continue  # the budget's forced column: judged per position by judge_positions
-        ref = None
+        shift, plain = 0.0, []
         if mode == "processed_logprobs":
-            ref = next((c for c in cols if not exp[c].by and got[c] > sc.CLAMP + 1), None)
-            if ref is None:
+            # the log-softmax's constant: the same for every column, estimated as the median
+            # shift of the columns no contract changes (one broken column stays an outlier)
+            plain = [c for c in cols if not exp[c].by and got[c] > sc.CLAMP + 1]
+            if not plain:
                 continue
+            shift = statistics.median(got[c] - raw[c] for c in plain)
         for c in cols:
             e, g = exp[c], got[c]
+            want = e.value + shift
             if e.value == contracts.NEG_INF:
                 ok = g <= sc.CLAMP + 1
             elif g <= sc.CLAMP + 1:
                 ok = False
-            elif ref is None:
-                ok = abs(g - e.value) <= HOST_ATOL + HOST_RTOL * abs(e.value)
             else:
-                want = e.value - raw[ref]
-                ok = abs((g - got[ref]) - want) <= HOST_ATOL + HOST_RTOL * abs(want)
+                ok = abs(g - want) <= HOST_ATOL + HOST_RTOL * abs(want)
             compared += 1
             seen_at.add(i)
             if not ok:
+                masked = e.value == contracts.NEG_INF
+                by = " via " + ", ".join(e.by) if e.by else " (unchanged)"
+                lse = (f" and the row's log-softmax shift {shift:+.6g} (the median over the "
+                       f"{len(plain)} columns no contract changes)") if plain and not masked \
+                    else ""
                 what = (f"column {c} at output index {i}: expected "
-                        f"{'-inf (masked)' if e.value == contracts.NEG_INF else f'{e.value:.6g}'}"
-                        f" from the control's {raw[c]:.6g}"
-                        f"{' via ' + ', '.join(e.by) if e.by else ' (unchanged)'}"
-                        f"{f', relative to column {ref}' if ref is not None else ''}, "
-                        f"found {g:.6g}")
+                        f"{'-inf (masked)' if masked else f'{want:.6g}'} from the control's "
+                        f"{raw[c]:.6g}{by}{lse}, found {g:.6g}")
                 out.append(contracts.Breach(e.by[-1] if e.by else contracts.row_owner(p),
                                             what, c, i))
                 break
