@@ -15,13 +15,17 @@ order (``check_constraints``):
    prompt once more without the constraint (the control);
 4. the verdict per case, from what the server returned, by the contracts' own output checks
    (``contracts.check_output``, ``check_stop_strings`` on the returned tokens' decoded prefixes
-   from ``POST /detokenize``, ``check_prompt_logprobs``) and, where the logprobs mode shows the
-   processed row, the columns the contracts name (``row_breaches``): in ``processed_logits``
-   each visible column against ``contracts.expected`` of the control's value at the same
-   position (same prefix: the raw row is the same); in ``processed_logprobs`` the same for
-   additive contracts, as differences to an unchanged column (the log-softmax's constant
-   cancels; the repetition penalty is not additive and is not judged there); in raw mode
-   nothing of the rows is visible.
+   from ``POST /detokenize``, ``check_prompt_logprobs``; for a JSON schema the returned tokens
+   through the request's grammar, ``grammar_evidence``: xgrammar on the tokenizer of the folder
+   the server loaded, once the server's ``/tokenize`` agrees with it) and, where the logprobs
+   mode shows the processed row, every column the case returned (``row_breaches``) against
+   ``contracts.expected`` of the control's value at the same output index and the same output
+   prefix (``aligned_control``: one-token requests past where the control's greedy output
+   leaves the case's), a column the grammar disallows as masked: in ``processed_logits``
+   directly; in ``processed_logprobs`` up to the row's log-softmax shift (the median over the
+   columns no contract changes), so only additive contracts — the penalties' frequency and
+   presence are judged on the case sent once more without the repetition penalty, which is
+   not additive and is said not judged; in raw mode nothing of the rows is visible.
 
 Per case: ``holds`` (every check it could make passed, and at least one check of its own
 contract ran), ``violated`` (the first breach: the output index, the contract, what was seen),
