@@ -640,8 +640,9 @@ def render(res: Result) -> str:
               "--max-logprobs or a missing reasoning parser): its setting, not a defect"
               if "refused" in st else None,
               "Judged host-side from the endpoint: the returned tokens, text, finish reason, "
-              "logprobs and prompt logprobs; with processed logprobs the columns the contracts "
-              "name, against the same prompt without the constraint. Not visible from a "
+              "logprobs and prompt logprobs; a JSON schema's output through its grammar; with "
+              "processed logprobs or logits every returned column, against the same prompt and "
+              "output prefix without the constraint. Not visible from a "
               "server: draft rows, rejected tokens, steps and stages (workbook run "
               "constraints has them)."]
     return "\n".join(x for x in lines if x is not None)
