@@ -122,7 +122,7 @@ def test_serve_then_check_healthy_and_wrong_markers(tmp_path):
         wrong_end = _cli(srv.url, "--end", "</reason>")
         cons_out = str(tmp_path / "constraints.json")
         cons = _cli(srv.url, "--constraints", "thinking_token_budget,stop,max_tokens,logit_bias,"
-                    "penalties", "--json", cons_out)
+                    "penalties,structured_output", "--json", cons_out)
         cons_wrong = _cli(srv.url, "--constraints", "thinking_token_budget", "--marker-ids",
                           "248068/248069")
         markers = Markers.of(srv.effective())
@@ -150,7 +150,7 @@ def _constraints(proc, res, wrong):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     got = {v["case"]: v for v in res["verdicts"]}
     assert list(got) == ["thinking_token_budget", "logit_bias", "penalties", "stop",
-                         "max_tokens"]
+                         "max_tokens", "structured_output"]
     for case in ("thinking_token_budget", "stop", "max_tokens"):
         assert got[case]["status"] == "holds", got[case]
         assert "output" in got[case]["judged"]
@@ -160,9 +160,17 @@ def _constraints(proc, res, wrong):
     assert got["logit_bias"]["status"] in ("refused", "holds"), got["logit_bias"]
     if got["logit_bias"]["status"] == "refused":
         assert "HTTP 400" in got["logit_bias"]["message"]
-    # the repetition penalty scales logits: processed logprobs cannot show it
-    assert got["penalties"]["status"] == "not judged"
-    assert "processed_logits" in got["penalties"]["message"]
+    # processed logprobs: frequency and presence judged per position against one-token
+    # controls on the same prefix; the repetition penalty (it scales logits) is said not judged
+    pen = got["penalties"]
+    assert pen["status"] == "holds", pen
+    assert any(j.startswith("processed rows vs the control (processed_logprobs: ")
+               for j in pen["judged"]), pen
+    assert "not additive in log-probabilities" in pen["not_judged"]["repetition_penalty"]
+    # the grammar: the returned tokens through xgrammar on the model's own tokenizer
+    so = got["structured_output"]
+    assert so["status"] == "holds", so
+    assert "the output through the grammar (xgrammar, the model's tokenizer)" in so["judged"]
     assert "VERDICT: " in proc.stdout and "None" not in proc.stdout
     assert wrong.returncode == 2 and "WRONG SETTING" in wrong.stdout
     assert "VIOLATED" not in wrong.stdout and "are not the server's" in wrong.stdout

@@ -15,13 +15,17 @@ order (``check_constraints``):
    prompt once more without the constraint (the control);
 4. the verdict per case, from what the server returned, by the contracts' own output checks
    (``contracts.check_output``, ``check_stop_strings`` on the returned tokens' decoded prefixes
-   from ``POST /detokenize``, ``check_prompt_logprobs``) and, where the logprobs mode shows the
-   processed row, the columns the contracts name (``row_breaches``): in ``processed_logits``
-   each visible column against ``contracts.expected`` of the control's value at the same
-   position (same prefix: the raw row is the same); in ``processed_logprobs`` the same for
-   additive contracts, as differences to an unchanged column (the log-softmax's constant
-   cancels; the repetition penalty is not additive and is not judged there); in raw mode
-   nothing of the rows is visible.
+   from ``POST /detokenize``, ``check_prompt_logprobs``; for a JSON schema the returned tokens
+   through the request's grammar, ``grammar_evidence``: xgrammar on the tokenizer of the folder
+   the server loaded, once the server's ``/tokenize`` agrees with it) and, where the logprobs
+   mode shows the processed row, every column the case returned (``row_breaches``) against
+   ``contracts.expected`` of the control's value at the same output index and the same output
+   prefix (``aligned_control``: one-token requests past where the control's greedy output
+   leaves the case's), a column the grammar disallows as masked: in ``processed_logits``
+   directly; in ``processed_logprobs`` up to the row's log-softmax shift (the median over the
+   columns no contract changes), so only additive contracts — the penalties' frequency and
+   presence are judged on the case sent once more without the repetition penalty, which is
+   not additive and is said not judged; in raw mode nothing of the rows is visible.
 
 Per case: ``holds`` (every check it could make passed, and at least one check of its own
 contract ran), ``violated`` (the first breach: the output index, the contract, what was seen),
@@ -31,7 +35,9 @@ defect) or ``wrong setting`` (the reasoning markers given are not the server's:
 ``servercheck.marker_mismatch``). What is judged host-side only: no draft rows, no rejected
 tokens, no step, no stage — the hooked run (``workbook run constraints``) has those.
 
-Not here: the contracts (``workbook.core.contracts``), the budget's per-position forcing
+Not here: the requests and what they return, the same-prefix control and the grammar evidence
+(``workbook.run.serverrequests``; re-exported here), the contracts (``workbook.core.contracts``),
+the budget's per-position forcing
 (``servercheck.judge_positions``, reused for the budget's cases), starting a server.
 """
 
@@ -39,14 +45,19 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from workbook.core import budget, contracts
 from workbook.core.budget import Markers
 from workbook.core.contracts import Params, RowContext
 from workbook.run import constraints as C
 from workbook.run import servercheck as sc
+from workbook.run.serverrequests import (CONTROL_CONCURRENCY, GRAMMAR_PROBE,  # noqa: F401
+                                         Sent, aligned_control, bad_word_ids, completion_body,
+                                         grammar_evidence, model_root, position_logprobs,
+                                         prompt_ids, returned_prompt_logprobs, send)
 
 MAX_TOKENS = 16  # the grid's
 ROW_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -54,6 +65,10 @@ HOST_ATOL = 1e-3  # two requests' rows (not one row twice): float32 batch-shape 
 HOST_RTOL = 1e-4
 ROW_CONTRACTS_NOTE = ("a row contract: the returned output cannot show it, and the logprobs "
                       "mode shows no processed row")
+REPETITION_NOT_ADDITIVE = ("the repetition penalty is not additive in log-probabilities (it "
+                           "scales logits: the server's --logprobs-mode processed_logits shows "
+                           "it); frequency and presence are judged on the same request without "
+                           "it")
 
 
 class UnknownConstraint(sc.ServerCheckError):
@@ -70,115 +85,6 @@ def parse_names(spec: str | None) -> list[str]:
         raise UnknownConstraint(f"--constraints: {', '.join(map(repr, bad))} unknown; known: "
                                 f"all, {', '.join(C.CONSTRAINTS)}")
     return [n for n in C.CONSTRAINTS if n in names]  # catalogue order
-
-
-# --- the requests ---------------------------------------------------------------------------
-
-def prompt_ids(ep: sc.Endpoint, model: str, name: str) -> list[int]:
-    """The case's prompt (``constraints.PROMPT_TEXT`` or "Say <name>.") through the server's
-    chat template, thinking on except for ``constraints.NO_THINKING``."""
-    text = C.PROMPT_TEXT.get(name, f"Say {name}.")
-    r = ep.post("/tokenize", {"model": model, "messages": [{"role": "user", "content": text}],
-                              "add_generation_prompt": True,
-                              "chat_template_kwargs": {"enable_thinking":
-                                                       name not in C.NO_THINKING}})
-    return [int(t) for t in r.get("tokens") or []]
-
-
-def completion_body(model: str, prompt: list[int], kw: dict, *, max_tokens: int,
-                    logprobs: int, token_ids: Sequence[int] = ()) -> dict:
-    """``/v1/completions`` for the case keywords ``kw`` (``SamplingParams`` names; the grid's
-    base: greedy, ``ignore_eos``), with logprobs (``token_ids``: the columns to return at every
-    position, vLLM's ``logprob_token_ids``)."""
-    body: dict[str, Any] = {"model": model, "prompt": prompt, "temperature": 0.0,
-                            "max_tokens": max_tokens, "ignore_eos": True, "seed": 0,
-                            "return_token_ids": True, "return_tokens_as_token_ids": True,
-                            "logprobs": logprobs, "skip_special_tokens": True}
-    for k, v in kw.items():
-        if k == "logit_bias":
-            body[k] = {str(t): float(b) for t, b in v.items()}
-        elif k == "logprobs":
-            body[k] = max(int(v), 0)
-        else:
-            body[k] = v
-    if token_ids:
-        body["logprob_token_ids"] = sorted({int(t) for t in token_ids})
-    return body
-
-
-def _tops(choice: dict) -> list[dict[int, float]]:
-    """Per output position ``{token id: value}`` from a completion's ``logprobs``."""
-    lp = choice.get("logprobs") or {}
-    out = []
-    for i, d in enumerate(lp.get("top_logprobs") or []):
-        row: dict[int, float] = {}
-        for tok, v in (d or {}).items():
-            t = sc.entry_token_id({"token": tok})
-            if t is not None and v is not None:
-                row[t] = float(v)
-        out.append(row)
-    return out
-
-
-def position_logprobs(choice: dict) -> list[dict[int, float]]:
-    """Per output position ``{token id: logprob}``: the top logprobs and the emitted token's own
-    (``token_logprobs``), as ``RequestOutput.logprobs`` holds them (the served grid's cells)."""
-    tops = _tops(choice)
-    own = _returned_logprobs(choice) or []
-    ids = [int(t) for t in choice.get("token_ids") or []]
-    out = []
-    for i, t in enumerate(ids):
-        row = dict(tops[i]) if i < len(tops) else {}
-        if i < len(own) and own[i] is not None:
-            row[t] = own[i]
-        out.append(row)
-    return out
-
-
-def returned_prompt_logprobs(resp: dict, choice: dict) -> list[dict | None] | None:
-    """The prompt logprobs a completion returned, per prompt position ``{id: logprob}``."""
-    return _prompt_logprobs(resp, choice)
-
-
-def _returned_logprobs(choice: dict) -> list[float | None] | None:
-    lp = choice.get("logprobs")
-    if not lp or lp.get("token_logprobs") is None:
-        return None
-    return [None if v is None else float(v) for v in lp["token_logprobs"]]
-
-
-def _prompt_logprobs(resp: dict, choice: dict) -> list[dict | None] | None:
-    pl = choice.get("prompt_logprobs", resp.get("prompt_logprobs"))
-    if pl is None:
-        return None
-    return [None if d is None else {int(t): float(v["logprob"] if isinstance(v, dict) else v)
-                                    for t, v in d.items()} for d in pl]
-
-
-@dataclass
-class Sent:
-    """One completion: what was sent and what came back."""
-
-    body: dict
-    prompt: list[int]
-    output: list[int]
-    finish_reason: str | None
-    text: str | None
-    tops: list[dict[int, float]]
-    logprobs: list[float | None] | None
-    prompt_logprobs: list[dict | None] | None
-
-
-def send(ep: sc.Endpoint, body: dict) -> Sent:
-    resp = ep.post("/v1/completions", body)
-    ch = resp["choices"][0]
-    if ch.get("token_ids") is None:
-        raise sc.ServerCheckError("the server returned no token ids (return_token_ids): it "
-                                  "needs a vLLM with return_token_ids (0.11+)")
-    prompt = ch.get("prompt_token_ids") or resp.get("prompt_token_ids") or body["prompt"]
-    return Sent(body, [int(t) for t in prompt], [int(t) for t in ch["token_ids"]],
-                ch.get("finish_reason"), ch.get("text"), _tops(ch), _returned_logprobs(ch),
-                _prompt_logprobs(resp, ch))
 
 
 # --- judging ----------------------------------------------------------------------------------
@@ -209,31 +115,22 @@ def _params(kw: dict, bad_words_ids: list[tuple[int, ...]], mode: str) -> Params
     return p if schema is None else Params(**{**asdict(p), "json_schema": schema})
 
 
-def bad_word_ids(ep: sc.Endpoint, model: str, words: Sequence[str]) -> list[tuple[int, ...]]:
-    """Each banned word as the server's tokenizer splits it, bare and after a space (both
-    spellings end the word; vLLM bans the last token of either)."""
-    out = []
-    for w in words:
-        for text in (w, " " + w):
-            ids = ep.post("/tokenize", {"model": model, "prompt": text,
-                                        "add_special_tokens": False}).get("tokens") or []
-            if ids and tuple(ids) not in out:
-                out.append(tuple(int(t) for t in ids))
-    return out
-
-
 def row_breaches(p: Params, case: Sent, control: Sent, markers: Markers,
-                 mode: str) -> tuple[list[contracts.Breach], str | None]:
+                 mode: str, allowed: Callable[[int], Any] | None = None,
+                 stats: dict | None = None) -> tuple[list[contracts.Breach], str | None]:
     """The processed rows the logprobs show, at the columns both requests returned, against
     ``contracts.expected`` of the control's value (same prompt and same output prefix: the
-    same raw row). Returns the breaches and, when rows could not be judged, why."""
+    same raw row). ``allowed(i)``: what the request's grammar allows at output index ``i``
+    (a bool array over the vocabulary; None where no grammar binds: ``grammar_evidence``) — a
+    column it disallows must be masked (-inf) by the grammar bitmask, which no control shows.
+    Returns the breaches and, when rows could not be judged, why; ``stats`` (if given) gets
+    the number of positions and columns compared."""
     if mode == "raw":
         return [], "the server returns raw logprobs: no processed row is visible"
     if mode == "processed_logprobs" and p.repetition_penalty != 1.0:
-        return [], ("the repetition penalty scales logits, which processed logprobs do not "
-                    "show (the server's --logprobs-mode processed_logits does)")
+        return [], REPETITION_NOT_ADDITIVE.split(";")[0]
     out: list[contracts.Breach] = []
-    compared = 0
+    compared, seen_at = 0, set()
     n = min(len(case.output), len(control.output), len(case.tops), len(control.tops))
     for i in range(n + 1):
         if i >= len(case.tops) or i >= len(control.tops):
@@ -244,51 +141,71 @@ def row_breaches(p: Params, case: Sent, control: Sent, markers: Markers,
         got, raw = case.tops[i], control.tops[i]
         cols = [c for c in got if c in raw]
         exp = {c: contracts.expected(p, ctx, c, raw[c]) for c in cols}
+        mask = allowed(i) if allowed is not None else None
+        if mask is not None:
+            exp = {c: e if 0 <= c < len(mask) and mask[c] else
+                   contracts.Expect(contracts.NEG_INF, False, e.by + ("structured_output",))
+                   for c, e in exp.items()}
         if any(e.forced for e in exp.values()):
             continue  # the budget's forced column: judged per position by judge_positions
-        ref = None
+        shift, plain = 0.0, []
         if mode == "processed_logprobs":
-            ref = next((c for c in cols if not exp[c].by and got[c] > sc.CLAMP + 1), None)
-            if ref is None:
+            # the log-softmax's constant: the same for every column, estimated as the median
+            # shift of the columns no contract changes (one broken column stays an outlier)
+            plain = [c for c in cols if not exp[c].by and got[c] > sc.CLAMP + 1]
+            if not plain:
                 continue
+            shift = statistics.median(got[c] - raw[c] for c in plain)
         for c in cols:
             e, g = exp[c], got[c]
+            want = e.value + shift
             if e.value == contracts.NEG_INF:
                 ok = g <= sc.CLAMP + 1
             elif g <= sc.CLAMP + 1:
                 ok = False
-            elif ref is None:
-                ok = abs(g - e.value) <= HOST_ATOL + HOST_RTOL * abs(e.value)
             else:
-                want = e.value - raw[ref]
-                ok = abs((g - got[ref]) - want) <= HOST_ATOL + HOST_RTOL * abs(want)
+                ok = abs(g - want) <= HOST_ATOL + HOST_RTOL * abs(want)
             compared += 1
+            seen_at.add(i)
             if not ok:
+                masked = e.value == contracts.NEG_INF
+                by = " via " + ", ".join(e.by) if e.by else " (unchanged)"
+                lse = (f" and the row's log-softmax shift {shift:+.6g} (the median over the "
+                       f"{len(plain)} columns no contract changes)") if plain and not masked \
+                    else ""
                 what = (f"column {c} at output index {i}: expected "
-                        f"{'-inf (masked)' if e.value == contracts.NEG_INF else f'{e.value:.6g}'}"
-                        f" from the control's {raw[c]:.6g}"
-                        f"{' via ' + ', '.join(e.by) if e.by else ' (unchanged)'}"
-                        f"{f', relative to column {ref}' if ref is not None else ''}, "
-                        f"found {g:.6g}")
+                        f"{'-inf (masked)' if masked else f'{want:.6g}'} from the control's "
+                        f"{raw[c]:.6g}{by}{lse}, found {g:.6g}")
                 out.append(contracts.Breach(e.by[-1] if e.by else contracts.row_owner(p),
                                             what, c, i))
                 break
         if out:
             break
+    if stats is not None:
+        stats.update(positions=len(seen_at), columns=compared)
     if not compared and not out:
         return [], "no column the contracts name came back in both requests' logprobs"
     return out, None
 
 
 def judge(name: str, kw: dict, p: Params, case: Sent, control: Sent | None, markers: Markers,
-          mode: str, texts: list[str] | None) -> Verdict:
-    """One case's verdict from what the server returned."""
+          mode: str, texts: list[str] | None, *, grammar: contracts.GrammarTruth | None = None,
+          no_grammar: str | None = None, rows: tuple[Params, Sent] | None = None,
+          rows_note: dict | None = None, allowed: Callable[[int], Any] | None = None
+          ) -> Verdict:
+    """One case's verdict from what the server returned. ``grammar``: the output through the
+    request's grammar (``grammar_evidence``; ``no_grammar``: why there is none); ``rows``: the
+    (parameters, request) whose processed rows are judged against ``control`` when not the
+    case's own (the penalties without the repetition penalty in processed_logprobs);
+    ``rows_note``: what of the case those rows leave unjudged (parameter -> why); ``allowed``:
+    the grammar's mask per output index (``row_breaches``)."""
     v = Verdict(name, "holds", kwargs=json.loads(json.dumps(kw, default=str)),
                 output=case.output, finish_reason=case.finish_reason)
     own = C.CASE_CONTRACTS.get(name, (name,))
     want_lp = p.logprobs is not None
     br = contracts.check_output(p, case.prompt, case.output, case.finish_reason, markers,
-                                text=case.text, logprobs=case.logprobs if want_lp else None)
+                                text=case.text, logprobs=case.logprobs if want_lp else None,
+                                grammar=grammar)
     host = contracts.Outcome(prompt=case.prompt, output=case.output, texts=texts,
                              prompt_logprobs=case.prompt_logprobs, text=case.text,
                              finish_reason=case.finish_reason)
@@ -296,10 +213,13 @@ def judge(name: str, kw: dict, p: Params, case: Sent, control: Sent | None, mark
         if c.active(p) and c.host_evidence:
             br += c.check_output(p, host)
     v.not_judged = {**contracts.unjudged(p, case.output, case.finish_reason, case.text,
-                                         no_grammar="the grammar is the server's; its endpoint "
-                                                    "returns no grammar state"),
+                                         grammar=grammar,
+                                         no_grammar=no_grammar or "the grammar is the server's; "
+                                         "its endpoint returns no grammar state"),
                     **contracts.unjudged_host(p, texts, case.prompt_logprobs)}
     v.judged.append("output")
+    if grammar is not None:
+        v.judged.append("the output through the grammar (xgrammar, the model's tokenizer)")
     if p.thinking_token_budget is not None:
         pos = sc.judge_positions(case.prompt, case.output, case.tops, p.thinking_token_budget,
                                  markers, mode)
@@ -315,10 +235,14 @@ def judge(name: str, kw: dict, p: Params, case: Sent, control: Sent | None, mark
                                        fb["index"]))
     rows_why = "no control request (no column to compare)"
     if control is not None:
-        rb, rows_why = row_breaches(p, case, control, markers, mode)
+        rp, rcase = rows or (p, case)
+        stats: dict = {}
+        rb, rows_why = row_breaches(rp, rcase, control, markers, mode, allowed, stats)
         br += rb
         if rows_why is None:
-            v.judged.append(f"processed rows vs the control ({mode})")
+            v.judged.append(f"processed rows vs the control ({mode}: {stats['columns']} "
+                            f"columns at {stats['positions']} positions)")
+            v.not_judged.update(rows_note or {})
     if p.logprobs is not None:
         v.not_judged["logprobs"] = ("the count is judged; each value against its own row "
                                     "needs the row evidence of a hooked run")
@@ -456,10 +380,19 @@ def _one(ep, model, name, kw, markers, given, own, mode, decode, max_tokens, bas
                                logprobs=0)
         body.pop("logprobs")
         case = send(ep, body)
+    rows, rows_note = None, None
+    if mode == "processed_logprobs" and p.repetition_penalty != 1.0:
+        # the additive penalties on the same prompt without the repetition penalty
+        add = {a: b for a, b in kw.items() if a != "repetition_penalty"}
+        rows_note = {"repetition_penalty": REPETITION_NOT_ADDITIVE.split(";")[0]}
+        if p.frequency_penalty or p.presence_penalty:
+            rows = (_params(add, p.bad_words, mode),
+                    send(ep, completion_body(model, prompt, add, max_tokens=max_tokens,
+                                             logprobs=k)))
     control = None
-    if cols and mode != "raw":
-        control = send(ep, completion_body(model, prompt, {}, max_tokens=max_tokens,
-                                           logprobs=k))
+    if (cols or p.json_schema is not None) and mode != "raw" and not failed:
+        control = aligned_control(ep, model, (rows or (p, case))[1], k, max_tokens)
+    grammar, no_grammar, allowed = grammar_evidence(ep, model, p, case, markers)
     if p.thinking_token_budget is not None and given is not None and own is not None:
         found = sc.marker_mismatch(given, own, case.prompt, case.output, case.tops, mode)
         if found and found["evidence"] != "neither":
@@ -470,9 +403,9 @@ def _one(ep, model, name, kw, markers, given, own, mode, decode, max_tokens, bas
                            finish_reason=case.finish_reason)
     texts = [decode(case.output[:i + 1]) for i in range(len(case.output))] \
         if p.stop_strings else None
-    if failed:
-        control = None
-    v = judge(name, kw, p, case, control, markers, mode if not failed else "raw", texts)
+    v = judge(name, kw, p, case, control, markers, mode if not failed else "raw", texts,
+              grammar=grammar, no_grammar=no_grammar, rows=rows, rows_note=rows_note,
+              allowed=allowed)
     if failed:
         v.message = "; ".join(x for x in (v.message, f"with logprobs the server failed the "
                                           f"request ({failed}); judged on the tokens of the "
@@ -512,8 +445,9 @@ def render(res: Result) -> str:
               "--max-logprobs or a missing reasoning parser): its setting, not a defect"
               if "refused" in st else None,
               "Judged host-side from the endpoint: the returned tokens, text, finish reason, "
-              "logprobs and prompt logprobs; with processed logprobs the columns the contracts "
-              "name, against the same prompt without the constraint. Not visible from a "
+              "logprobs and prompt logprobs; a JSON schema's output through its grammar; with "
+              "processed logprobs or logits every returned column, against the same prompt and "
+              "output prefix without the constraint. Not visible from a "
               "server: draft rows, rejected tokens, steps and stages (workbook run "
               "constraints has them)."]
     return "\n".join(x for x in lines if x is not None)

@@ -27,6 +27,11 @@ token late or early when ``</think>`` lands inside a step's accepted drafts, vLL
 #44993's bug class) shows as a rejected token here. Reasoning parsers whose end is implicit (a
 content token ends the reasoning without an end marker) are not modelled.
 
+``for_model``: the same checker for a served model (``check-server --constraints``), built from the
+model's folder with vLLM's default structured-output settings (xgrammar, any whitespace: a
+server with ``disable_any_whitespace`` emits a subset of what this grammar accepts, so no
+valid output is rejected; a whitespace breach of that setting is not seen).
+
 ``allowed(prefix, token)``: whether the grammar, advanced through ``prefix`` (the grammar's part
 of the output as a row sees it: committed output + the row's earlier drafts), allows ``token``
 next — the row evidence's check (``workbook.run.constraints``).
@@ -187,6 +192,66 @@ def for_request(llm, tokenizer, params: contracts.Params) -> tuple["Checker | No
                   sorted(params.masked_by_min_tokens),
                   bool(getattr(so, "disable_any_whitespace", False)))
     return chk, None
+
+
+def for_model(path: str, params: contracts.Params, *, disable_any_whitespace: bool = False
+              ) -> tuple["Checker | None", str | None, Any]:
+    """(the checker, None, the tokenizer) of a request with a JSON schema on a served model whose
+    folder (or Hugging Face cache entry) is readable here, compiled as vLLM's xgrammar backend
+    compiles it from that folder: the tokenizer, the model's vocabulary size (``config.json``,
+    its text config's ``vocab_size``, as ``ModelConfig.get_vocab_size``), the stop ids vLLM
+    gives the matcher (``all_stop_token_ids``: the request's stop ids, the tokenizer's EOS and
+    ``generation_config.json``'s). (None, why, None) when it cannot be built. Nothing is
+    downloaded (``local_files_only``)."""
+    if params.json_schema is None:
+        return None, "the request has no JSON schema", None
+    why = available()
+    if why:
+        return None, why, None
+    try:
+        from vllm.v1.structured_output import backend_xgrammar as bx
+
+        if bx.has_xgrammar_unsupported_json_features(params.json_schema):
+            return None, "vLLM's auto backend uses guidance for this schema, not xgrammar", None
+    except ImportError:  # pragma: no cover - depends on the install
+        pass
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        cfg = _model_json(path, "config.json") or {}
+        gen = _model_json(path, "generation_config.json") or {}
+    except Exception as e:
+        return None, (f"the model's tokenizer is not readable here ({path}: "
+                      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"), None
+    text = cfg.get("text_config") or cfg
+    vocab = text.get("vocab_size") or cfg.get("vocab_size") or len(tok)
+    eos = {int(t) for t in _ids(tok.eos_token_id) + _ids(gen.get("eos_token_id"))}
+    chk = Checker(tok, int(vocab), params.json_schema,
+                  sorted(set(params.stop_token_ids) | eos), disable_any_whitespace)
+    return chk, None, tok
+
+
+def _ids(v) -> list[int]:
+    return [] if v is None else [int(v)] if isinstance(v, int) else [int(t) for t in v]
+
+
+def _model_json(path: str, name: str) -> dict | None:
+    """A JSON file of a model folder, or of its Hugging Face cache entry (no download)."""
+    import os
+
+    if os.path.isdir(path):
+        f = os.path.join(path, name)
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        f = try_to_load_from_cache(path, name)
+        if not isinstance(f, str):
+            return None
+    if not os.path.isfile(f):
+        return None
+    with open(f) as fh:
+        return json.load(fh)
 
 
 def reasoning_on(llm) -> bool:
