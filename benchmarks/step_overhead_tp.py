@@ -13,6 +13,9 @@ the one in-process worker). Arms, interleaved per round (``--rounds``) so drift 
                   (what the plugin installs in each rank: ``WORKBOOK_TRACE_FLUSH_EVERY=1``)
 - ``guard``       ``workbook.hooks.guard``
 - ``trace+guard`` both
+- ``plugin``      both, and the guard's report written next to the trace with every flush: what
+                  the plugin installs in each rank for a run with the guard
+                  (``workbook.hooks.plugin._guard_report_on_flush``)
 
 The request batch is ``workbook.run.request.run_reported`` (``--batch`` copies, thinking budget
 ``--budget``, ``ignore_eos``: every request runs ``--max-tokens`` tokens). Steps are counted in
@@ -36,7 +39,7 @@ import sys
 import tempfile
 import time
 
-ARMS = ("none", "trace", "guard", "trace+guard")
+ARMS = ("none", "trace", "guard", "trace+guard", "plugin")
 
 
 # ---- run inside every worker process (vLLM's collective_rpc passes the worker as `worker`) ------
@@ -65,15 +68,18 @@ def _w_count(worker):
 def _w_on(worker, arm, trace_dir):
     import os
 
-    from workbook.hooks import guard
+    from workbook.hooks import guard, plugin
     from workbook.hooks.tracer import Tracer
 
     st = worker.__dict__.setdefault("_wb_bench", {"n": 0})
-    if "guard" in arm:
+    if "guard" in arm or arm == "plugin":
         guard.install()
-    if "trace" in arm:
+    if "trace" in arm or arm == "plugin":
         st["tracer"] = Tracer(flush_dir=os.path.join(trace_dir, str(os.getpid())),
                               flush_every=1).install()
+    if arm == "plugin":
+        plugin._RUNNERS[:] = [worker.model_runner]
+        plugin._guard_report_on_flush(st["tracer"])
     return os.getpid()
 
 
@@ -85,6 +91,9 @@ def _w_off(worker):
     if tracer is not None:
         tracer.remove()
     guard.remove()
+    from workbook.hooks import plugin
+
+    plugin._RUNNERS[:] = []
     return True
 
 
