@@ -79,3 +79,122 @@ def test_rank_columns_and_a_rank_whose_budget_state_differs_is_reported(tmp_path
     assert not agree["agree"]
     assert agree["differences"] == [{"rank": "pp0/tp1", "step": 2, "req_id": "r0",
                                      "field": "budget_device", "reference": 1, "value": 0}]
+
+
+# ---- the guard's report and the start-up watch per rank (no engine) ---------------------------
+
+def _rank_file(root, pid, tp, name, data, pp=0):
+    d = root / str(pid)
+    d.mkdir(exist_ok=True)
+    (d / "rank.json").write_text(json.dumps({"pid": pid, "tp_rank": tp, "tp_size": 2,
+                                             "pp_rank": pp, "pp_size": 1, "samples": True}))
+    (d / name).write_text(json.dumps(data))
+
+
+def _guard(fixed=0, repaired=0, steps=4, repairs=()):
+    return {"installed": True, "enabled": True, "guarded_steps": steps, "fixed_tokens": fixed,
+            "taken_back_tokens": 0, "untaken_steps": 0, "untaken_rows": 0, "untaken": [],
+            "repaired_fields": repaired, "repaired_requests": sorted({r["req_id"] for r in repairs}),
+            "repairs": list(repairs), "repairs_dropped": 0, "truth_lagged_rows": 0}
+
+
+REPAIR = {"guard_step": 3, "req_id": "r2", "slot": 0, "row": 0, "total_len_before": 20,
+          "field": "count", "found": [0, 5, 5], "truth": 5, "truth_from": "host"}
+
+
+@pytest.mark.parametrize("rank1, agree, fields", [
+    (_guard(), True, []),  # the same report: no finding
+    (_guard(repaired=1, repairs=[REPAIR]), False, ["repaired_fields", "repaired_requests"]),
+    (_guard(fixed=2), False, ["fixed_tokens"]),
+])
+def test_each_ranks_guard_report_is_kept_and_a_rank_that_differs_is_a_finding(
+        tmp_path, rank1, agree, fields):
+    # pids in the reverse order of the ranks: the reference (tp0) still leads
+    _rank_file(tmp_path, 200, 0, "guard.json", _guard())
+    _rank_file(tmp_path, 100, 1, "guard.json", rank1)
+    per = ranks.read_per_rank(str(tmp_path), "guard.json")
+    assert list(per) == ["pp0/tp0", "pp0/tp1"]
+    assert per["pp0/tp1"]["tp_rank"] == 1 and per["pp0/tp1"]["pid"] == "100"
+    sec = ranks.guard_section(per)
+    assert sec["available"] and sec["rank"] == "pp0/tp0"
+    assert set(sec["ranks"]) == {"pp0/tp0", "pp0/tp1"}
+    assert sec["agreement"]["agree"] is agree
+    assert sorted(d["field"] for d in sec["agreement"]["differences"]) == fields
+    assert all(d["rank"] == "pp0/tp1" for d in sec["agreement"]["differences"])
+    table = ranks.guard_table(per)
+    assert list(table["tp_rank"]) == [1] * len(rank1["repairs"])
+    assert {"tp_rank", "pp_rank"} <= set(table.columns)
+
+
+def test_a_ranks_guard_report_of_one_run_on_a_shared_engine():
+    old = dict(REPAIR, req_id="r0", guard_step=1)
+    before = _guard(fixed=1, repaired=1, steps=4, repairs=[old])
+    now = _guard(fixed=3, repaired=2, steps=10, repairs=[old, REPAIR])
+    run = ranks.guard_of_run(now, before, old_reqs={"r0"})
+    assert (run["guarded_steps"], run["fixed_tokens"], run["repaired_fields"]) == (6, 2, 1)
+    assert run["repairs"] == [REPAIR] and run["repaired_requests"] == ["r2"]
+    assert ranks.guard_of_run(now, None, ())["fixed_tokens"] == 3  # the engine's first run
+
+
+def test_no_rank_wrote_a_guard_report_says_so(tmp_path):
+    sec = ranks.guard_section(ranks.read_per_rank(str(tmp_path / "absent"), "guard.json"))
+    assert sec["available"] is False and "guard.json" in sec["why"]
+
+
+def _watch(changed=False):
+    w = {"state_found": True, "phase_order": ["load", "step 1"], "steps": {"real_steps": 3},
+         "changes": [], "localization": {}}
+    if changed:
+        ch = {"tensor": "end_ids", "role": "marker", "phase": "profiling run › drafter",
+              "top_phase": "profiling run", "before": [369], "after": [0],
+              "last_clean": "a", "first_dirty": "b", "ptr_moved": False, "version": [1, 1]}
+        w["first_change"], w["changes"] = ch, [ch]
+    return w
+
+
+@pytest.mark.parametrize("tp0, tp1, verdict, lead, agree", [
+    (False, False, "intact", "pp0/tp0", True),
+    (False, True, "corrupted", "pp0/tp1", False),  # only rank 1's copy changed: still found
+    (True, True, "corrupted", "pp0/tp0", True),
+])
+def test_the_watch_reading_covers_every_ranks_copy_of_the_state(tmp_path, tp0, tp1, verdict,
+                                                                  lead, agree):
+    from workbook.run import integrity
+
+    _rank_file(tmp_path, 7, 1, "watch.json", _watch(tp1))
+    _rank_file(tmp_path, 8, 0, "watch.json", _watch(tp0))
+    per = ranks.read_per_rank(str(tmp_path), "watch.json")
+    watch = {**next(iter(per.values())), "ranks": per}
+    out = integrity.verdict_from_watches(watch)
+    assert (out["verdict"], out["rank"]) == (verdict, lead)
+    assert {k: v["verdict"] for k, v in out["ranks"].items()} == {
+        "pp0/tp0": "corrupted" if tp0 else "intact", "pp0/tp1": "corrupted" if tp1 else "intact"}
+    assert out["rank_agreement"]["agree"] is agree
+    assert ("a finding of its own" in out["saw"]) is (not agree)
+    assert out["ranks"]["pp0/tp1"]["tp_rank"] == 1
+    # one rank: the plain reading
+    assert "ranks" not in integrity.verdict_from_watches(_watch(False))
+
+
+def test_the_plugin_writes_its_ranks_guard_report_with_every_trace_flush(tmp_path):
+    from workbook.hooks import plugin
+
+    class Runner:  # no guard state on it: the report says the guard never ran there
+        pass
+
+    class Trace:
+        flush_dir = str(tmp_path / "123")
+        flushed = 0
+
+        def flush(self):
+            Trace.flushed += 1
+
+    t = Trace()
+    plugin._RUNNERS[:] = [Runner()]
+    try:
+        plugin._guard_report_on_flush(t)
+        t.flush()
+    finally:
+        plugin._RUNNERS[:] = []
+    rep = json.loads((tmp_path / "123" / plugin.GUARD_FILE).read_text())
+    assert Trace.flushed == 1 and rep["guarded_steps"] == 0 and rep["repairs"] == []

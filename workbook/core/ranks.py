@@ -85,3 +85,106 @@ def agreement(frames: dict) -> dict:
     out["differences"] = diffs[:20]
     out["differences_total"] = len(diffs)
     return out
+
+
+# ---- per-rank JSON evidence: the guard's report and the start-up watch ------------------------
+
+def label(rank: dict) -> str:
+    return f"pp{int(rank.get('pp_rank', 0))}/tp{int(rank.get('tp_rank', 0))}"
+
+
+def read_per_rank(folder: str, name: str) -> dict[str, dict]:
+    """``<folder>/<pid>/<name>`` of every process that wrote one, keyed by its rank label
+    ("pp<p>/tp<t>", from its ``rank.json``; "pid<pid>" without one); each tagged with
+    ``tp_rank`` / ``pp_rank`` / ``pid``. Sorted: the last stage first, then tp 0 first (the
+    reference sampling rank leads)."""
+    import json
+    import os
+
+    from workbook.core import tracefiles
+
+    out = []
+    if not os.path.isdir(folder):
+        return {}
+    for d in sorted(os.listdir(folder)):
+        p = os.path.join(folder, d, name)
+        if not os.path.isfile(p):
+            continue
+        try:
+            with open(p) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        rank = tracefiles.read_rank(os.path.join(folder, d))
+        if isinstance(data, dict):
+            data = {**data, **rank, "pid": d}
+        out.append((rank, d, data))
+    out.sort(key=lambda x: (-x[0].get("pp_rank", 0), x[0].get("tp_rank", 0), x[1]))
+    return {(label(r) if r else f"pid{d}"): data for r, d, data in out}
+
+
+def compare(readings: dict[str, dict], fields) -> dict:
+    """Every rank's reading against the first's (the reference), field by field. Returns
+    ``ranks``, ``reference``, ``agree`` and ``differences`` (rank, field, both values)."""
+    labels = list(readings)
+    out = {"ranks": labels, "reference": labels[0] if labels else "", "agree": True,
+           "differences": []}
+    if len(labels) < 2:
+        return out
+    ref = readings[labels[0]]
+    for name in labels[1:]:
+        for f in fields:
+            a, b = _norm(ref.get(f)), _norm(readings[name].get(f))
+            if a != b:
+                out["differences"].append({"rank": name, "field": f, "reference": a,
+                                           "value": b})
+    out["agree"] = not out["differences"]
+    return out
+
+
+# the guard's report: counters (per run: the difference since the run began) and per-request
+GUARD_COUNTERS = ("guarded_steps", "fixed_tokens", "taken_back_tokens", "untaken_steps",
+                  "untaken_rows", "repaired_fields", "truth_lagged_rows")
+GUARD_FIELDS = ("enabled",) + GUARD_COUNTERS + ("repaired_requests",)
+
+
+def guard_of_run(now: dict, before: dict | None, old_reqs) -> dict:
+    """One rank's guard report restricted to one run on a shared engine: counters minus those
+    read before the run began, records of requests sent before it dropped."""
+    before = before or {}
+    old = set(old_reqs or ())
+    out = dict(now)
+    for k in GUARD_COUNTERS:
+        if isinstance(now.get(k), int):
+            out[k] = now[k] - int(before.get(k) or 0)
+    for k in ("repairs", "untaken"):
+        out[k] = [r for r in now.get(k) or [] if r.get("req_id") not in old]
+    out["repaired_requests"] = sorted({r["req_id"] for r in out["repairs"] if r.get("req_id")})
+    return out
+
+
+def guard_section(per_rank: dict[str, dict]) -> dict:
+    """``verdict["guard"]`` with several ranks: the reference rank's report, every rank's
+    counters (``ranks``) and whether they agree (every sampling rank guards the same rows: a
+    rank whose guard fixed or repaired something the others did not is a finding)."""
+    if not per_rank:
+        return {"installed": True, "available": False,
+                "why": "no rank wrote its guard report (guard.json next to its trace)"}
+    labels = list(per_rank)
+    ref = per_rank[labels[0]]
+    summary = {lab: {k: r.get(k) for k in ("tp_rank", "pp_rank", "pid") + GUARD_FIELDS}
+               for lab, r in per_rank.items()}
+    return {"available": True, **ref, "rank": labels[0], "ranks": summary,
+            "agreement": compare(per_rank, GUARD_FIELDS)}
+
+
+def guard_table(per_rank: dict[str, dict]):
+    """Every rank's repair records as one table (the trace's ``guard`` table) with the rank
+    columns."""
+    from workbook.core import tracefiles
+
+    recs = [{**{c: rec.get(c) for c in tracefiles.GUARD_COLUMNS},
+             "tp_rank": r.get("tp_rank"), "pp_rank": r.get("pp_rank")}
+            for r in per_rank.values() for rec in r.get("repairs") or []]
+    return pd.DataFrame.from_records(recs, columns=list(tracefiles.GUARD_COLUMNS)
+                                     + ["tp_rank", "pp_rank"])

@@ -85,6 +85,7 @@ def _install_hooks_from_env() -> None:
         from workbook.hooks import guard
 
         guard.install()
+        _when_runner_built(_RUNNERS.append, with_runner=True)
     rows_dir = os.environ.get(wenv.ROW_CHECK_DIR)
     if rows_dir:
         from workbook.hooks import served_rows
@@ -99,6 +100,8 @@ def _install_hooks_from_env() -> None:
         every = int(os.environ.get(wenv.TRACE_FLUSH_EVERY) or 64)
         tracer = Tracer(flush_dir=os.path.join(trace_dir, str(os.getpid())),
                         flush_every=max(1, every)).install()
+        if os.environ.get(wenv.GUARD) == "1":
+            _guard_report_on_flush(tracer)
         atexit.register(tracer.flush)
         os.register_at_fork(after_in_child=lambda: _repoint(tracer, trace_dir))
     effective_dir = os.environ.get(wenv.EFFECTIVE_DIR)
@@ -137,15 +140,48 @@ def _write_rank(dirs) -> None:
             json.dump(info, f)
 
 
+_RUNNERS: list = []  # the MRV2 runners built in this process (the guard's report reads them)
+GUARD_FILE = "guard.json"  # <trace dir>/<pid>/guard.json: this rank's guard report
+
+
+def _guard_report_on_flush(tracer) -> None:
+    """Each flush of this rank's trace also writes its guard's report (``guard.report``: the
+    tokens it replaced, the fields of its own state it repaired, with their requests) next to
+    it, so every rank's guard evidence reaches the run folder (``workbook.core.ranks``)."""
+    flush = tracer.flush
+
+    def flush_with_guard():
+        flush()
+        if _RUNNERS and tracer.flush_dir:
+            write_guard_report(_RUNNERS[0], tracer.flush_dir)
+    tracer.flush = flush_with_guard
+
+
+def write_guard_report(runner, folder: str) -> None:
+    import json
+
+    from workbook.hooks import guard
+
+    try:
+        rep = guard.report(runner)
+    except Exception as e:  # the report must never break the worker's step
+        rep = {"error": f"{type(e).__name__}: {e}"[:300]}
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, GUARD_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(rep, f)
+    os.replace(tmp, os.path.join(folder, GUARD_FILE))
+
+
 def _force_cpu_profile_run() -> None:
     from workbook.hooks import watch
 
     watch.force_cpu_profile_run()
 
 
-def _when_runner_built(fn) -> None:
+def _when_runner_built(fn, with_runner: bool = False) -> None:
     """Run ``fn()`` once, when the first MRV2 runner is constructed (the worker modules have
-    finished importing by then)."""
+    finished importing by then); ``with_runner``: ``fn(runner)`` once it is built."""
     from workbook.vllm import hookpoints
     from workbook.vllm.patching import PatchSet
 
@@ -154,10 +190,15 @@ def _when_runner_built(fn) -> None:
 
     def make(orig):
         def __init__(self, *a, **k):
-            if not done:
+            first = not done
+            if first:
                 done.append(1)
-                fn()
-            return orig(self, *a, **k)
+                if not with_runner:
+                    fn()
+            out = orig(self, *a, **k)
+            if first and with_runner:
+                fn(self)
+            return out
         return __init__
 
     ps.wrap(hookpoints.resolve().runner, "__init__", make)

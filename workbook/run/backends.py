@@ -80,11 +80,17 @@ def ranked_engine(cfg, outdir=None):
 
     from workbook.vllm import env as wenv
 
-    key = engine.engine_key(cfg, cfg.fault, cfg.guard, cfg.trace, "ranks")
+    key = engine.engine_key(cfg, cfg.fault, cfg.guard, cfg.trace, cfg.watched, "ranks")
     if key in _RANKED:
         return _RANKED[key]
     trace_dir = tempfile.mkdtemp(prefix="workbook-ranks-")
-    hook = wenv.hook_env(cfg, trace_dir=trace_dir, flush_every=1)
+    watch_dir = None
+    if cfg.watched:  # every rank watches its own copy of the state: <watch dir>/<pid>/
+        from workbook.hooks import watch as wmod
+
+        watch_dir = os.path.join(trace_dir, "watch")
+        wmod.write_options(watch_dir, hooks.watch_options(cfg, flush_every_steps=1).to_dict())
+    hook = wenv.hook_env(cfg, trace_dir=trace_dir, watch_dir=watch_dir, flush_every=1)
     saved = {k: os.environ.get(k) for k in hook}
     wenv.apply(hook)
     try:
@@ -131,9 +137,12 @@ class InProcess:
             from workbook.run import server as srv_
 
             eng, self.rank_dir = ranked_engine(self.cfg, self.outdir)
+            self.started_own = self.cfg.watched and not getattr(eng, "_wb_runs", 0)
+            eng._wb_runs = getattr(eng, "_wb_runs", 0) + 1
             self.timings.update(eng.timings)
             self.engine = dataclasses.replace(eng, cfg=self.cfg)
             self.before = srv_.traced_req_ids(tracefiles.load(self.rank_dir))
+            self.guard_before = self._rank_guard_raw()
             return
         if self.engine is None:
             if hooks.needs_pre_start(self.cfg):
@@ -151,7 +160,10 @@ class InProcess:
         self.hooks, self.tracer = hooks.install(self.cfg, engine=self.engine)
 
     def watch(self) -> dict | None:
-        """The start-up watch's evidence (None without a watch)."""
+        """The start-up watch's evidence (None without a watch); several ranks: the reference
+        rank's with every rank's under ``ranks`` (``rank_watch``)."""
+        if self.rank_dir is not None:
+            return self.rank_watch()
         w = self.own.watch if self.own is not None else None
         if w is None:
             return None
@@ -198,6 +210,39 @@ class InProcess:
             p, t = ranks.sampling_ranks(frames)[0]
             return ranks.of_rank(frames, p, t)
         return frames
+
+    # -- several ranks: each rank's guard report and start-up watch (docs/parallel.md)
+    def _rank_guard_raw(self) -> dict:
+        from workbook.core import ranks
+        from workbook.hooks.plugin import GUARD_FILE
+
+        return ranks.read_per_rank(self.rank_dir, GUARD_FILE) if self.cfg.guard else {}
+
+    def rank_guards(self) -> dict:
+        """This run's guard report per rank (counters since the run began, its requests)."""
+        from workbook.core import ranks
+
+        before = getattr(self, "guard_before", {})
+        return {lab: ranks.guard_of_run(r, before.get(lab), self.before)
+                for lab, r in self._rank_guard_raw().items()}
+
+    def rank_watch(self) -> dict | None:
+        if not self.cfg.watched:
+            return None
+        from workbook.core import ranks
+
+        per = {}
+        for _ in range(20):  # each rank writes after every step (flush_every_steps=1)
+            per = ranks.read_per_rank(os.path.join(self.rank_dir, "watch"), "watch.json")
+            if per and all(w.get("steps", {}).get("real_steps", 0) > 0 for w in per.values()):
+                break
+            time.sleep(0.5)
+        if not per:
+            return None
+        for w in per.values():
+            w["startup_observed"] = self.started_own
+        ref = next(iter(per.values()))
+        return {**ref, "rank": next(iter(per)), "ranks": per}
 
     def stop(self) -> None:
         for h in reversed(self.hooks):

@@ -125,6 +125,42 @@ def verdict_from_watch(watch: dict | None, stopped: str | None = None,
             "suspect_launches": launches[:5], "saw": saw, "confirm": CONFIRM}
 
 
+# what every rank's reading must share: each rank holds its own copy of the state, built by
+# the same start-up, so a rank that read otherwise is a finding of its own
+RANK_FIELDS = ("verdict", "hypothesis", "phase", "module", "op", "tensor", "before", "after")
+
+
+def verdict_from_watches(watch: dict | None, stopped: str | None = None, rc=None) -> dict:
+    """The integrity reading over every rank's copy of the state (several ranks: ``watch``
+    carries ``ranks``, ``{"pp<p>/tp<t>": that rank's watch.json}``, the reference rank first).
+
+    Each rank is read by ``verdict_from_watch``; the section is the reference rank's reading,
+    unless another rank saw its state changed while the reference did not: then that rank's
+    (a corruption in any rank's copy is a corruption). ``ranks`` holds every rank's verdict and
+    sentence, ``rank_agreement`` where they differ (``workbook.core.ranks.compare``)."""
+    per = (watch or {}).get("ranks")
+    if not per:
+        return verdict_from_watch(watch, stopped, rc)
+    from workbook.core import ranks
+
+    readings = {lab: verdict_from_watch(w, stopped, rc) for lab, w in per.items()}
+    labels = list(readings)
+    lead = labels[0]
+    if readings[lead]["verdict"] != "corrupted":
+        lead = next((lab for lab in labels if readings[lab]["verdict"] == "corrupted"), lead)
+    out = dict(readings[lead])
+    out["rank"] = lead
+    out["ranks"] = {lab: {"tp_rank": per[lab].get("tp_rank"), "pp_rank": per[lab].get("pp_rank"),
+                          "verdict": r["verdict"], "hypothesis": r.get("hypothesis"),
+                          "saw": r.get("saw")} for lab, r in readings.items()}
+    out["rank_agreement"] = ranks.compare(readings, RANK_FIELDS)
+    if not out["rank_agreement"]["agree"]:
+        odd = sorted({d["rank"] for d in out["rank_agreement"]["differences"]})
+        out["saw"] = (f"{out.get('saw')}; the ranks' copies of the state read differently "
+                      f"({', '.join(odd)} against {labels[0]}): a finding of its own")
+    return out
+
+
 def phase_table(watch: dict):
     """One row per phase that ran, in order: first / last time, boundaries, unexpected."""
     import pandas as pd

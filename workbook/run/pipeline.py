@@ -162,6 +162,11 @@ class Run:
             from workbook.hooks import guard
 
             res.frames["guard"] = guard.repairs_table(runner)
+        elif res.frames and self.cfg.guard and hasattr(self.backend, "rank_guards") \
+                and getattr(self.backend, "rank_dir", None):
+            from workbook.core import ranks  # several ranks: every rank's repairs, rank-tagged
+
+            res.frames["guard"] = ranks.guard_table(self.backend.rank_guards())
         if res.outdir and res.frames:
             self._timed("trace_save", lambda: tracefiles.save(
                 res.frames, os.path.join(res.outdir, "trace")))
@@ -183,7 +188,7 @@ class Run:
         res.verdict = self._timed("diagnose", lambda: diagnose.diagnose(
             res.frames, res.effective, res.outcomes, self.cfg))
         if res.watch is not None:
-            res.verdict["integrity"] = integrity.verdict_from_watch(res.watch)
+            res.verdict["integrity"] = integrity.verdict_from_watches(res.watch)
         if self.cfg.guard:
             res.verdict["guard"] = self.guard_section()
         if getattr(self.backend, "agreement", None) is not None:  # several ranks (docs/parallel.md)
@@ -195,8 +200,8 @@ class Run:
     GUARD_RECORDS = 200  # repairs listed in the verdict; the trace's guard table has them all
 
     def _guard_runner(self):
-        if not self.cfg.guard:
-            return None
+        if not self.cfg.guard or getattr(self.backend, "rank_dir", None):
+            return None  # several ranks: the guard lives in vLLM's workers (rank_guards)
         eng = getattr(self.backend, "engine", None)
         return getattr(eng, "runner", None) if self.cfg.mode == "in-process" else None
 
@@ -207,6 +212,10 @@ class Run:
         ``repairs_dropped``, ``truth_lagged_rows`` — plus ``available``; a server run's guard
         lives in the server's worker (``available: False`` and ``why``)."""
         runner = self._guard_runner()
+        if runner is None and getattr(self.backend, "rank_dir", None):
+            from workbook.core import ranks  # several ranks: each worker wrote its report
+
+            return ranks.guard_section(self.backend.rank_guards())
         if runner is None:
             return {"installed": True, "available": False,
                     "why": f"mode={self.cfg.mode!r}: the guard runs in the server's worker "
