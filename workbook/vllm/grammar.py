@@ -76,19 +76,12 @@ def grammar_start(prompt: Sequence[int], output: Sequence[int], markers: Any,
     if not end:
         return 0
     prompt, output = list(prompt), list(output)
-
-    def ends(seq: list, i: int) -> bool:  # an end sequence finishes at seq[i]
-        return i + 1 >= len(end) and seq[i + 1 - len(end):i + 1] == end
-
-    start = list(m.start)
-    last_start = max((i for i in range(len(prompt))
-                      if start and prompt[i + 1 - len(start):i + 1] == start), default=-1)
-    if any(ends(prompt, i) for i in range(last_start + 1, len(prompt))):
+    s = budget.last_index_of(prompt, m.start)
+    if budget.last_index_of(prompt, end, start=s + len(m.start) if s >= 0 else 0) >= 0:
         return 0
-    for i in range(len(output)):
-        if ends(prompt + output[:i + 1], len(prompt) + i):
-            return i + 1
-    return None
+    lo = max(0, len(prompt) - len(end) + 1)  # an end that finishes inside the output
+    i = budget.first_index_of((prompt + output)[lo:], end)
+    return None if i < 0 else lo + i + len(end) - len(prompt)
 
 
 class Checker:
