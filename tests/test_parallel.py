@@ -198,3 +198,21 @@ def test_the_plugin_writes_its_ranks_guard_report_with_every_trace_flush(tmp_pat
         plugin._RUNNERS[:] = []
     rep = json.loads((tmp_path / "123" / plugin.GUARD_FILE).read_text())
     assert Trace.flushed == 1 and rep["guarded_steps"] == 0 and rep["repairs"] == []
+
+
+@pytest.mark.parametrize("found, lead, several", [
+    ({8: True}, "pp0/tp0", False),                  # one process: its reading, plain
+    ({7: True, 8: True}, "pp0/tp0", True),          # two ranks: the reference rank leads
+    ({7: True, 8: False}, "pp0/tp1", True),         # the rank whose watch found the state leads
+])
+def test_the_served_watch_reading_goes_through_the_per_rank_reader(tmp_path, found, lead,
+                                                                     several):
+    from workbook.hooks import watch as wmod
+
+    for pid, ok in found.items():
+        _rank_file(tmp_path, pid, {7: 1, 8: 0}[pid], "watch.json", {"state_found": ok})
+    got = wmod.read_dir(str(tmp_path))
+    assert got["state_found"] is True
+    assert ("ranks" in got) is several
+    assert got.get("rank", lead) == lead and got["tp_rank"] == int(lead[-1])
+    assert wmod.read_dir(str(tmp_path / "absent")) is None

@@ -64,6 +64,7 @@ import functools
 import json
 import os
 
+from workbook.core import ranks
 from workbook.hooks.localize import frame_ids
 from workbook.hooks.watch_core import Boundary, Watch  # noqa: F401  (re-exported)
 from workbook.hooks.watch_registry import (  # noqa: F401  (the options' names re-exported)
@@ -443,22 +444,16 @@ def install_from_dir(watch_dir: str) -> Watch:
 
 
 def read_dir(watch_dir: str) -> dict | None:
-    """The evidence a served engine wrote (the process whose watch found the state)."""
-    best = None
-    if not os.path.isdir(watch_dir):
+    """The evidence a served engine wrote, read by ``core.ranks.read_per_rank`` (the one
+    per-rank reader: every process's ``<pid>/watch.json``, the reference sampling rank first):
+    the first reading whose watch found the budget state, else the first; with several ranks,
+    in the in-process backend's shape (``rank`` its label, ``ranks`` every rank's reading)."""
+    per = ranks.read_per_rank(watch_dir, "watch.json")
+    if not per:
         return None
-    for d in sorted(os.listdir(watch_dir)):
-        p = os.path.join(watch_dir, d, "watch.json")
-        if not os.path.exists(p):
-            continue
-        try:
-            with open(p) as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if best is None or (data.get("state_found") and not best.get("state_found")):
-            best = data
-    return best
+    lead = next((k for k, d in per.items() if isinstance(d, dict) and d.get("state_found")),
+                next(iter(per)))
+    return {**per[lead], "rank": lead, "ranks": per} if len(per) > 1 else per[lead]
 
 
 # ---- CPU platform: the profiling run the GPU worker always does ------------------------------------
