@@ -98,3 +98,40 @@ def test_command_bad_input_rc2(capsys, tmp_path):
     assert D.main(["--out", str(tmp_path), "--methods", "bogus"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: method 'bogus'") and "\n" not in err
+
+
+@pytest.mark.parametrize("prefix, forced", [
+    ((), None),                 # reasoning token 1: free
+    ((100,), None),             # reasoning token 2: free
+    ((100, 101), 2),            # the budget binds: the end marker, p = 1
+    ((100, 2), None),           # the model ended the reasoning itself: nothing is due
+    ((100, 101, 2), None),      # after the forced end: free again
+])
+def test_predictor_forces_the_end_marker_where_the_budget_binds(prefix, forced):
+    from workbook.core import budget
+
+    raw = np.zeros(200)
+    raw[100], raw[101] = 2.0, 1.0
+    m = budget.Markers(start=(1,), end=(2,))
+    prompt = D.prompt_of("thinking_token_budget", m)
+    assert prompt[-1] == 1
+    pred = D.Predictor(contracts.Params(thinking_token_budget=2, temperature=0.8, max_tokens=4),
+                       raw, prompt, m)
+    row = pred.row(prefix)
+    assert row.sum() == pytest.approx(1.0)
+    if forced is None:
+        assert row[100] > row[101] > row[2] > 0
+    else:
+        assert row[forced] == 1.0 and row.max() == 1.0
+    # an observed token other than the forced one is a violation by itself
+    if forced is not None:
+        got = D.gof({100: 3, 2: 7}, {2: 10.0})
+        assert got["p"] == 0.0 and got["masked"] == {"100": 3}
+
+
+def test_budget_case_needs_the_engines_markers():
+    from workbook.core import budget
+
+    with pytest.raises(ConfigError, match="reasoning markers"):
+        D.prompt_of("thinking_token_budget", budget.Markers())
+    assert D.prompt_of("unconstrained") == D.PROMPT

@@ -71,8 +71,23 @@ CASES = {
     "bad_words": {"bad_words_ids": [[HOT[0]]]},  # token ids (as the contracts read them)
     "penalties": {"presence_penalty": 0.6, "frequency_penalty": 0.4, "repetition_penalty": 1.3},
     "logit_bias": {"logit_bias": {HOT[5]: 3.0, HOT[0]: -2.0}},
+    # the budget under sampling (vLLM #54906's constraint): the prompt ends in the start marker,
+    # 2 reasoning tokens are sampled freely, then the end marker is forced (p = 1) whatever was
+    # sampled or drafted, and the positions after it are free again
+    "thinking_token_budget": {"thinking_token_budget": 2},
 }
 PROMPT = [HOT[0], HOT[1], HOT[0], HOT[2], HOT[0], HOT[1], HOT[3], HOT[0], HOT[1]]
+
+
+def prompt_of(case: str, markers=None) -> list[int]:
+    """The case's prompt: ``PROMPT``, opened reasoning (+ the start marker) for the budget.
+    (Every embedding is the same row in the known model: the prompt changes no logit.)"""
+    if CASES[case].get("thinking_token_budget") is not None:
+        if markers is None or not markers.complete:
+            raise ConfigError(f"case {case!r} needs the engine's reasoning markers (start and "
+                              "end); this engine has none")
+        return PROMPT + list(markers.start)
+    return list(PROMPT)
 
 
 # ------------------------------------------------------------------ statistics (no engine)
@@ -159,16 +174,23 @@ def softmax(x: np.ndarray) -> np.ndarray:
 class Predictor:
     """The predicted distribution of a position: softmax(processed row / T), the processed row
     being ``contracts.expected`` per column from the raw row ``raw`` (the known model's, read
-    back from vLLM) and the sample's own prefix. Columns no contract names and no history
-    touches are computed once; the history's columns per distinct prefix."""
+    back from vLLM) and the sample's own prefix; a column a forcing contract (the budget)
+    forces takes all the probability (p = 1). Columns no contract names and no history touches
+    are computed once; the history's and the markers' columns per distinct prefix."""
 
-    def __init__(self, p: contracts.Params, raw: np.ndarray, prompt: list[int]):
+    def __init__(self, p: contracts.Params, raw: np.ndarray, prompt: list[int], markers=None):
+        from workbook.core import budget
+
         self.p, self.raw, self.prompt = p, np.asarray(raw, float), tuple(prompt)
-        ctx = contracts.RowContext(self.prompt, ())
+        self.markers = markers if markers is not None else budget.Markers()
+        ctx = self._ctx(())
         self.base = np.array([contracts.expected(p, ctx, c, float(x)).value
                               for c, x in enumerate(self.raw)])
-        self.history_dependent = p.penalised
+        self.history_dependent = p.penalised or p.thinking_token_budget is not None
         self._cache: dict[tuple, np.ndarray] = {}
+
+    def _ctx(self, output):
+        return contracts.RowContext(self.prompt, tuple(output), markers=self.markers)
 
     def row(self, prefix) -> np.ndarray:
         """The predicted probabilities (over the vocabulary) of the token after ``prefix``."""
@@ -177,10 +199,19 @@ class Predictor:
         if got is None:
             x = self.base.copy()
             if self.history_dependent:
-                ctx = contracts.RowContext(self.prompt, key)
-                for c in set(self.prompt) | set(key):
-                    x[c] = contracts.expected(self.p, ctx, c, float(self.raw[c])).value
-            got = self._cache[key] = softmax(x)
+                ctx = self._ctx(key)
+                cols = set(self.prompt) | set(key) | set(self.markers.start) | \
+                    set(self.markers.end) | set(self.markers.natural_end)
+                for c in sorted(cols):
+                    e = contracts.expected(self.p, ctx, c, float(self.raw[c]))
+                    if e.forced:
+                        got = np.zeros(len(self.raw))
+                        got[c] = 1.0
+                        break
+                    x[c] = e.value
+            if got is None:
+                got = softmax(x)
+            self._cache[key] = got
         return got
 
 
@@ -382,8 +413,8 @@ def sampling_kwargs(case: str) -> dict:
     return kw
 
 
-def sample(engine, case: str, *, n: int, seed0: int, temperature: float, max_tokens: int
-           ) -> tuple[list[list[int]], float, str | None]:
+def sample(engine, case: str, *, n: int, seed0: int, temperature: float, max_tokens: int,
+           prompt: list[int] | None = None) -> tuple[list[list[int]], float, str | None]:
     """``n`` samples of ``case`` (seeds ``seed0`` .. ``seed0 + n - 1``, one request each, in
     one ``generate`` call: vLLM batches them up to ``max_num_seqs``). Returns the token lists,
     the wall time, and vLLM's message when it refused the request (no samples)."""
@@ -398,7 +429,8 @@ def sample(engine, case: str, *, n: int, seed0: int, temperature: float, max_tok
         return [], 0.0, one_line(e)
     t0 = time.perf_counter()
     try:
-        outs = engine.llm.generate([{"prompt_token_ids": PROMPT}] * n, sps, use_tqdm=False)
+        outs = engine.llm.generate([{"prompt_token_ids": list(prompt or PROMPT)}] * n, sps,
+                                   use_tqdm=False)
     except Exception as e:
         return [], time.perf_counter() - t0, one_line(e)
     return [[int(t) for t in o.outputs[0].token_ids] for o in outs], \
@@ -504,6 +536,9 @@ def run(p: Plan, out: str, log=print) -> dict:
             # interpreter) must be in place before vLLM's kernels are imported
             from workbook.hooks import constraint_faults
 
+            from workbook.core import budget
+
+            markers = budget.Markers.of(eng.effective)
             with known_model(eng) as km:
                 cal = calibration(eng)
                 res["engines"][method].update(premise=km.premise, calibration_spread=cal[
@@ -516,9 +551,10 @@ def run(p: Plan, out: str, log=print) -> dict:
                         seed0 = p.seed + r * p.samples + (10 ** 6 if method == "none" else 0)
                         ps = constraint_faults.inject(fault) if fault != "none" else None
                         try:
+                            prompt = prompt_of(case, markers)
                             outs, wall, msg = sample(eng, case, n=p.samples, seed0=seed0,
                                                      temperature=p.temperature,
-                                                     max_tokens=p.positions)
+                                                     max_tokens=p.positions, prompt=prompt)
                         finally:
                             if ps is not None:
                                 ps.remove()
@@ -530,7 +566,7 @@ def run(p: Plan, out: str, log=print) -> dict:
                             if method == "none":
                                 reference[(case, r)] = outs
                             pred = Predictor(params_of(eng, case, p.temperature), cal["raw"],
-                                             PROMPT)
+                                             prompt, markers)
                             ref = reference.get((case, r)) if method != "none" else None
                             j = judge_cell(outs, pred, ref)
                             cell.status, cell.tests, cell.min_p = j["verdict"], j["tests"], \
