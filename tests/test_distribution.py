@@ -110,7 +110,7 @@ def test_command_bad_input_rc2(capsys, tmp_path):
 def test_predictor_forces_the_end_marker_where_the_budget_binds(prefix, forced):
     from workbook.core import budget
 
-    raw = np.zeros(200)
+    raw = np.zeros(400)
     raw[100], raw[101] = 2.0, 1.0
     m = budget.Markers(start=(1,), end=(2,))
     prompt = D.prompt_of("thinking_token_budget", m)
@@ -135,3 +135,23 @@ def test_budget_case_needs_the_engines_markers():
     with pytest.raises(ConfigError, match="reasoning markers"):
         D.prompt_of("thinking_token_budget", budget.Markers())
     assert D.prompt_of("unconstrained") == D.PROMPT
+
+
+def test_bad_words_are_sent_as_text_and_judged_as_vllms_token_ids():
+    kw = D.sampling_kwargs("bad_words", lambda ids: "".join(f"<{i}>" for i in ids))
+    assert kw == {"bad_words": [f"<{D.HOT[0]}>"]}
+    with pytest.raises(ConfigError, match="tokenizer"):
+        D.sampling_kwargs("bad_words")
+
+
+def test_hot_tokens_are_each_their_own_texts_only_token():
+    """A bad word reaches vLLM as text: each hot token must come back from its text alone
+    (a byte-fragment id decodes to U+FFFD, whose tokens are others: the case would ban
+    nothing — the first GPU run's bad_words cells equalled the unconstrained ones)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from workbook.core import models
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=f"{models.build('tiny-mimo-mtp')}/tokenizer.json")
+    for t in D.HOT:
+        assert tok.encode(tok.decode([t]), add_special_tokens=False) == [t], t

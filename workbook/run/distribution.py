@@ -61,14 +61,16 @@ from workbook.core.models import VOCAB
 
 ALPHA = 0.01  # family-wise error rate per cell (Holm over its positions and tests)
 MIN_EXPECTED = 5.0  # categories expected below this are pooled (chi-square's validity rule)
-HOT = tuple(range(100, 108))  # the hot tokens of the known model (ordinary BPE ids)
+# the hot tokens of the known model: BPE merges of the tiny tokenizer that are whole words, each
+# its own text's only token (so a bad word given as text, as vLLM takes it, bans exactly it)
+HOT = (256, 257, 259, 260, 273, 275, 277, 279)
 TARGET_LOGITS = {t: 7.5 - 0.5 * i for i, t in enumerate(HOT)}  # the rest of the vocabulary: 0
 METHODS = ("none", "mtp", "ngram")
 # the cases: SamplingParams keywords beyond temperature / seed / max_tokens
 CASES = {
     "unconstrained": {},
     "allowed_token_ids": {"allowed_token_ids": [HOT[0], HOT[1], HOT[3], HOT[6], 7]},
-    "bad_words": {"bad_words_ids": [[HOT[0]]]},  # token ids (as the contracts read them)
+    "bad_words": {"bad_words": [[HOT[0]]]},  # token ids; sent as their text (``sampling_kwargs``)
     "penalties": {"presence_penalty": 0.6, "frequency_penalty": 0.4, "repetition_penalty": 1.3},
     "logit_bias": {"logit_bias": {HOT[5]: 3.0, HOT[0]: -2.0}},
     # the budget under sampling (vLLM #54906's constraint): the prompt ends in the start marker,
@@ -408,9 +410,20 @@ def calibration(engine, positions: int = 4) -> dict:
             "vs_designed": float(np.abs(rows.mean(0) - want).max()), "tokens": list(out.token_ids)}
 
 
-def sampling_kwargs(case: str) -> dict:
+def sampling_kwargs(case: str, decode=None) -> dict:
+    """The case's ``SamplingParams`` keywords; ``bad_words`` (token ids in ``CASES``) as the
+    strings vLLM takes, ``decode(ids) -> str`` (the engine's tokenizer)."""
     kw = dict(CASES[case])
+    if "bad_words" in kw:
+        if decode is None:
+            raise ConfigError(f"case {case!r}: bad words are strings; a tokenizer is needed")
+        kw["bad_words"] = [decode(list(w)) for w in kw["bad_words"]]
     return kw
+
+
+def _decode(engine):
+    tok = engine.llm.get_tokenizer()
+    return lambda ids: tok.decode(ids)
 
 
 def sample(engine, case: str, *, n: int, seed0: int, temperature: float, max_tokens: int,
@@ -424,7 +437,8 @@ def sample(engine, case: str, *, n: int, seed0: int, temperature: float, max_tok
 
     try:
         sps = [SamplingParams(temperature=temperature, seed=seed0 + i, max_tokens=max_tokens,
-                              ignore_eos=True, **sampling_kwargs(case)) for i in range(n)]
+                              ignore_eos=True, **sampling_kwargs(case, _decode(engine)))
+               for i in range(n)]
     except Exception as e:
         return [], 0.0, one_line(e)
     t0 = time.perf_counter()
@@ -438,10 +452,14 @@ def sample(engine, case: str, *, n: int, seed0: int, temperature: float, max_tok
 
 
 def params_of(engine, case: str, temperature: float) -> contracts.Params:
+    """The case's contract parameters as vLLM's engine holds them (bad words: the token id
+    sequences vLLM derives from the strings, ``update_from_tokenizer``)."""
     from vllm import SamplingParams
 
     sp = SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True,
-                        **sampling_kwargs(case))
+                        **sampling_kwargs(case, _decode(engine)))
+    if sp.bad_words:
+        sp.update_from_tokenizer(engine.llm.get_tokenizer())
     return contracts.Params.of(sp)
 
 
