@@ -155,3 +155,11 @@ def test_hot_tokens_are_each_their_own_texts_only_token():
     tok = PreTrainedTokenizerFast(tokenizer_file=f"{models.build('tiny-mimo-mtp')}/tokenizer.json")
     for t in D.HOT:
         assert tok.encode(tok.decode([t]), add_special_tokens=False) == [t], t
+
+
+def test_spec_counters_of_a_cell_are_the_difference():
+    before = {"drafts": 10, "accepted": 4, "accepted_per_pos": [3, 1, 0]}
+    after = {"drafts": 25, "accepted": 9, "accepted_per_pos": [6, 2, 1]}
+    assert D.counters_delta(before, after) == {"drafts": 15, "accepted": 5,
+                                               "accepted_per_pos": [3, 1, 1]}
+    assert D.counters_delta({}, after) == after

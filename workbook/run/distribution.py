@@ -64,6 +64,13 @@ MIN_EXPECTED = 5.0  # categories expected below this are pooled (chi-square's va
 # the hot tokens of the known model: BPE merges of the tiny tokenizer that are whole words, each
 # its own text's only token (so a bad word given as text, as vLLM takes it, bans exactly it)
 HOT = (256, 257, 259, 260, 273, 275, 277, 279)
+# the embedding row every token gets (its hidden state h is the one of every position). It
+# decides the drafter's premise, not the hot ids: MTP's drafter state has a small positive
+# component along this h (cosine 0.09), so its logits are a positive multiple of the target's
+# row and it drafts the target's most likely token; row 256's h gives a drafter whose drafts are
+# never accepted (measured on the H100: no draft row beyond the first was ever verified, so
+# ``draft-rows-untempered`` changed nothing)
+EMBED_ROW = 100
 TARGET_LOGITS = {t: 7.5 - 0.5 * i for i, t in enumerate(HOT)}  # the rest of the vocabulary: 0
 METHODS = ("none", "mtp", "ngram")
 # the cases: SamplingParams keywords beyond temperature / seed / max_tokens
@@ -294,9 +301,9 @@ def _head_of(model):
 
 
 class known_model:
-    """Context manager on a started engine: every embedding row set to row ``HOT[0]``'s (one
+    """Context manager on a started engine: every embedding row set to row ``EMBED_ROW``'s (one
     hidden state at every position), then each ``lm_head`` solved so the target's raw logits
-    are ``TARGET_LOGITS`` and the drafter's ``DRAFT_LOGITS``; the weights are restored on exit.
+    are ``TARGET_LOGITS`` (the drafter shares it); the weights are restored on exit.
     ``self.premise``: the largest spread of the hidden states seen (relative), which must be
     ~0 for the prediction to hold."""
 
@@ -315,7 +322,7 @@ class known_model:
         self.saved = [m.weight.detach().clone() for m in self.embeds + self.heads]
         with torch.no_grad():
             for m in self.embeds:
-                m.weight.copy_(m.weight[HOT[0]].expand_as(m.weight))
+                m.weight.copy_(m.weight[EMBED_ROW].expand_as(m.weight))
         h = self._hidden_state()
         target = np.zeros(VOCAB)
         for t, v in TARGET_LOGITS.items():
@@ -384,7 +391,35 @@ def engine_config(method: str, max_num_seqs: int = 64, k: int = 3):
 
     cfg = G.config_for(method, k=k)
     return cfg.replace(max_num_seqs=max_num_seqs, dtype="float32", engine_kwargs={
-        **cfg.engine_kwargs, "logprobs_mode": "raw_logits", "max_logprobs": VOCAB})
+        **cfg.engine_kwargs, "logprobs_mode": "raw_logits", "max_logprobs": VOCAB,
+        "disable_log_stats": False})  # vLLM's speculative-decoding counters (``spec_counters``)
+
+
+SPEC_METRICS = {"vllm:spec_decode_num_drafts": "drafts",
+                "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                "vllm:spec_decode_num_accepted_tokens": "accepted",
+                "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos"}
+
+
+def spec_counters(engine) -> dict:
+    """vLLM's own speculative-decoding counters (``LLM.get_metrics``): drafts, draft tokens,
+    accepted tokens, accepted per draft position. Empty without speculation. A draft-row fault
+    can only show where drafts beyond the first position were verified (accepted_per_pos[0] >
+    0), so each cell records how far its drafts reached."""
+    out: dict = {}
+    try:
+        for m in engine.llm.get_metrics():
+            key = SPEC_METRICS.get(m.name)
+            if key:
+                out[key] = list(m.values) if key == "accepted_per_pos" else int(m.value)
+    except Exception:  # metrics off or another vLLM: no counters, said as such
+        return {}
+    return out
+
+
+def counters_delta(before: dict, after: dict) -> dict:
+    return {k: ([a - b for a, b in zip(v, before.get(k, [0] * len(v)))] if isinstance(v, list)
+                else v - before.get(k, 0)) for k, v in after.items()}
 
 
 def calibration(engine, positions: int = 4) -> dict:
@@ -524,6 +559,7 @@ class Cell:
     tests: list = field(default_factory=list)
     min_p: float | None = None
     seeds: list = field(default_factory=list)  # first and last seed
+    spec: dict = field(default_factory=dict)  # vLLM's spec-decoding counters over the cell
 
 
 def run(p: Plan, out: str, log=print) -> dict:
@@ -568,6 +604,7 @@ def run(p: Plan, out: str, log=print) -> dict:
                     for r in range(p.repeats):
                         seed0 = p.seed + r * p.samples + (10 ** 6 if method == "none" else 0)
                         ps = constraint_faults.inject(fault) if fault != "none" else None
+                        c0 = spec_counters(eng) if method != "none" else {}
                         try:
                             prompt = prompt_of(case, markers)
                             outs, wall, msg = sample(eng, case, n=p.samples, seed0=seed0,
@@ -579,7 +616,9 @@ def run(p: Plan, out: str, log=print) -> dict:
                         cell = Cell(case, method, fault, r, "refused" if msg else "holds",
                                     msg or "", len(outs), round(wall, 1),
                                     round(len(outs) / wall, 2) if wall else 0.0,
-                                    seeds=[seed0, seed0 + p.samples - 1])
+                                    seeds=[seed0, seed0 + p.samples - 1],
+                                    spec=counters_delta(c0, spec_counters(eng))
+                                    if method != "none" else {})
                         if outs:
                             if method == "none":
                                 reference[(case, r)] = outs
@@ -591,9 +630,12 @@ def run(p: Plan, out: str, log=print) -> dict:
                                 j["min_p"]
                             cell.message = describe(j["first"])
                         res["cells"].append(asdict(cell))
+                        acc = cell.spec.get("accepted_per_pos")
+                        reach = (f"; drafts {cell.spec.get('drafts', 0)}, accepted per position "
+                                 f"{acc}") if acc is not None else ""
                         log(f"{method:5s} {case:18s} fault={fault:24s} rep {r}: {cell.status}"
                             f" ({cell.message}); {cell.samples} samples, "
-                            f"{cell.samples_per_s} samples/s", flush=True)
+                            f"{cell.samples_per_s} samples/s{reach}", flush=True)
                         save()
         finally:
             eng.shutdown()
