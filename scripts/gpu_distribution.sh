@@ -10,12 +10,13 @@ python3 -c "import vllm" 2>/dev/null || eval "$(bash .bundle/install.sh .bundle)
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 VLLM_USE_V2_MODEL_RUNNER=1
 D=/tmp/dist-$(date +%s); SAMPLES=${SAMPLES:-8192}; REPEATS=${REPEATS:-2}; LIMIT=${LIMIT_S:-520}
 CASES=${CASES:-unconstrained,allowed_token_ids}; FAULT_CASES=${FAULT_CASES:-unconstrained}
+FAULTS=${FAULTS:-rejection-tempered-twice,draft-rows-untempered}
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/distribution.txt"
 timeout -s INT "$LIMIT" python3 -m workbook.run.distribution --out "$D" \
   --methods none,mtp --cases "$CASES" --fault-cases "$FAULT_CASES" \
-  --faults rejection-tempered-twice,draft-rows-untempered --samples "$SAMPLES" --positions 4 \
+  --faults "$FAULTS" --samples "$SAMPLES" --positions 4 \
   --max-num-seqs 256 --repeats "$REPEATS" > /tmp/dist.log 2>&1
-echo "rc=$? $(( $(date +%s) - T0 ))s samples=$SAMPLES repeats=$REPEATS cases=$CASES fault-cases=$FAULT_CASES" >> "$OUT/distribution.txt"
+echo "rc=$? $(( $(date +%s) - T0 ))s samples=$SAMPLES repeats=$REPEATS cases=$CASES fault-cases=$FAULT_CASES faults=$FAULTS" >> "$OUT/distribution.txt"
 grep -vE "^(INFO|WARNING|\(|DEBUG)" /tmp/dist.log | grep -v "it/s\]" | tail -60 >> "$OUT/distribution.txt"
 cp "$D"/distribution.json "$OUT/" 2>/dev/null
 tar czf "$OUT/dist.tgz" -C /tmp "$(basename "$D")" dist.log 2>/dev/null

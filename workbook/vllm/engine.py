@@ -265,12 +265,14 @@ def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
                 vlog.removeHandler(cap)
     except hookpoints.HookPointError:
         raise
-    except BaseException:
+    except BaseException as e:
         n, _ = _summary(path)
+        tail: list = []
         with contextlib.suppress(OSError), open(path, errors="replace") as f:
             tail = f.readlines()[-25:]
-        print(f"vLLM's engine did not start; its log ({n} lines): {path}; last lines:\n"
-              + "".join(tail), file=sys.stderr)
+        why = " ".join(str(e).split())[:300] or "no message"
+        print(f"vLLM's engine did not start ({type(e).__name__}: {why}); its log ({n} lines): "
+              f"{path}" + ("; last lines:\n" + "".join(tail) if tail else ""), file=sys.stderr)
         raise
     t2 = time.perf_counter()
     try:
