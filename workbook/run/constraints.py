@@ -138,6 +138,7 @@ class Cell:
     breaches: int = 0
     rows: int = 0
     draft_rows: int = 0
+    unreachable_rows: int = 0  # draft rows after a draft that breaks a forced column: not judged
     accepted_drafts: int = 0
     output: list = field(default_factory=list)
     finish_reason: str | None = None
@@ -291,6 +292,7 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
         cell.status, cell.message = "error", "no row evidence for this request"
         return cell
     cell.rows, cell.draft_rows = verdict["rows"], verdict["draft_rows"]
+    cell.unreachable_rows = verdict.get("unreachable_rows", 0)
     cell.affected_by = list(verdict.get("affected_by") or [])
     emitted = rc.emitted_rows(req)
     cell.accepted_drafts = sum(1 for e in emitted if e["local_pos"] and e["local_pos"] > 0)

@@ -12,6 +12,10 @@ B keeps it as ``affected_by`` and is not violated by it. Never by elimination, a
 broke that same contract on its own rows (its later values of it then follow from its own wrong
 state: a neighbour's prediction matching them is no evidence of a leak).
 
+Rows that can never be used are not judged (``unreachable_rows``): a draft row stands for its
+earlier drafts accepted, and a draft other than the column the budget forces at its own row is
+rejected with certainty (``contracts.unreachable``).
+
 Stages: the one list (``workbook.core.stages``), named from positive evidence only:
 registration, gate, device state (the committed history the row was processed with), apply,
 apply on draft rows (``stage``), sampling and acceptance (``rejection``: the emitted token
@@ -55,8 +59,8 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
     out: dict[str, dict] = {}
 
     def res(req_id):
-        return out.setdefault(req_id, {"rows": 0, "draft_rows": 0, "breaches": [],
-                                       "affected_by": [],
+        return out.setdefault(req_id, {"rows": 0, "draft_rows": 0, "unreachable_rows": 0,
+                                       "breaches": [], "affected_by": [],
                                        "constraints": params[req_id].constraints()})
 
     broken: dict[str, set] = {}  # request -> contracts it already broke on its own rows
@@ -68,9 +72,12 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
         row0_ok = True
         for row in rec["rows"]:
             j = row["local_pos"]
+            ctx = _ctx(prompts[req_id], before[id(rec)], row, j, markers)
+            if j > 0 and contracts.unreachable(p, ctx) is not None:
+                r["unreachable_rows"] += 1  # an earlier draft contradicts a forced column:
+                continue                    # this row is discarded whatever it holds
             r["rows"] += 1
             r["draft_rows"] += j > 0
-            ctx = _ctx(prompts[req_id], before[id(rec)], row, j, markers)
             found = contracts.check_row(p, ctx, row["raw"], row["proc"], row["finite"])
             cols = [b for b in found if b.column is not None]
             leak = _source(req_id, row, ctx, cols, by_step[rec["step"]], params, prompts,

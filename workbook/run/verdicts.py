@@ -95,8 +95,11 @@ def of_cell(cell: dict) -> dict | None:
     if verdict == "violated":
         evidence = f.get("what") or ""
     elif verdict == "held":
+        skipped = cell.get("unreachable_rows") or 0
         evidence = (f"held at {cell.get('rows', 0)} rows ({cell.get('draft_rows', 0)} draft, "
-                    f"{cell.get('accepted_drafts', 0)} accepted) and on the output")
+                    f"{cell.get('accepted_drafts', 0)} accepted) and on the output"
+                    + (f"; {skipped} draft row(s) after a draft that breaks a forced column "
+                       "not judged (never used)" if skipped else ""))
     else:
         evidence = cell.get("message") or ""
     return Verdict(

@@ -112,6 +112,22 @@ def check_row(p: Params, ctx: RowContext, raw: dict[int, float], processed: dict
     return out
 
 
+def unreachable(p: Params, ctx: RowContext) -> tuple[int, int, int] | None:
+    """Whether draft row ``ctx.local_pos`` can ever be used: it stands for "drafts ``[:j]``
+    accepted", and a draft that differs from the column a forcing contract forces at its own
+    row (p = 1 there) is rejected with certainty, so every later row of the step is discarded
+    whatever it holds — vLLM promises nothing about it. Returns (row i, its draft, the forced
+    column) for the first such draft, else None."""
+    for i in range(min(ctx.local_pos, len(ctx.drafts))):
+        at = RowContext(ctx.prompt, ctx.output, ctx.drafts, i, ctx.markers)
+        for c in ROW_ORDER:
+            if c.forces and c.active(p):
+                f = c.forced(p, at)
+                if f is not None and int(ctx.drafts[i]) != f:
+                    return i, int(ctx.drafts[i]), f
+    return None
+
+
 def must_hold_token(p: Params, ctx: RowContext, token: int) -> Breach | None:
     """A token emitted at a row that the row's contract forbids (a column at -inf)."""
     if p.allowed_token_ids is not None and token not in p.allowed_token_ids:

@@ -271,6 +271,10 @@ class Contract:
         earlier steps); ``changed``: this contract changed the column."""
         return x, False
 
+    def forced(self, p: Params, ctx: RowContext) -> int | None:
+        """The column this contract forces in the row (a forcing contract), else None."""
+        return None
+
     def check_row(self, p: Params, ctx: RowContext, finite_count: int | None) -> list[Breach]:
         """Row-wide checks beyond the kept columns (``finite_count``: the processed row's
         number of finite columns, when gathered)."""

@@ -42,13 +42,17 @@ class ThinkingBudget(Contract):
     def columns(self, p, markers):
         return list(budget.Markers.of(markers).end) if markers is not None else []
 
-    def row(self, p: Params, ctx: RowContext, col: int, x: float) -> tuple[float, bool]:
+    def forced(self, p: Params, ctx: RowContext) -> int | None:
         if not ctx.markers.complete:
-            return x, False
+            return None
         t = budget.row_truth(list(ctx.prompt) + list(ctx.output), list(ctx.drafts),
                              ctx.local_pos, p.thinking_token_budget, ctx.markers,
                              prompt_len=len(ctx.prompt))
-        return x, bool(t.due and col == t.token)
+        return int(t.token) if t.due else None
+
+    def row(self, p: Params, ctx: RowContext, col: int, x: float) -> tuple[float, bool]:
+        f = self.forced(p, ctx)
+        return x, f is not None and col == f
 
     def check_output(self, p: Params, o: Outcome) -> list[Breach]:
         if o.markers is None or not budget.Markers.of(o.markers).complete:
