@@ -216,3 +216,29 @@ def test_the_served_watch_reading_goes_through_the_per_rank_reader(tmp_path, fou
     assert ("ranks" in got) is several
     assert got.get("rank", lead) == lead and got["tp_rank"] == int(lead[-1])
     assert wmod.read_dir(str(tmp_path / "absent")) is None
+
+
+def test_ranks_that_disagree_are_said_in_one_sentence():
+    ag = {"ranks": ["pp0/tp0", "pp0/tp1"], "reference": "pp0/tp0", "agree": False,
+          "differences": [{"rank": "pp0/tp1", "step": 0, "req_id": "r", "field": f,
+                           "reference": a, "value": b}
+                          for f, a, b in (("gate", True, False), ("emitted", [369], [1417]))]
+          + [{"rank": "pp0/tp1", "step": 1, "req_id": "r", "field": "budget_host",
+              "reference": 1, "value": None}]}
+    s = ranks.disagreement(ag)
+    assert s.startswith("rank pp0/tp1 disagrees with the reference rank pp0/tp0: from step 0 "
+                        "(request r: emitted, gate differ)") and "finding of its own" in s
+    assert ranks.disagreement({**ag, "agree": True}) is None
+    assert ranks.disagreement({"ranks": ["pp0/tp0"], "agree": True, "differences": []}) is None
+
+
+@pytest.mark.parametrize("raw, want", [(None, None), ("", None), ("1", {1}), ("0, 1", {0, 1}),
+                                       ("x", "tensor-parallel ranks"), ("-1", ">= 0")])
+def test_fault_ranks_are_read_or_refused_naming_the_value(raw, want):
+    from workbook.vllm import env as wenv
+
+    if isinstance(want, str):
+        with pytest.raises(ValueError, match=want):
+            wenv.fault_ranks(raw)
+    else:
+        assert wenv.fault_ranks(raw if raw is not None else "") == want

@@ -50,3 +50,33 @@ def test_parallel_smoke_tp2_mtp_budget_honored_and_both_ranks_agree(tmp_path):
     assert json.loads((out / "ranks.json").read_text())["agree"]
     assert sorted(json.loads(p.read_text())["tp_rank"]
                   for p in (out / "trace-ranks").glob("*/rank.json")) == [0, 1]
+
+
+ONE_RANK = CHILD.replace("import json, sys", "import json, os, sys\nos.environ['WORKBOOK_FAULT_RANKS'] = '1'") \
+    .replace("trace=True, guard=True)", "trace=True, guard=False, fault='H-a')")
+
+
+@pytest.mark.parallel
+def test_a_fault_in_one_rank_only_is_a_disagreement_named_at_its_step(tmp_path):
+    """Fault H-a (the gate bypass) planted in tensor-parallel rank 1 only
+    (``WORKBOOK_FAULT_RANKS=1``): vLLM returns rank 0's tokens, which honor the budget, while
+    rank 1 skipped the budget — its gate, fast path and sampled token differ from rank 0's at
+    step 0, and the verdict says so."""
+    import subprocess
+    import sys
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("tensor parallel 2 on a CPU binds one core per rank: needs 2 cores")
+    p = subprocess.run([sys.executable, "-c", ONE_RANK, str(tmp_path / "tp2")],
+                       capture_output=True, text=True, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    line = next((x for x in p.stdout.splitlines() if x.startswith("VERDICT ")), None)
+    assert p.returncode == 0 and line, (p.returncode, p.stdout[-2000:], p.stderr[-4000:])
+    v = json.loads(line[len("VERDICT "):])
+    assert v["verdict"] == "honored"  # the returned output is rank 0's
+    ag = v["ranks"]
+    assert ag["agree"] is False and ag["reference"] == "pp0/tp0"
+    first = {d["field"]: d for d in ag["differences"] if d["step"] == 0}
+    assert first["gate"]["rank"] == "pp0/tp1" and first["gate"]["value"] is False
+    assert first["emitted"]["reference"] != first["emitted"]["value"]
+    assert "rank pp0/tp1 disagrees" in v["summary"] and "finding of its own" in v["summary"]

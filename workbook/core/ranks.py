@@ -87,6 +87,22 @@ def agreement(frames: dict) -> dict:
     return out
 
 
+def disagreement(agree: dict) -> str | None:
+    """The sentence for ranks that disagree (``agreement``'s result), None when they agree: the
+    first differing rank, its step and request, and the fields that differ there."""
+    diffs = agree.get("differences") or []
+    if agree.get("agree", True) or not diffs:
+        return None
+    d = diffs[0]
+    fields = sorted({x["field"] for x in diffs if (x["rank"], x["step"], x["req_id"]) ==
+                     (d["rank"], d["step"], d["req_id"])})
+    ranks = sorted({x["rank"] for x in diffs})
+    return (f"rank {', '.join(ranks)} disagrees with the reference rank {agree['reference']}: "
+            f"from step {d['step']} (request {d['req_id']}: {', '.join(fields)} differ) — every "
+            "sampling rank applies the budget to the same rows, so this is a finding of its own, "
+            "whatever the returned output shows")
+
+
 # ---- per-rank JSON evidence: the guard's report and the start-up watch ------------------------
 
 def label(rank: dict) -> str:

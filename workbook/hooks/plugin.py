@@ -80,7 +80,12 @@ def _install_hooks_from_env() -> None:
     if fault and fault != "none":
         from workbook.hooks import faults
 
-        faults.inject(fault, engine=None)
+        only = wenv.fault_ranks()
+        if only is None:
+            faults.inject(fault, engine=None)
+        else:  # one rank's fault: planted once this process knows its rank, before any step
+            _when_runner_built(lambda: rank_info()["tp_rank"] in only and
+                               faults.inject(fault, engine=None))
     if os.environ.get(wenv.GUARD) == "1":
         from workbook.hooks import guard
 

@@ -80,7 +80,14 @@ def ranked_engine(cfg, outdir=None):
 
     from workbook.vllm import env as wenv
 
-    key = engine.engine_key(cfg, cfg.fault, cfg.guard, cfg.trace, cfg.watched, "ranks")
+    from workbook.core.config import ConfigError
+
+    try:
+        only = wenv.fault_ranks()  # a one-rank fault (docs/parallel.md): checked before the start
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    key = engine.engine_key(cfg, cfg.fault, cfg.guard, cfg.trace, cfg.watched, "ranks",
+                            sorted(only) if only is not None else None)
     if key in _RANKED:
         return _RANKED[key]
     trace_dir = tempfile.mkdtemp(prefix="workbook-ranks-")

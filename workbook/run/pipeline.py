@@ -192,7 +192,13 @@ class Run:
         if self.cfg.guard:
             res.verdict["guard"] = self.guard_section()
         if getattr(self.backend, "agreement", None) is not None:  # several ranks (docs/parallel.md)
+            from workbook.core import ranks
+
             res.verdict["ranks"] = self.backend.agreement
+            odd = ranks.disagreement(self.backend.agreement)
+            if odd:
+                res.verdict["ranks"]["sentence"] = odd
+                res.verdict["summary"] = f"{res.verdict.get('summary', '')}; but {odd}"
         self.save("verdict", res.verdict)
         return res.verdict
 

@@ -32,9 +32,28 @@ EFFECTIVE_DIR = "WORKBOOK_EFFECTIVE_DIR"
 WATCH_DIR = "WORKBOOK_WATCH_DIR"  # the start-up watch: options.json in, <pid>/watch.json out
 CPU_PROFILE_RUN = "WORKBOOK_CPU_PROFILE_RUN"  # CPU worker runs profile_run (as the GPU one)
 ROW_CHECK_DIR = "WORKBOOK_ROW_CHECK_DIR"  # the served grid's row check (hooks.served_rows)
+# the fault in these tensor-parallel ranks only ("1", "0,1"; unset: every process): a rank whose
+# budget state differs from the others' (docs/parallel.md); set by the caller, inherited by the
+# workers, read by the plugin once its rank is known (the runner is built)
+FAULT_RANKS = "WORKBOOK_FAULT_RANKS"
 HOOK_VARS = (FAULT, GUARD, TRACE_DIR, EFFECTIVE_DIR, WATCH_DIR, CPU_PROFILE_RUN, ROW_CHECK_DIR)
 TRITON_CPU = "WORKBOOK_TRITON_CPU"  # workbook.vllm.cpu_shim
 DEFAULTS = ("VLLM_TRITON_FORCE_FIRST_CONFIG", "VLLM_CPU_OMP_THREADS_BIND")  # the caller's value wins
+
+
+def fault_ranks(value: str | None = None) -> set[int] | None:
+    """The tensor-parallel ranks ``WORKBOOK_FAULT_RANKS`` names (None: unset, every process);
+    ``ValueError`` naming the bad value."""
+    raw = os.environ.get(FAULT_RANKS) if value is None else value
+    if raw is None or not raw.strip():
+        return None
+    try:
+        out = {int(x) for x in raw.split(",") if x.strip()}
+    except ValueError:
+        raise ValueError(f"{FAULT_RANKS}={raw!r}: must be tensor-parallel ranks, e.g. 1 or 0,1")
+    if not out or min(out) < 0:
+        raise ValueError(f"{FAULT_RANKS}={raw!r}: must be tensor-parallel ranks >= 0")
+    return out
 
 
 def on_cpu() -> bool:
