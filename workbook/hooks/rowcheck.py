@@ -159,7 +159,15 @@ class RowCheck(Collector):
             p = contracts.Params.of(sp, self.logprobs_mode)
             slot = int(runner.req_states.req_id_to_index[new.req_id])
             tokens = [int(t) for t in (new.prefill_token_ids or [])]
-            plen = int(getattr(new, "prompt_len", len(tokens)) or len(tokens))
+            # the prompt's length: vLLM's ``prompt_len`` (0.29+); 0.28 has none, and its
+            # prefill of a request resumed after preemption is prompt + output so far, so the
+            # prompt is ``prompt_token_ids`` (a resumed request keeps its first prompt)
+            plen = getattr(new, "prompt_len", None)
+            if plen is None:
+                plen = len(getattr(new, "prompt_token_ids", None) or tokens)
+            if new.req_id in self.prompts:
+                plen = len(self.prompts[new.req_id])
+            plen = int(plen) or len(tokens)
             self.params[new.req_id], self.slot_of[new.req_id] = p, slot
             self.prompts[new.req_id] = tokens[:plen]
             self._history[new.req_id] = list(tokens)

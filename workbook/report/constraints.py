@@ -147,7 +147,9 @@ def _cell_text(c: dict) -> tuple[str, str]:
     if touched:
         detail += f"; {touched}"
     d = c.get("differential")
-    if d:
+    if d and d.get("unavailable"):
+        detail += f"; vs none: not compared ({d['unavailable']})"
+    elif d:
         v = wording.value_text
         margin = d.get("margin")
         margin = "margin not recorded" if wording.absent(margin) else f"margin {margin:.3g}"

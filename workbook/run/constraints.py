@@ -245,6 +245,9 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     judge_batch(rc, names, outs, cases, batch, engine, tok, sps, cells, evidence)
     for name in names:
         cells[name].preemptions = pc.of(prompt_for(tok, name))
+        if cells[name].status == "error" and cells[name].preemptions:
+            cells[name].message += (f" (vLLM preempted it {cells[name].preemptions} time(s); "
+                                     "its rows were not observed)")
         if st is not None:
             cells[name].steered = st.of(prompt_for(tok, name))
             if st.errors:
@@ -290,6 +293,10 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
     cell = Cell(name, "", batch, "holds", output=output, finish_reason=comp.finish_reason)
     if req is None or verdict is None:
         cell.status, cell.message = "error", "no row evidence for this request"
+        if sp is not None and getattr(sp, "prompt_logprobs", None) is not None:
+            plp = _host_prompt_logprobs(o)  # what the user got stays on record (differential)
+            cell.prompt_logprobs = None if plp is None else \
+                [None if d is None else [[t, v] for t, v in d.items()] for d in plp]
         return cell
     cell.rows, cell.draft_rows = verdict["rows"], verdict["draft_rows"]
     cell.unreachable_rows = verdict.get("unreachable_rows", 0)
@@ -526,6 +533,9 @@ def differential(cells: list[Cell], evidence: dict, reference: list[Cell] | None
     for c in cells:
         r = ref.get((c.constraint, c.batch, point(c)))
         if c.method == "none" or r is None or not c.output or not r.output:
+            continue
+        if r.status == "error":  # the reference went unobserved: no differential claimed
+            c.differential = {"vs": "none", "unavailable": f"the reference cell: {r.message}"}
             continue
         c.differential = None  # filled afresh (the grid refills it as methods finish)
         if c.prompt_logprobs is not None or r.prompt_logprobs is not None:
