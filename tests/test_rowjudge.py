@@ -225,3 +225,23 @@ def test_a_row_after_a_draft_that_breaks_a_forced_column_is_not_judged():
     w = rowjudge.judge_steps(steps[:2] + bad, {"a": p}, prompts,
                              [{"req_id": "a", "missing": []}], LONG_END)["a"]
     assert (w["first"]["step"], w["first"]["row"], w["first"]["column"]) == (3, 1, 74)
+
+
+def test_a_row_that_emitted_after_an_impossible_draft_is_still_judged():
+    """If vLLM accepted the draft that breaks the forced column anyway (a faulty acceptance), the
+    next row did emit: it is judged, and the accepted draft is the first violation."""
+    p = contracts.Params(thinking_token_budget=2, max_tokens=16)
+    raw = {198: 0.0, 46: 0.0, 74: 0.0}
+    forced46 = {198: 0.0, 46: 1e9, 74: 0.0}
+    steps = [{"step": 0, "req_id": "a", "emitted": [0],
+              "rows": [_row(0, 0, {0: 0.0, 198: 0.0}, {0: 0.0, 198: 0.0}, 0)]},
+             {"step": 1, "req_id": "a", "emitted": [198, 198],
+              "rows": [_row(0, 0, raw, {198: 1e9, 46: 0.0, 74: 0.0}, 198, (198,)),
+                       _row(1, 1, raw, {198: 1e9, 46: 0.0, 74: 0.0}, 198, (198,))]},
+             {"step": 2, "req_id": "a", "emitted": [198, 46],
+              "rows": [{**_row(0, 0, raw, forced46, 198, (198,)), "proc_at_emitted": 0.0},
+                       _row(1, 1, raw, forced46, 46, (198,))]}]
+    v = rowjudge.judge_steps(steps, {"a": p}, {"a": [7, 368, 198]},
+                             [{"req_id": "a", "missing": []}], LONG_END)["a"]
+    assert v["unreachable_rows"] == 0 and v["rows"] == 5
+    assert (v["first"]["step"], v["first"]["row"]) == (2, 0)

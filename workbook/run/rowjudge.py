@@ -14,7 +14,8 @@ state: a neighbour's prediction matching them is no evidence of a leak).
 
 Rows that can never be used are not judged (``unreachable_rows``): a draft row stands for its
 earlier drafts accepted, and a draft other than the column the budget forces at its own row is
-rejected with certainty (``contracts.unreachable``).
+rejected with certainty (``contracts.unreachable``) — unless the evidence shows a token emitted
+from the row after all (an acceptance that should not have happened): then it is judged.
 
 Stages: the one list (``workbook.core.stages``), named from positive evidence only:
 registration, gate, device state (the committed history the row was processed with), apply,
@@ -73,9 +74,10 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
         for row in rec["rows"]:
             j = row["local_pos"]
             ctx = _ctx(prompts[req_id], before[id(rec)], row, j, markers)
-            if j > 0 and contracts.unreachable(p, ctx) is not None:
-                r["unreachable_rows"] += 1  # an earlier draft contradicts a forced column:
-                continue                    # this row is discarded whatever it holds
+            if j > 0 and row.get("emitted_token") is None and \
+                    contracts.unreachable(p, ctx) is not None:
+                r["unreachable_rows"] += 1  # an earlier draft contradicts a forced column and
+                continue                    # nothing was emitted here: a row never used
             r["rows"] += 1
             r["draft_rows"] += j > 0
             found = contracts.check_row(p, ctx, row["raw"], row["proc"], row["finite"])
