@@ -112,7 +112,31 @@ def world_size(cfg) -> int:
     return getattr(cfg, "tensor_parallel_size", 1) * getattr(cfg, "pipeline_parallel_size", 1)
 
 
-class InProcess:
+class _RankGuards:
+    """Each rank's guard report (``<rank_dir>/<pid>/guard.json``, written by the plugin with
+    every trace flush) restricted to this run: the one reader for the in-process backend with
+    several ranks and the served one (``rank_dir``: where the workers write; None: no ranks)."""
+
+    rank_dir: str | None = None
+
+    def _rank_guard_raw(self) -> dict:
+        from workbook.core import ranks
+        from workbook.hooks.plugin import GUARD_FILE
+
+        return ranks.read_per_rank(self.rank_dir, GUARD_FILE) \
+            if self.cfg.guard and self.rank_dir else {}
+
+    def rank_guards(self) -> dict:
+        """This run's guard report per rank (counters since the run began, its requests:
+        ``ranks.guard_of_run``)."""
+        from workbook.core import ranks
+
+        before = getattr(self, "guard_before", {})
+        return {lab: ranks.guard_of_run(r, before.get(lab), self.before)
+                for lab, r in self._rank_guard_raw().items()}
+
+
+class InProcess(_RankGuards):
     """vLLM in this process (``vllm.LLM``), shared with every run of the same engine
     configuration; the run's fault, guard and tracer installed for the run only. A
     configuration with pre-start hooks (the start-up watch, a start-up fault) gets an engine
@@ -219,20 +243,6 @@ class InProcess:
         return frames
 
     # -- several ranks: each rank's guard report and start-up watch (docs/parallel.md)
-    def _rank_guard_raw(self) -> dict:
-        from workbook.core import ranks
-        from workbook.hooks.plugin import GUARD_FILE
-
-        return ranks.read_per_rank(self.rank_dir, GUARD_FILE) if self.cfg.guard else {}
-
-    def rank_guards(self) -> dict:
-        """This run's guard report per rank (counters since the run began, its requests)."""
-        from workbook.core import ranks
-
-        before = getattr(self, "guard_before", {})
-        return {lab: ranks.guard_of_run(r, before.get(lab), self.before)
-                for lab, r in self._rank_guard_raw().items()}
-
     def rank_watch(self) -> dict | None:
         if not self.cfg.watched:
             return None
@@ -274,7 +284,7 @@ class InProcess:
                             dirs_exist_ok=True)
 
 
-class Served:
+class Served(_RankGuards):
     """The reported request through vLLM's OpenAI-compatible server, as #54906 was reported.
 
     Hooks reach vLLM's processes through the plugin; with ``server`` (a running
@@ -307,7 +317,7 @@ class Served:
             srv.check_compatible(self.server, self.cfg)
         self.timings.update(self.server.timings)
         self.before = srv.traced_req_ids(self.server.frames())
-        self.guard_before = self._guard_raw()
+        self.guard_before = self._rank_guard_raw()
 
     # -- the guard lives in the server's worker(s): each process writes its report per rank
     @property
@@ -315,21 +325,6 @@ class Served:
         """The served workers' per-process folders (``<pid>/guard.json`` with every trace
         flush, ``workbook.hooks.plugin``) when the guard runs; else None."""
         return self.server.worker_dir if self.cfg.guard else None
-
-    def _guard_raw(self) -> dict:
-        from workbook.core import ranks
-        from workbook.hooks.plugin import GUARD_FILE
-
-        return ranks.read_per_rank(self.server.worker_dir, GUARD_FILE) if self.cfg.guard else {}
-
-    def rank_guards(self) -> dict:
-        """This run's guard report per rank of the served engine (counters since the run
-        began, records of its own requests: ``ranks.guard_of_run``)."""
-        from workbook.core import ranks
-
-        before = getattr(self, "guard_before", {})
-        return {lab: ranks.guard_of_run(r, before.get(lab), self.before)
-                for lab, r in self._guard_raw().items()}
 
     def effective(self) -> dict:
         return srv.effective(self.server, wait_s=10.0 if self._sent else 0.0)

@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from workbook.core import contracts
+from workbook.core import budget, contracts
 from workbook.core.config import ConfigError
 from workbook.core.models import VOCAB
 
@@ -292,9 +292,9 @@ def sample(engine, case: str, *, n: int, seed0: int, temperature: float, max_tok
     from workbook.run.constraints import one_line
 
     try:
+        kw = sampling_kwargs(case, _decode(engine))  # once: the same keywords for every sample
         sps = [SamplingParams(temperature=temperature, seed=seed0 + i, max_tokens=max_tokens,
-                              ignore_eos=True, **sampling_kwargs(case, _decode(engine)))
-               for i in range(n)]
+                              ignore_eos=True, **kw) for i in range(n)]
     except Exception as e:
         return [], 0.0, one_line(e)
     t0 = time.perf_counter()
@@ -410,8 +410,6 @@ def run(p: Plan, out: str, log=print) -> dict:
             # after the engine start: its process environment (the CPU shim's Triton
             # interpreter) must be in place before vLLM's kernels are imported
             from workbook.hooks import constraint_faults
-
-            from workbook.core import budget
 
             markers = budget.Markers.of(eng.effective)
             with known_model(eng) as km:
