@@ -13,7 +13,8 @@ drift (other load, clocks) hits both sides alike. Reported:
 
 Usage:
     python benchmarks/guard_overhead.py [--spec-method mtp] [--num-reqs 8] [--max-tokens 64]
-        [--rounds 6] [--budget 32] [--model tiny-mimo-mtp] [--json out.json]
+        [--rounds 6] [--budget 32] [--model tiny-mimo-mtp] [--temperature 0.8 --seed 1]
+        [--json out.json]
 On a CPU the script sets ``WORKBOOK_TRITON_CPU=1`` itself (``workbook.vllm.engine.start`` applies the
 shim in-process). Nothing here assumes a CPU: on a GPU it uses CUDA events and a 1 GiB KV cache.
 """
@@ -40,6 +41,11 @@ def parse_args(argv=None):
     p.add_argument("--accept-drafts", action="store_true",
                    help="zero the lm_head (as check B does) so drafts are accepted and the guard "
                         "walks k+1 tokens per request and step")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sample at this temperature (default: the configuration's greedy)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="a request seed: with --temperature > 0 under speculative decoding the "
+                        "guard redraws every step's rejection sample (guard_redraw) — its cost")
     p.add_argument("--json", default=None, help="also write the results here")
     return p.parse_args(argv)
 
@@ -98,7 +104,10 @@ def main(argv=None) -> dict:
         "vllm_version", "runner_class", "speculator_class", "attention_backends",
         "thinking_budget_enabled")} | {"start_s": eng.timings}), flush=True)
     prompt = request.prompt_ids(eng.tokenizer, cfg)
-    params = request.sampling_params(cfg, budget=args.budget, max_tokens=args.max_tokens)
+    extra = {k: v for k, v in (("temperature", args.temperature), ("seed", args.seed))
+             if v is not None}
+    params = request.sampling_params(cfg, budget=args.budget, max_tokens=args.max_tokens,
+                                      **extra)
 
     def one_round(with_guard: bool) -> tuple[float, int]:
         if with_guard:

@@ -64,7 +64,8 @@ def test_engines_are_the_environments_defaults_entry_and_set():
     (["--set", "max_tokens=4096"], "max_tokens=4096 must be below max_model_len=1024"),
     (["--set", "constraint_fault=typo"], "constraint_fault='typo' is unknown; choose one of"),
     (["--set", "colour=red"], "--set: unknown parameter(s) ['colour']"),
-    (["--set", "mode=server"], "mode=server: batch 'single' zeroes the lm_head inside the"),
+    (["--set", "mode=server", "--axis", "async_scheduling"],
+     "mode=server: axis 'async_scheduling': its non-default value keeps async"),
     (["--set", "watch=true"], "the grid keeps no trace and no start-up watch"),
     (["--set", "spec_method=mtp"], "--set spec_method: the grid chooses it per engine"),
 ])

@@ -4,8 +4,9 @@ Table tests without an engine: what a served engine cannot do is refused before 
 starts (rc 2, one line naming it), what the completions API cannot express is "not available
 over HTTP", a completion becomes the ``RequestOutput`` shape the one judge reads. One smoke
 test with a real ``vllm serve`` of the tiny model (its own server: the row check goes in at
-start through the plugin's ``WORKBOOK_ROW_CHECK_DIR``): method ``none``, two constraints, batch
-``mixed-natural``, the healthy reference and the constraint fault ``gate-off`` on ONE server —
+start through the plugin's ``WORKBOOK_ROW_CHECK_DIR``): method ``none``, two constraints,
+batches ``mixed-natural`` and ``mixed`` (the worker zeroes its own lm_head for it, as the
+control file asks), the healthy reference and the constraint fault ``gate-off`` on ONE server —
 the faulted cells violated at the gate, the reference's held, judged by ``rowjudge`` from the
 records the server's worker wrote into the run folder.
 """
@@ -27,11 +28,12 @@ BASE = RunConfig(mode="server")
 
 
 @pytest.mark.parametrize("batches,axes,fault,named", [
-    (["single"], {}, None, "batch 'single' zeroes the lm_head"),
-    (["mixed-scaled"], {}, None, "batch 'mixed-scaled' scales the lm_head"),
-    (["mixed-natural"], {"drafter": ["as-is", "greedy"]}, None, "axis 'drafter'"),
-    (["mixed-natural"], {"arrival": ["step0", "staggered"]}, None, "axis 'arrival'"),
-    (["mixed-natural"], {"preemption": ["off", "on"]}, None, "axis 'preemption'"),
+    (["single", "mixed", "mixed-scaled"], {}, None, None),  # the worker edits its lm_head
+    # the worker steers, counts preemptions; the client staggers arrival
+    (["mixed-natural"], {"drafter": ["as-is", "greedy"]}, None, None),
+    (["mixed-natural"], {"arrival": ["step0", "staggered"]}, None, None),
+    (["mixed-natural"], {"preemption": ["off", "on"]}, None, None),
+    (["mixed-natural"], {"async_scheduling": ["off", "on"]}, None, "axis 'async_scheduling'"),
     (["mixed-natural"], {}, "stop-string-not-trimmed", "the API front-end's OutputProcessor"),
     (["mixed-natural"], {"logprobs_mode": ["raw_logprobs", "processed_logits"]}, "gate-off",
      None),
@@ -48,11 +50,10 @@ def test_budget_fault_refused():
 
 
 @pytest.mark.parametrize("args,named", [
-    (["--set", "mode=server"], "mode=server: batch 'single' zeroes the lm_head"),
+    (["--set", "mode=server", "--axis", "async_scheduling"],
+     "mode=server: axis 'async_scheduling'"),
     (["--set", "mode=server", "--batches", "mixed-natural", "--set",
       "constraint_fault=stop-string-not-trimmed"], "mode=server: constraint fault 'stop-string-not-trimmed'"),
-    (["--set", "mode=server", "--batches", "mixed-natural", "--axis", "drafter"],
-     "mode=server: axis 'drafter'"),
 ])
 def test_refused_before_any_server_in_one_line(tmp_path, args, named):
     res = subprocess.run([sys.executable, "-m", "workbook.cli", "run", "constraints", *args,
@@ -95,24 +96,30 @@ def _cells(run_dir: Path) -> dict:
 
 def test_served_grid_smoke(tmp_path):
     """One ``vllm serve`` of the tiny model: gate-off caught at the gate on both constraints'
-    rows, the healthy reference (same server, fault off) holds, files read back from the run
-    folder and judged by the one judge; ``workbook report`` renders it."""
+    rows in both batches, the healthy reference (same server, fault off) holds, the zeroed
+    batch's tokens are the zeroed head's (token 0 wherever the constraint leaves it the
+    argmax), files read back from the run folder and judged by the one judge; ``workbook
+    report`` renders it."""
     res = subprocess.run([sys.executable, "-m", "workbook.cli", "run", "constraints",
                           "--set", "mode=server", "--methods", "none", "--constraints",
-                          "min_tokens", "logit_bias", "--batches", "mixed-natural",
+                          "min_tokens", "logit_bias", "--batches", "mixed-natural", "mixed",
                           "--set", "constraint_fault=gate-off", "--out", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     run_dir = Path(res.stdout.strip().splitlines()[-1])
-    grid, cells = _cells(run_dir)
+    grid = json.loads((run_dir / "grid.json").read_text())
     assert grid["config"]["mode"] == "server"
+    cells = {(c["constraint"], c["batch"]): c for c in grid["cells"]}
     for c in ("min_tokens", "logit_bias"):
-        cell = cells[(c, "none")]
-        assert cell["status"] == "violated", cell
-        assert cell["first"]["stage"] == "gate", cell["first"]
-        assert cell["rows"] > 0 and cell["verdict"]["verdict"] == "violated"
-    ref = {c["constraint"]: c for c in grid["reference"]["cells"]}
-    assert {c: ref[c]["status"] for c in ref} == {"min_tokens": "holds", "logit_bias": "holds"}
+        for batch in ("mixed-natural", "mixed"):
+            cell = cells[(c, batch)]
+            assert cell["status"] == "violated", cell
+            assert cell["first"]["stage"] == "gate", cell["first"]
+            assert cell["rows"] > 0 and cell["verdict"]["verdict"] == "violated"
+    ref = {(c["constraint"], c["batch"]): c["status"] for c in grid["reference"]["cells"]}
+    assert set(ref.values()) == {"holds"} and len(ref) == 4, ref
+    zero = [c for c in grid["reference"]["cells"] if c["batch"] == "mixed"]
+    assert any(0 in (c.get("output") or []) for c in zero), zero  # the zeroed head's argmax
     rows = list((run_dir / "logs" / "none" / "rows").glob("*/rows.jsonl"))
     assert rows and rows[0].stat().st_size > 0  # written by the server's worker
     assert (run_dir / "report.html").exists()

@@ -402,22 +402,145 @@ def test_kernel_takes_back_a_sampled_row_with_vllms_own_draw(markers):
                 assert guard_takeback.reason_text(why).startswith("not taken back: ")
 
 
-@pytest.mark.parametrize("params,others,cu,drafts,sampler_ok,want", [
-    (dict(temperature=0.0), {}, [0, 1], False, True, "M_GREEDY"),
-    (dict(temperature=0.0), {}, [0, 3], True, False, "M_GREEDY"),  # greedy: always its argmax
-    (dict(temperature=0.8, seed=5), {}, [0, 1], False, True, "M_SAMPLED"),
-    (dict(temperature=0.8), {}, [0, 1], False, True, "R_NO_SEED"),
-    (dict(temperature=0.8, seed=5, min_p=0.1), {}, [0, 1], False, True, "R_MASKED"),
-    (dict(temperature=0.8, seed=5), dict(top_k=5), [0, 1], False, True, "R_MASKED"),
-    (dict(temperature=0.8, seed=5), dict(top_p=0.9), [0, 1], False, True, "R_MASKED"),
-    (dict(temperature=0.8, seed=5), {}, [0, 1], True, True, "R_DRAFTS"),  # a neighbour drafts
-    (dict(temperature=0.8, seed=5), {}, [0, 3], True, True, "R_DRAFTS"),
-    (dict(temperature=0.8, seed=5), {}, [0, 1], False, False, "R_SAMPLER"),
+def test_kernel_takes_back_a_rejection_sampled_end_with_vllms_redraw():
+    """Speculative decoding, no engine: vLLM's own ``rejection_sample`` is the oracle. Five
+    requests of k = 3 drafts, sampled (temperatures 0.7 / 1.0 / 1.6, int64 seeds). vLLM's run:
+    its processed rows with +1e9 at the end id where a fault forced it (into requests without a
+    budget, into not-due rows, after a due end) and where the budget is due; the oracle: the
+    same call on the rows with only the due forcing. ``guard_redraw.unforced`` must give exactly
+    the oracle's rows, and the guard kernel, given vLLM's tokens and the redraw, exactly the
+    oracle's tokens and ``num_sampled`` for every request (an accepted forced draft, a resampled
+    forced end, a forced bonus row, a due end kept, an unforced request untouched). A redraw
+    whose tokens before the forced row differ from the step's is not used: the end is kept,
+    "not taken back"."""
+    import torch
+
+    from workbook.hooks import guard_redraw
+    from workbook.hooks.guard_kernel import T_TAIL
+
+    try:
+        from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
+    except ImportError as e:
+        pytest.skip(f"this vLLM has no MRV2 rejection_sample ({e})")
+    start, nat, end = MARKERS["qwen"]
+    m = Markers(start, end, nat)
+    E = end[0]
+    dev = _device()
+    gen = torch.Generator().manual_seed(11)
+    rng = random.Random(11)
+    vocab, k, nreq = 300, 3, 5
+    k1 = k + 1
+    hist = [4, 4] + start + [7]  # reasoning count 1
+    budgets = [None, None, 9, 2, None]
+    temps = [0.7, 1.0, 1.6, 0.7, 1.0]
+    seeds = [rng.randrange(-2**63, 2**63) for _ in range(nreq)]
+    drafts = [[E, 20, 21], [30, 31, 32], [40, 41, 42], [50, E, 52], [60, 61, 62]]
+    fault_rows = {0: [1], 1: [0, 1, 2, 3], 2: [2, 3], 3: [2, 3], 4: []}
+    due_rows = {3: [1]}  # count 1 + row 0's draft -> 2 >= budget 2 at row 1
+    raw = torch.randn((nreq * k1, vocab), generator=gen)
+    for r in range(nreq):
+        for j in range(k):  # drafts likely kept (except request 1's): their column high
+            if r != 1:
+                raw[r * k1 + j, drafts[r][j]] += 12.0
+    forced, oracle = raw.clone(), raw.clone()
+    for r in range(nreq):
+        for j in fault_rows[r] + due_rows.get(r, []):
+            forced[r * k1 + j, E] = 1e9
+        for j in due_rows.get(r, []):
+            oracle[r * k1 + j, E] = 1e9
+    pre = raw[:, [E]].clone()
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
+    slots = list(range(nreq))
+    cu = i32([r * k1 for r in range(nreq + 1)])
+    draft_sampled = i32(sum(([hist[-1]] + d for d in drafts), []))
+    pos = torch.tensor([len(hist) + j for _ in range(nreq) for j in range(k1)],
+                       dtype=torch.int64, device=dev)
+    exp_idx = i32([r for r in range(nreq) for _ in range(k1)])
+    exp_pos = i32([j for _ in range(nreq) for j in range(k1)])
+    temp_t = torch.tensor(temps, dtype=torch.float32, device=dev)
+    seed_t = torch.tensor(seeds, dtype=torch.int64, device=dev)
+
+    def processed(x):
+        return (x / temp_t.cpu()[exp_idx.cpu().long(), None]).to(dev)
+
+    def rs(x):
+        return rejection_sample(x, None, draft_sampled, cu, pos, i32(slots), exp_idx, exp_pos,
+                                temp_t, seed_t, k)
+
+    try:
+        got_s, got_n = rs(processed(forced))
+    except Exception as e:  # noqa: BLE001  (the oracle itself cannot run here)
+        pytest.skip(f"vLLM's own rejection_sample does not run on {dev} here "
+                    f"({type(e).__name__}: {e})")
+    want_s, want_n = rs(processed(oracle))
+    want = [want_s[r, :int(want_n[r])].tolist() for r in range(nreq)]
+    before = [got_s[r, :int(got_n[r])].tolist() for r in range(nreq)]
+    assert any(E in b for b in before)  # vLLM drew forced ends
+    tail_len = 1
+    truth = torch.tensor([[r, -1 if budgets[r] is None else budgets[r],
+                           -1 if budgets[r] is None else guard.reasoning_count(hist, m), 1,
+                           hist[-1], guard.M_REDRAW] for r in range(nreq)], dtype=torch.int32,
+                         device=dev)
+    assert truth.shape[1] == T_TAIL + tail_len + 1
+    alt = guard_redraw.unforced(processed(forced), pre.to(dev), cu, draft_sampled, truth,
+                                temp_t, m, tail_len)
+    assert torch.equal(alt.cpu(), processed(oracle).cpu())  # exactly the rows without forcing
+    red_s, red_n = rs(alt)
+
+    def run(redraw_s):
+        budget = torch.tensor([-1 if b is None else b for b in budgets], dtype=torch.int32)
+        count = truth[:, 2].cpu().clone()
+        tail = torch.tensor([[hist[-1]]] * nreq, dtype=torch.int32)
+        sampled = got_s.clone()
+        ns, nr = got_n.to(torch.int32).clone(), torch.zeros(nreq, dtype=torch.int32, device=dev)
+        ts = [t.to(dev) for t in (budget, count, tail, torch.zeros(nreq, dtype=torch.int32),
+                                  torch.zeros(1, dtype=torch.int32))]
+        tb = guard.TakeBack(processed(forced), pre.to(dev), cu, temp=temp_t, redraw=redraw_s,
+                            redraw_n=red_n.to(torch.int32))
+        out = guard.launch_guard_kernel(sampled, ns, nr, i32(slots), *ts, i32(start), i32(nat),
+                                        i32(end), take_back=tb,
+                                        mode=i32([guard.M_REDRAW] * nreq))
+        return [sampled[r, :int(ns[r])].tolist() for r in range(nreq)], out["echo"].cpu(), nr
+
+    got, echo, nr = run(red_s)
+    print("vLLM:", before, "\nguard:", got, "\nwithout the forcing:", want)
+    assert got == want, (before, got, want)
+    assert got != before
+    for r in range(nreq):
+        taken = int(echo[r, guard.E_TAKEN])
+        assert taken == int(before[r] != want[r]), (r, before[r], want[r])
+        assert int(echo[r, guard.E_UNTAKEN]) == 0
+        assert int(nr[r]) == len(before[r]) - len(want[r])  # the rest of the redraw's step
+    # a redraw that is not this step's draw before the forced row is not used
+    bad = red_s.clone()
+    bad[0, 0] = (int(bad[0, 0]) + 1) % vocab
+    got_bad, echo_bad, _ = run(bad)
+    assert got_bad[0] == before[0] and int(echo_bad[0, guard.E_UNTAKEN]) == guard.R_DRAFTS
+
+
+@pytest.mark.parametrize("params,others,cu,drafts,sampler_ok,redraw,want", [
+    (dict(temperature=0.0), {}, [0, 1], False, True, False, "M_GREEDY"),
+    (dict(temperature=0.0), {}, [0, 3], True, False, False, "M_GREEDY"),  # greedy: its argmax
+    (dict(temperature=0.0), {}, [0, 3], True, True, True, "M_GREEDY"),
+    (dict(temperature=0.8, seed=5), {}, [0, 1], False, True, False, "M_SAMPLED"),
+    (dict(temperature=0.8), {}, [0, 1], False, True, False, "R_NO_SEED"),
+    (dict(temperature=0.8, seed=5, min_p=0.1), {}, [0, 1], False, True, False, "R_MASKED"),
+    (dict(temperature=0.8, seed=5), dict(top_k=5), [0, 1], False, True, False, "R_MASKED"),
+    (dict(temperature=0.8, seed=5), dict(top_p=0.9), [0, 1], False, True, False, "R_MASKED"),
+    (dict(temperature=0.8, seed=5), {}, [0, 1], True, True, False, "R_DRAFTS"),  # a neighbour
+    (dict(temperature=0.8, seed=5), {}, [0, 3], True, True, False, "R_DRAFTS"),  # no redraw
+    (dict(temperature=0.8, seed=5), {}, [0, 1], False, False, False, "R_SAMPLER"),
+    # the rejection sampler drew the step and its draw without the forcing is at hand
+    (dict(temperature=0.8, seed=5), {}, [0, 3], True, True, True, "M_REDRAW"),
+    (dict(temperature=0.8, seed=5), {}, [0, 1], True, False, True, "M_REDRAW"),
+    (dict(temperature=0.8), {}, [0, 3], True, True, True, "R_NO_SEED"),
+    (dict(temperature=0.8, seed=5), dict(top_p=0.9), [0, 3], True, True, True, "R_MASKED"),
 ])
-def test_take_back_mode_per_row(params, others, cu, drafts, sampler_ok, want):
+def test_take_back_mode_per_row(params, others, cu, drafts, sampler_ok, redraw, want):
     """How a row's forced end is taken back, from its ``SamplingParams`` and the step: greedy
     always; sampled only with a seed, no top-k / top-p anywhere in the batch (vLLM applies them
-    to every row) nor min-p on the row, vLLM's plain sampler, no drafts in the step."""
+    to every row) nor min-p on the row — drawn by vLLM's plain sampler (no drafts in the step)
+    or by its rejection sampler with that draw redone without the forcing (``redraw``)."""
     import numpy as np
     from vllm import SamplingParams
 
@@ -428,9 +551,9 @@ def test_take_back_mode_per_row(params, others, cu, drafts, sampler_ok, want):
     ss.stage(0, SamplingParams(temperature=0.5, seed=1, **others))  # the neighbour row
     slots = np.array([2, 0], dtype=np.int32)
     cu2 = np.array(cu + [cu[-1] + 1])
-    got = guard_takeback.modes(ss, slots, slots.copy(), cu2, drafts, sampler_ok)
+    got = guard_takeback.modes(ss, slots, slots.copy(), cu2, drafts, sampler_ok, redraw=redraw)
     assert int(got[0]) == getattr(guard, want), (got, want)
-    if got[0] >= guard.R_NO_SEED:
+    if guard.R_NO_SEED <= got[0] <= guard.R_LAGGED:
         assert guard_takeback.reason_text(got[0]).startswith("not taken back: ")
         assert "reason code" not in guard_takeback.reason_text(got[0])
 
@@ -449,6 +572,8 @@ def test_reasoning_count_host(history, expected):
 # ---- 2. removal restores vLLM exactly ---------------------------------------------------------
 
 def test_remove_restores_original_methods():
+    import importlib
+
     from workbook.vllm import hookpoints
 
     runner_cls = hookpoints.resolve().runner
@@ -461,8 +586,12 @@ def test_remove_restores_original_methods():
         assert runner_cls.__dict__[a] is not before[a]
         assert patching.original(runner_cls, a) is before[a]
     assert patching.active()[f"{runner_cls.__qualname__}.sample"] == ["guard"]
+    rmod = importlib.import_module(hookpoints.resolve().rejection.__module__)
+    rs_before = patching.original(rmod, "rejection_sample")
+    assert rmod.__dict__["rejection_sample"] is not rs_before  # the redraw's wrapper
     guard.remove()
     assert all(runner_cls.__dict__[a] is before[a] for a in attrs)
+    assert rmod.__dict__["rejection_sample"] is rs_before
     # stacked under a fault on the same method: removing the guard keeps the fault, then both go
     fault = patching.PatchSet("test-fault", layer="fault")
     fault.wrap(runner_cls, "sample", lambda orig: (lambda self, *a, **k: orig(self, *a, **k)))
@@ -551,41 +680,44 @@ def _guard_takes_back_the_forced_end(eng, fault):
 
 
 SAMPLED = dict(temperature=0.8, seed=1234)  # a sampled request with a seed (vLLM: reproducible)
-SAMPLED_FAULTS = {"none": ("H-d-unbudgeted", "H-d-twice"), "mtp": ("H-d-unbudgeted",)}
+SAMPLED_FAULTS = {"none": ("H-d-unbudgeted", "H-d-twice"),
+                  "mtp": ("H-d-unbudgeted", "H-d-twice", "H-d-early")}
 SAMPLED_MAX_TOKENS = 8
+# With MTP the target is uniform over three tokens and the zeroed drafter drafts token 0 (its
+# argmax): each draft is kept with probability 1/3, so draft rows — the rows H-d-early forces —
+# are reached at T > 0 (a target uniform over the vocabulary never keeps a draft)
+REACH_DRAFTS = dict(allowed_token_ids=[0, 11, 12])
 
 
 def test_guard_takes_back_sampled_ends_with_vllms_draw(engines):
     """Temperature > 0 with a request seed, the mixed batch, zeroed lm_head. Without drafts
     (spec_method none: vLLM's ``Sampler``) H-d-unbudgeted and H-d-twice force ends where none
-    is due, and with the guard every request's tokens are healthy vLLM's, each forced end
-    taken back with vLLM's own seeded draw. With MTP, vLLM's rejection sampler draws the
-    decode steps: the guard does not reproduce that draw, so it replaces only what the plain
-    sampler drew (the first token) and reports every other such row "not taken back: the
-    rejection sampler drew it" (H-d-early forces draft rows only, which a uniform target —
-    zeroed lm_head, temperature > 0 — never reaches: not run here). On healthy vLLM the guard
-    takes back nothing and reports nothing left."""
-    drafts = "not taken back: " + guard_takeback.REASONS[guard.R_DRAFTS]
+    is due; with MTP (vLLM's rejection sampler draws the decode steps) those two and H-d-early,
+    which forces draft rows only. With the guard every request's tokens are healthy vLLM's:
+    each forced end taken back with vLLM's own seeded draw — under MTP its rejection sampler's
+    draw of the step without the forcing (``guard_redraw``), the rest of that step with it —
+    and nothing is left "not taken back". On healthy vLLM the guard takes back nothing."""
     for method, fault_names in SAMPLED_FAULTS.items():
         eng = engines(spec_method=method, num_spec_tokens=4, max_num_seqs=16) \
             if method != "none" else engines(spec_method="none", max_num_seqs=16)
+        extra = REACH_DRAFTS if method != "none" else {}
 
         def run():
             with request.zeroed_lm_head(eng):
                 return request.run_budgets(eng, MIXED_BUDGETS, max_tokens=SAMPLED_MAX_TOKENS,
-                                           **SAMPLED)
+                                           **SAMPLED, **extra)
 
         ref = run()
-        if method == "none":
-            with guard.enabled():
-                healthy = run()
-                rep = guard.report(eng.runner)
-            assert [o.token_ids for o in healthy] == [o.token_ids for o in ref]
-            assert rep["guarded_steps"] > 0 and rep["fixed_tokens"] == rep["untaken_rows"] == 0
+        with guard.enabled():
+            healthy = run()
+            rep = guard.report(eng.runner)
+        assert [o.token_ids for o in healthy] == [o.token_ids for o in ref]
+        assert rep["guarded_steps"] > 0 and rep["fixed_tokens"] == rep["untaken_rows"] == 0
         for fault in fault_names:
             handle = faults.inject(fault, engine=eng)
             try:
-                off = run()
+                with experiments.StepCounter() as off_steps:
+                    off = run()
                 guard.install()
                 on = run()
                 rep = guard.report(eng.runner)
@@ -595,17 +727,15 @@ def test_guard_takes_back_sampled_ends_with_vllms_draw(engines):
             seen = [o.token_ids for o in off] != [o.token_ids for o in ref]
             equal = sum(a.token_ids == b.token_ids for a, b in zip(on, ref))
             print(f"{method} {fault} T={SAMPLED['temperature']}: fault changed tokens {seen}; "
-                  f"with the guard {equal}/{len(ref)} requests equal healthy; taken back "
+                  f"drafts {off_steps.draft_tokens}, rejected {off_steps.totals()['num_rejected']}"
+                  f"; with the guard {equal}/{len(ref)} requests equal healthy; taken back "
                   f"{rep['taken_back_tokens']}, not taken back {rep['untaken_rows']}")
-            assert rep["taken_back_tokens"] == rep["fixed_tokens"], (fault, rep)  # no guess
             assert seen, fault  # the fault is real: vLLM alone changed the tokens
-            if method == "none":
-                assert equal == len(ref), fault
-                assert rep["untaken_rows"] == 0 and rep["untaken_steps"] == 0, (fault, rep)
-                assert rep["taken_back_tokens"] > 0, (fault, rep)
-            else:  # the rejection sampler's draw: kept, and said so
-                assert rep["untaken_rows"] > 0, (fault, rep)
-                assert {u["reason"] for u in rep["untaken"]} == {drafts}, rep["untaken"]
+            assert rep["taken_back_tokens"] == rep["fixed_tokens"] > 0, (fault, rep)  # no guess
+            assert equal == len(ref), (fault, [o.token_ids for o in on],
+                                       [o.token_ids for o in ref])
+            assert [o.finish_reason for o in on] == [o.finish_reason for o in ref]
+            assert rep["untaken_rows"] == rep["untaken_steps"] == rep["redraw_errors"] == 0, rep
 
 
 def test_guard_state_reset_on_reinstall(live_engine):

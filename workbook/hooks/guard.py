@@ -23,9 +23,12 @@ those columns' values before the forcing, and the tensor) is replaced by the row
 with the forced columns back at their values — greedy: its argmax; sampled: vLLM's own seeded
 Gumbel draw (same seed, position and temperature; ``guard_takeback``) — and the rest of the
 step follows as after any replacement (later drafts rejected). The draw runs in the kernel,
-only in a row being taken back (no host sync). Where the draw is not reproduced (no request
-seed; top-k / top-p / min-p rewrote the row; the rejection sampler drew it; a lagged count)
-the end is kept and reported "not taken back: <reason>" (``untaken``), never guessed.
+only in a row being taken back (no host sync). In a step vLLM's rejection sampler drew
+(speculative decoding), the draw is that sampler's own on the rows without the forcing, redone
+right after vLLM's call (``guard_redraw``: the guard wraps ``rejection_sample``), and the rest
+of the step is that draw's. Where the draw is not reproduced (no request seed; top-k / top-p /
+min-p rewrote the row; the rejection sampler's redraw not at hand; a lagged count) the end is
+kept and reported "not taken back: <reason>" (``untaken``), never guessed.
 
 Semantics (``vllm/v1/worker/gpu/sample/thinking_budget.py``, restated in
 ``workbook.core.budget``): for a position whose history (tokens before it) has ``n`` tokens
@@ -93,7 +96,7 @@ Reporting (off the hot path, one sync): ``GuardState.report()`` → ``{"installe
 forced where not due), "untaken_steps" (apply ran more than once, or on other rows than the
 batch's: no take-back tried), "untaken_rows" / "untaken" (rows that kept such an end: guard
 step, row, request, "not taken back: <reason>"), "repaired_fields", "repairs": [record ...],
-"repairs_dropped", "truth_lagged_rows"}``; ``GuardState.repairs_table()`` → the same records as
+"repairs_dropped", "truth_lagged_rows", "redraw_errors"}``; ``GuardState.repairs_table()`` → the same records as
 a DataFrame with ``REPAIR_COLUMNS`` (the trace's ``guard`` table). A record: ``guard_step``
 (the guard's launch counter), ``req_id``, ``slot``, ``row`` (batch row), ``total_len_before``
 (committed tokens of the request before that step, joins the tracer's ``requests`` table),
@@ -120,7 +123,8 @@ Public API: ``install()`` / ``remove()`` / ``with enabled():``, ``patch_set()`` 
 ``PatchSet`` named "guard", layer "guard"), ``state(runner)`` (the ``GuardState`` on a runner,
 ``runner._workbook_guard``), ``report(runner)`` / ``repairs_table(runner)``. Modules: this
 one (the patches, the API), ``guard_state`` (the host truth and ``enforce``),
-``guard_takeback`` (the take-back's inputs and modes), ``guard_kernel`` (the device side).
+``guard_takeback`` (the take-back's inputs and modes), ``guard_redraw`` (the rejection
+sampler's draw without the forcing), ``guard_kernel`` (the device side).
 """
 
 
@@ -128,15 +132,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import time
 from typing import Any
 
 import torch
 
-from workbook.hooks import guard_state
+from workbook.hooks import guard_redraw, guard_state
 from workbook.hooks.guard_kernel import (  # noqa: F401  (re-exported: tests, benchmarks)
     E_FIXED, E_KEPT, E_REPAIRED, E_TAKEN, E_TOKENS, E_UNTAKEN, F_BUDGET, F_COUNT, F_TAIL, LOG_W,
-    M_GREEDY, M_SAMPLED, R_DRAFTS, R_LAGGED, R_MASKED, R_NO_SEED, R_SAMPLER, T_BUDGET, T_COUNT,
+    M_GREEDY, M_REDRAW, M_SAMPLED, R_DRAFTS,
+    R_LAGGED, R_MASKED, R_NO_SEED, R_SAMPLER, T_BUDGET, T_COUNT,
     T_CURRENT, T_SLOT, T_TAIL, TakeBack, new_replica, replica_views, budget_markers, launch,
     launch_guard_kernel)
 from workbook.hooks.guard_state import (  # noqa: F401  (re-exported)
@@ -205,7 +211,7 @@ def _w_sample(orig):
         st = state(self)
         if st is None or not st.enabled:
             return orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
-        st._captured = []
+        st.begin_step(input_batch)
         _sampling = st
         try:
             out = orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
@@ -234,6 +240,22 @@ def _w_budget_apply(orig):
     return apply
 
 
+def _w_rejection_sample(orig):
+    @functools.wraps(orig)
+    def rejection_sample(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        st = _sampling
+        if st is not None:  # a guarded step: its draw without the forcing (guard_redraw)
+            try:
+                st._redraws.append(guard_redraw.redraw(st, orig, args, kwargs))
+            except Exception as e:  # noqa: BLE001  (never vLLM's step: the end is kept)
+                st._redraws.append(None)
+                st.note_redraw_error(e)
+        return out
+
+    return rejection_sample
+
+
 def _profiled_enforce(st: GuardState, *args) -> None:
     """Benchmark path: record the guard's own time (CUDA events on a GPU, wall clock on CPU)."""
     if st.device.type == "cuda":
@@ -260,6 +282,9 @@ def patch_set() -> PatchSet:
         ps.wrap(runner_cls, "add_requests", _w_add_requests)
         ps.wrap(runner_cls, "sample", _w_sample)
         ps.wrap(hookpoints.resolve().budget, "apply", _w_budget_apply)
+        rmod = importlib.import_module(hookpoints.resolve().rejection.__module__)
+        if hasattr(rmod, "rejection_sample"):  # else no redraw: R_DRAFTS
+            ps.wrap(rmod, "rejection_sample", _w_rejection_sample)
         _patch_set = ps
     return _patch_set
 
@@ -306,7 +331,8 @@ def report(runner, max_records: int | None = None) -> dict[str, Any]:
         return {"installed": installed(), "enabled": None, "guarded_steps": 0,
                 "fixed_tokens": 0, "taken_back_tokens": 0, "untaken_steps": 0, "untaken_rows": 0,
                 "untaken": [], "repaired_fields": 0, "repaired_requests": [],
-                "repairs": [], "repairs_dropped": 0, "truth_lagged_rows": 0}
+                "repairs": [], "repairs_dropped": 0, "truth_lagged_rows": 0,
+                "redraw_errors": 0}
     return st.report(max_records)
 
 

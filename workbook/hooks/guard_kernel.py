@@ -38,6 +38,9 @@ E_KEPT, E_FIXED, E_REPAIRED, E_TAKEN, E_UNTAKEN, E_TOKENS = 0, 1, 2, 3, 4, 5
 # (vLLM's seeded Gumbel draw, same seed / position / temperature) — or why it is not (``R_*``)
 M_GREEDY, M_SAMPLED = 1, 2
 R_NO_SEED, R_MASKED, R_DRAFTS, R_SAMPLER, R_LAGGED = 3, 4, 5, 6, 7
+# sampled under speculative decoding: the row of vLLM's rejection sampler's own draw of the step
+# without the forcing (``guard_redraw``), with the rest of that draw's step
+M_REDRAW = 8
 FORCED_LOGIT = budget.FORCED_LOGIT  # a logit at or above it was set by a forcing bias
 BLOCK_V = 1024  # vocabulary block of the take-back's argmax
 # a device repair-log entry: seq | row | slot | field | found x3 | truth | truth from host
@@ -56,7 +59,7 @@ def replica_views(rep: torch.Tensor, max_num_reqs: int, tail_len: int):
     return rep[:n], rep[n:2 * n], rep[2 * n:].view(n, tail_len)
 
 
-def _ids(x) -> tuple[int, ...]:
+def marker_ids(x) -> tuple[int, ...]:
     """Marker ids as a tuple of Python ints (a tensor is read once: tests and benchmarks)."""
     if hasattr(x, "tolist"):
         x = x.tolist()
@@ -76,7 +79,7 @@ def launch(sampled, num_sampled, num_rejected, truth, replicas, max_num_reqs: in
     _jit()
     from vllm.triton_utils import triton
 
-    start, nat, end = _ids(markers.start), _ids(markers.natural_end), _ids(markers.end)
+    start, nat, end = marker_ids(markers.start), marker_ids(markers.natural_end), marker_ids(markers.end)
     if not (start and nat and end):
         raise ValueError(f"the guard needs start, natural-end and end ids, got {markers}")
     r0, r1, r2 = replicas
@@ -89,17 +92,22 @@ def launch(sampled, num_sampled, num_rejected, truth, replicas, max_num_reqs: in
     sampled_tb = tb is not None and tb.seed is not None
     temp = tb.temp if tb is not None and tb.temp is not None else echo  # not read without
     seed, pos = (tb.seed, tb.pos) if sampled_tb else (echo, echo)  # not read: SAMPLED off
+    redraw_tb = tb is not None and tb.redraw is not None
+    redraw, redraw_n = (tb.redraw, tb.redraw_n) if redraw_tb else (echo, echo)  # not read
+    if redraw_tb and (redraw.shape[0] != sampled.shape[0] or redraw.shape[1] < k1):
+        raise ValueError(f"take_back.redraw is {tuple(redraw.shape)}, the step's tokens "
+                         f"{tuple(sampled.shape)}")
     _budget_guard_kernel[(int(sampled.shape[0]),)](
         sampled, sampled.stride(0), k1, num_sampled, num_rejected, truth, truth.stride(0),
         r0, r1, r2, max_num_reqs, fixed_rows, counters, log, log.shape[0], echo,
         echo.stride(0), seq, logits, logits.stride(0), int(logits.shape[1]), pre, cu, temp,
-        seed, pos,
+        seed, pos, redraw, redraw.stride(0), redraw_n,
         START_IDS=start, NAT_END_IDS=nat, END_IDS=end,
         START_LEN=len(start), NAT_END_LEN=len(nat), END_LEN=len(end), TAIL=tail_len,
         TAIL_P2=max(2, triton.next_power_of_2(tail_len)),
         K1_P2=max(2, triton.next_power_of_2(k1)), LOG_W=log.shape[1],
         TAKE_BACK=tb is not None, HAS_TEMP=tb is not None and tb.temp is not None,
-        SAMPLED=sampled_tb, USE_FP64=bool(tb is not None and tb.use_fp64),
+        SAMPLED=sampled_tb, USE_FP64=bool(tb is not None and tb.use_fp64), REDRAW=redraw_tb,
         FORCED=FORCED_LOGIT, BLOCK_V=BLOCK_V, num_warps=1)
 
 
@@ -113,14 +121,19 @@ class TakeBack:
     ``temp`` float32 [num_rows] (the request's temperature, 0 greedy), ``seed`` int64
     [num_rows] (its ``SamplingParams.seed``), ``pos`` int64 [num_logits] (the position each
     logits row samples, as vLLM's sampler reads it) and ``use_fp64`` (the sampler's Gumbel
-    precision); ``seed`` None: no sampled row is taken back (``temp`` None: every row greedy)."""
+    precision); ``seed`` None: no sampled row is taken back (``temp`` None: every row greedy).
+    Under speculative decoding (``M_REDRAW`` rows): ``redraw`` [num_rows, >= k+1] and
+    ``redraw_n`` int32 [num_rows], vLLM's rejection sampler's draw of the step on the rows
+    without the forcing (``guard_redraw``)."""
 
-    __slots__ = ("logits", "pre", "cu_num_logits", "temp", "seed", "pos", "use_fp64")
+    __slots__ = ("logits", "pre", "cu_num_logits", "temp", "seed", "pos", "use_fp64", "redraw",
+                 "redraw_n")
 
     def __init__(self, logits, pre, cu_num_logits, temp=None, seed=None, pos=None,
-                 use_fp64=False):
+                 use_fp64=False, redraw=None, redraw_n=None):
         self.logits, self.pre, self.cu_num_logits = logits, pre, cu_num_logits
         self.temp, self.seed, self.pos, self.use_fp64 = temp, seed, pos, use_fp64
+        self.redraw, self.redraw_n = redraw, redraw_n
 
 
 def launch_guard_kernel(sampled, num_sampled, num_rejected, idx_mapping, budget, count, tail,
@@ -167,7 +180,7 @@ def _modes(greedy, mode, dev) -> torch.Tensor:
 
 
 def budget_markers(start, end, natural_end) -> budget.Markers:
-    return budget.Markers(_ids(start), _ids(end), _ids(natural_end))
+    return budget.Markers(marker_ids(start), marker_ids(end), marker_ids(natural_end))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,8 +195,20 @@ tl: Any = None
 _jitted = False
 
 
+def jit() -> None:
+    """Compile-on-first-use: bind this module's Triton functions (idempotent)."""
+    _jit()
+
+
+def count_rule():
+    """The jitted ``_advance`` (the reasoning count after one token), for another kernel."""
+    _jit()
+    return _advance
+
+
 def _jit() -> None:
     global tl, _hist, _vote, _check, _forced_end, _take_back, _budget_guard_kernel, _jitted
+    global _advance
     global _gumbel_argmax
     if _jitted:
         return
@@ -195,6 +220,7 @@ def _jit() -> None:
                            " vLLM is imported)")
     tl = _tl
     _hist = triton.jit(_hist)
+    _advance = triton.jit(_advance)
     _vote = triton.jit(_vote)
     _check = triton.jit(_check)
     _forced_end = triton.jit(_forced_end)
@@ -213,6 +239,24 @@ def _hist(row_ptr, tail_ptr, TAIL: tl.constexpr, pos, cur_pos, cur_tok):
     tok = tl.where(in_row, a, b)
     tok = tl.where(pos < -TAIL, -1, tok)
     return tl.where(pos == cur_pos, cur_tok, tok)
+
+
+def _advance(row_ptr, tail_ptr, TAIL: tl.constexpr, j, tok, count, START_IDS: tl.constexpr,
+             START_LEN: tl.constexpr, NAT_END_IDS: tl.constexpr, NAT_END_LEN: tl.constexpr):
+    # The reasoning count after token ``tok`` at row position ``j`` (``workbook.core.budget``):
+    # +1 inside reasoning; a completed start marker restarts it at 0; a completed natural end
+    # ends reasoning (-1) unless the last start lies inside it.
+    count = tl.where(count >= 0, count + 1, count)
+    s_match = True
+    for q in tl.static_range(0, START_LEN):
+        h = _hist(row_ptr, tail_ptr, TAIL, j - START_LEN + 1 + q, j, tok)
+        s_match = s_match & (h == START_IDS[q])
+    count = tl.where(s_match, 0, count)
+    e_match = True
+    for q in tl.static_range(0, NAT_END_LEN):
+        h = _hist(row_ptr, tail_ptr, TAIL, j - NAT_END_LEN + 1 + q, j, tok)
+        e_match = e_match & (h == NAT_END_IDS[q])
+    return tl.where(e_match & (count >= 0) & (count + START_LEN >= NAT_END_LEN), -1, count)
 
 
 def _vote(a, b, c):
@@ -337,6 +381,9 @@ def _budget_guard_kernel(
     temp_ptr,  # HAS_TEMP: [num_rows] float32, the request's temperature (0: greedy)
     seed_ptr,  # SAMPLED: [num_rows] int64, the request's SamplingParams.seed
     pos_ptr,  # SAMPLED: [num_logits] int64, the position each logits row samples
+    redraw_ptr,  # REDRAW: [num_rows, >= k1] the rejection sampler's draw without the forcing
+    redraw_stride,
+    redraw_n_ptr,  # REDRAW: [num_rows] its num_sampled
     START_IDS: tl.constexpr,  # marker ids: compile-time constants, not device memory
     NAT_END_IDS: tl.constexpr,
     END_IDS: tl.constexpr,
@@ -351,6 +398,7 @@ def _budget_guard_kernel(
     HAS_TEMP: tl.constexpr,  # temp_ptr is given (else every row greedy)
     SAMPLED: tl.constexpr,  # some row is sampled and takeable: seed_ptr / pos_ptr are given
     USE_FP64: tl.constexpr,  # the sampler's Gumbel precision
+    REDRAW: tl.constexpr,  # redraw_ptr / redraw_n_ptr are given (M_REDRAW rows)
     FORCED: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -418,8 +466,9 @@ def _budget_guard_kernel(
         seed = tl.zeros([], tl.int64)
         if SAMPLED:
             seed = tl.load(seed_ptr + req).to(tl.int64)
+    d_row = redraw_ptr + req * redraw_stride  # REDRAW only
     last = n * 0 - 1
-    for j in range(0, n):
+    for j in range(0, k1):  # kept <= k1: n, or a redraw's num_sampled
         if j < kept:
             tok = tl.load(row_ptr + j).to(tl.int32)
             if has_budget & (count >= budget):  # count >= 0 here: in reasoning
@@ -465,6 +514,21 @@ def _budget_guard_kernel(
                         took = mode == 1
                         if SAMPLED:
                             took = took | (mode == 2)
+                        rest = tok * 0 - 1  # a redraw's num_sampled: its rest of the step
+                        if REDRAW:
+                            if mode == 8:  # M_REDRAW: the rejection sampler's draw without
+                                # the forcing, used where it drew this step's tokens before j
+                                d_n = tl.load(redraw_n_ptr + req)
+                                same = d_n > j
+                                for i in range(0, j):
+                                    same = same & (tl.load(d_row + i).to(tl.int32) ==
+                                                   tl.load(row_ptr + i).to(tl.int32))
+                                if same:
+                                    took = mode == 8
+                                    other = tl.load(d_row + j).to(tl.int32)
+                                    rest = d_n
+                                elif untaken == 0:
+                                    untaken = n * 0 + 5  # R_DRAFTS: not that draw
                         if took:
                             if other != tok:
                                 tl.store(row_ptr + j, other.to(sampled_ptr.dtype.element_ty))
@@ -472,22 +536,16 @@ def _budget_guard_kernel(
                                 kept = j + 1
                                 nfixed = nfixed + 1
                                 ntaken = ntaken + 1
+                                if rest > j + 1:  # the redraw's rest of the step
+                                    for i in range(j + 1, rest):
+                                        tl.store(row_ptr + i, tl.load(d_row + i).to(
+                                            sampled_ptr.dtype.element_ty))
+                                    kept = rest
                         elif untaken == 0:
-                            untaken = tl.where(mode >= 3, mode, 6)
+                            untaken = tl.where((mode >= 3) & (mode <= 7), mode, 6)
             # advance the reasoning state over the kept token at position j
-            count = tl.where(count >= 0, count + 1, count)
-            s_match = True
-            for q in tl.static_range(0, START_LEN):
-                h = _hist(row_ptr, slot_tail_ptr, TAIL, j - START_LEN + 1 + q, j, tok)
-                s_match = s_match & (h == START_IDS[q])
-            count = tl.where(s_match, 0, count)
-            e_match = True
-            for q in tl.static_range(0, NAT_END_LEN):
-                h = _hist(row_ptr, slot_tail_ptr, TAIL, j - NAT_END_LEN + 1 + q, j, tok)
-                e_match = e_match & (h == NAT_END_IDS[q])
-            # the natural end ends reasoning unless the last start lies inside it
-            count = tl.where(e_match & (count >= 0) & (count + START_LEN >= NAT_END_LEN),
-                             -1, count)
+            count = _advance(row_ptr, slot_tail_ptr, TAIL, j, tok, count, START_IDS, START_LEN,
+                             NAT_END_IDS, NAT_END_LEN)
             last = tok
     # (d) the replicas advance over the kept tokens (a request without a budget keeps -1)
     if has_budget:

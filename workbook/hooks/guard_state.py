@@ -83,6 +83,17 @@ class _Pending:
     budgeted: np.ndarray  # [num_rows] bool: the row's request has a budget (its lens is kept)
 
 
+@dataclass
+class StepRows:
+    """One step's batch rows against the host truth (``GuardState.step_rows``)."""
+
+    slots: np.ndarray  # [num_rows] int32, the guard's slot of each row (-1: not its request)
+    sc: np.ndarray  # [num_rows] slots clipped at 0 (for indexing per-slot arrays)
+    budgets: np.ndarray  # [num_rows] the host's budget (-1: none)
+    truth: np.ndarray  # [num_rows, T_TAIL + TAIL] int32 truth rows (no mode column)
+    lag: np.ndarray  # [num_rows] bool: count / tail come from the replicas (echo not landed)
+
+
 class GuardState:
     """Per-runner guard state: the host truth, the guard's device replicas, the repair log.
 
@@ -141,6 +152,9 @@ class GuardState:
         self.sampling = takeback.SlotSampling(n)  # what the take-back's draw depends on
         self.lagged = np.zeros(n, dtype=bool)
         self._captured: list = []  # this step's (logits, pre) from ThinkingBudgetState.apply
+        self._batch = None  # this step's input batch, while ``sample`` runs
+        self._rows: tuple | None = None  # this step's (num_rows, StepRows), once built
+        self._redraws: list = []  # this step's rejection_sample calls: their redraw or None
         self.slot_of: dict[str, int] = {}
         self.req_of_slot: list[str | None] = [None] * n
         self._staged: list[list[int]] = []  # rows [slot, budget, count, *tail]
@@ -154,6 +168,7 @@ class GuardState:
         self.untaken: list[dict[str, Any]] = []  # their records (the first UNTAKEN_KEPT)
         self.repaired_fields = 0
         self.truth_lagged_rows = 0
+        self.redraw_errors = 0  # rejection_sample redraws that raised (guard_redraw)
         self._warned_at = 0
 
     @property
@@ -236,42 +251,63 @@ class GuardState:
             self._end_cols = takeback.capture(self._captured, self._end_cols, logits)
 
     # -- steps 2-4: enforcement ---------------------------------------------------------------
-    def enforce(self, sampler_output, num_sampled: torch.Tensor, num_rejected: torch.Tensor,
-                input_batch) -> None:
-        """Fix this step's sampled tokens in place (no host sync)."""
-        self._last_fixed = self._no_fix
+    def begin_step(self, input_batch) -> None:
+        """Before vLLM's ``sample``: this step's batch; nothing captured yet."""
+        self._captured, self._batch, self._rows, self._redraws = [], input_batch, None, []
+
+    def step_rows(self, input_batch, num_rows: int) -> "StepRows":
+        """This step's batch rows against the host truth, built once per step (after absorbing
+        every landed echo): slots, budgets and the truth rows (``T_*`` columns, no mode)."""
+        if self._rows is not None and self._rows[0] == num_rows:
+            return self._rows[1]
         self.catch_up()
-        sampled = sampler_output.sampled_token_ids  # [num_rows, k+1]
-        num_rows = int(sampled.shape[0])
         req_ids = tuple(input_batch.req_ids)
-        if num_rows == 0 or not req_ids:
-            return
         slots = np.full(num_rows, -1, dtype=np.int32)
         get, m = self.slot_of.get, min(num_rows, len(req_ids))
         slots[:m] = [get(r, -1) for r in req_ids[:m]]
         sc = np.maximum(slots, 0)
         budgets = np.where(slots >= 0, self.h_budget[sc], -1)
-        caps, self._captured = self._captured, []
-        if not caps and not (budgets >= 0).any():
-            return
-        mode = takeback.modes(self.sampling, slots, sc,
-                              getattr(input_batch, "cu_num_logits_np", None),
-                              int(getattr(input_batch, "num_draft_tokens", 0) or 0) > 0,
-                              self.sampler_ok) if caps else np.zeros(num_rows, dtype=np.int32)
-        tb, untaken = takeback.build(caps, input_batch, num_rows, mode, self.sampling, sc,
-                                     self.use_fp64)
-        self.untaken_steps += int(untaken)
-        if tb is None and not (budgets >= 0).any():
-            return
-        truth = np.empty((num_rows, T_TAIL + self.TAIL + 1), dtype=np.int32)  # 4+TAIL, mode
+        truth = np.empty((num_rows, T_TAIL + self.TAIL), dtype=np.int32)
         truth[:, T_SLOT] = slots
         truth[:, T_BUDGET] = budgets
         truth[:, T_COUNT] = self.h_count[sc]
         lag = self.lagged[sc] & (budgets >= 0)
         truth[:, T_CURRENT] = ~lag
         truth[:, T_TAIL:T_TAIL + self.TAIL] = self.h_tail[sc]
-        truth[:, T_TAIL + self.TAIL] = mode
-        self.truth_lagged_rows += int(lag.sum())
+        rows = StepRows(slots, sc, budgets, truth, lag)
+        self._rows = (num_rows, rows)
+        return rows
+
+    def enforce(self, sampler_output, num_sampled: torch.Tensor, num_rejected: torch.Tensor,
+                input_batch) -> None:
+        """Fix this step's sampled tokens in place (no host sync)."""
+        self._last_fixed = self._no_fix
+        sampled = sampler_output.sampled_token_ids  # [num_rows, k+1]
+        num_rows = int(sampled.shape[0])
+        caps, self._captured = self._captured, []
+        redraws, self._redraws = self._redraws, []
+        self._batch = None
+        if num_rows == 0 or not tuple(input_batch.req_ids):
+            self.catch_up()
+            return
+        rows = self.step_rows(input_batch, num_rows)
+        self._rows = None
+        slots, sc, budgets = rows.slots, rows.sc, rows.budgets
+        if not caps and not (budgets >= 0).any():
+            return
+        redraw = redraws[0] if len(redraws) == 1 else None
+        mode = takeback.modes(self.sampling, slots, sc,
+                              getattr(input_batch, "cu_num_logits_np", None),
+                              int(getattr(input_batch, "num_draft_tokens", 0) or 0) > 0,
+                              self.sampler_ok, redraw=redraw is not None) \
+            if caps else np.zeros(num_rows, dtype=np.int32)
+        tb, untaken = takeback.build(caps, input_batch, num_rows, mode, self.sampling, sc,
+                                     self.use_fp64, redraw)
+        self.untaken_steps += int(untaken)
+        if tb is None and not (budgets >= 0).any():
+            return
+        truth = np.concatenate([rows.truth, mode.astype(np.int32)[:, None]], axis=1)  # + mode
+        self.truth_lagged_rows += int(rows.lag.sum())
         truth_t = torch.from_numpy(truth)
         if self.device.type == "cuda":
             truth_t = truth_t.pin_memory().to(self.device, non_blocking=True)
@@ -289,6 +325,7 @@ class GuardState:
         launch(sampled, num_sampled, num_rejected, truth_t, self.replicas, self.max_num_reqs,
                self.TAIL, fixed_rows, self.counters, self.log, echo, seq, self.markers, tb)
         self._last_fixed = fixed_rows
+        req_ids = tuple(input_batch.req_ids)
         lens = self.h_len[sc].copy()
         if self.device.type == "cuda":
             host = torch.empty(tuple(echo.shape), dtype=torch.int32, pin_memory=True)
@@ -410,8 +447,18 @@ class GuardState:
                "repairs_dropped": dropped + (len(recs) - max_records
                                              if max_records is not None and
                                              len(recs) > max_records else 0),
-               "truth_lagged_rows": self.truth_lagged_rows}
+               "truth_lagged_rows": self.truth_lagged_rows,
+               "redraw_errors": self.redraw_errors}
         return out
+
+    def note_redraw_error(self, e: BaseException) -> None:
+        """The rejection sampler's redraw raised: that step keeps its forced ends ("not taken
+        back"), counted; the first one is logged on vLLM's logger."""
+        self.redraw_errors += 1
+        if self.redraw_errors == 1:
+            _log().warning("workbook guard: the redraw of the rejection sampler's step failed "
+                           "(%s: %s); ends forced in its rows are kept and reported",
+                           type(e).__name__, e)
 
     def repairs_table(self):
         import pandas as pd

@@ -7,10 +7,11 @@ never from vLLM's device state — and builds, per step, the kernel's ``TakeBack
 ``ThinkingBudgetState.apply`` biased, its end columns before the forcing, and for sampled rows
 temperature, seed and positions) and one mode per batch row: greedy (its argmax), sampled
 (vLLM's seeded Gumbel draw: same seed, same position, same temperature, on the row without the
-forcing), or the reason the draw is not reproduced. vLLM promises a reproducible draw only for
-a request with a seed; its top-k / top-p (every row of a batch where one row asks) and min-p
-rewrite the row around the forced end, and the rejection sampler's draw depends on the drafts.
-Such an end is kept and reported "not taken back: <reason>" — never guessed.
+forcing), redrawn (a step the rejection sampler drew: its own draw of the step without the
+forcing, ``guard_redraw``), or the reason the draw is not reproduced. vLLM promises a
+reproducible draw only for a request with a seed; its top-k / top-p (every row of a batch where
+one row asks) and min-p rewrite the row around the forced end. Such an end is kept and reported
+"not taken back: <reason>" — never guessed.
 
 Not here: the kernel, the host truth of the budget (``guard_state``), the hooks (``guard``).
 """
@@ -20,14 +21,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from workbook.hooks.guard_kernel import (M_GREEDY, M_SAMPLED, R_DRAFTS, R_LAGGED, R_MASKED,
-                                         R_NO_SEED, R_SAMPLER, TakeBack, gumbel_argmax)
+from workbook.hooks.guard_kernel import (M_GREEDY, M_REDRAW, M_SAMPLED, R_DRAFTS, R_LAGGED,
+                                         R_MASKED, R_NO_SEED, R_SAMPLER, TakeBack,
+                                         gumbel_argmax)
 
 REASONS = {  # reason code -> why an end forced where it was not due was kept
     R_NO_SEED: "the request has no seed (vLLM promises a reproducible draw only with one)",
     R_MASKED: "top-k, top-p or min-p rewrote the row around the forced end",
-    R_DRAFTS: "the rejection sampler drew it (speculative decoding: its draw depends on the "
-              "drafts and is not reproduced)",
+    R_DRAFTS: "the rejection sampler drew it and its draw without the forcing is not at hand "
+              "(several verification chunks, logits replaced by top-k / top-p, or that draw "
+              "differs from the step's tokens before the row)",
     R_SAMPLER: "this vLLM's sampler is not the seeded Gumbel sampler the guard reproduces",
     R_LAGGED: "the row's reasoning count came from the guard's replicas (its echo had not "
               "landed), not from the host",
@@ -85,10 +88,11 @@ def _has_gumbel() -> bool:
 
 
 def modes(sampling: SlotSampling, slots: np.ndarray, sc: np.ndarray, cu_np, drafts: bool,
-          sampler_ok: bool) -> np.ndarray:
-    """One take-back mode per batch row (``M_GREEDY`` / ``M_SAMPLED`` / a reason ``R_*``);
-    ``drafts``: the step verified drafts (rejection sampler); ``sampler_ok``: the runner's
-    sampler is vLLM's seeded Gumbel sampler."""
+          sampler_ok: bool, redraw: bool = False) -> np.ndarray:
+    """One take-back mode per batch row (``M_GREEDY`` / ``M_SAMPLED`` / ``M_REDRAW`` / a
+    reason ``R_*``); ``drafts``: the step verified drafts (rejection sampler); ``sampler_ok``:
+    the runner's sampler is vLLM's seeded Gumbel sampler; ``redraw``: the rejection sampler's
+    draw of this step without the forcing is at hand (``guard_redraw``)."""
     valid = slots >= 0
     one_row = np.zeros(slots.shape[0], dtype=bool)
     if cu_np is not None and len(cu_np) == slots.shape[0] + 1:
@@ -98,16 +102,19 @@ def modes(sampling: SlotSampling, slots: np.ndarray, sc: np.ndarray, cu_np, draf
     out = np.where(drafts | ~one_row, R_DRAFTS, out)
     if sampler_ok and _has_gumbel():
         out = np.where(~(drafts | ~one_row), M_SAMPLED, out)
+    if redraw:  # the rejection sampler drew every row of the step: its draw, redone
+        out = np.full(slots.shape[0], M_REDRAW, dtype=np.int32)
     out = np.where(sampling.min_p[sc] | batch_kp, R_MASKED, out)
     out = np.where(~sampling.seeded[sc], R_NO_SEED, out)
     return np.where(sampling.greedy[sc], M_GREEDY, out).astype(np.int32)
 
 
 def build(captured: list, input_batch, num_rows: int, mode: np.ndarray, sampling, sc,
-          use_fp64: bool) -> tuple[TakeBack | None, bool]:
+          use_fp64: bool, redraw: tuple | None = None) -> tuple[TakeBack | None, bool]:
     """This step's ``TakeBack`` from the one apply call's capture when its rows are the
     batch's (``cu_num_logits``), else None; and whether the step's forcing could not be
-    checked (apply ran more than once — the rejection sampler's chunks — or on other rows)."""
+    checked (apply ran more than once — the rejection sampler's chunks — or on other rows).
+    ``redraw``: ``(sampled, num_sampled)`` of ``guard_redraw.redraw`` (``M_REDRAW`` rows)."""
     if not captured:
         return None, False
     cu_np = getattr(input_batch, "cu_num_logits_np", None)
@@ -121,15 +128,18 @@ def build(captured: list, input_batch, num_rows: int, mode: np.ndarray, sampling
     sampled_rows = mode != M_GREEDY
     if not sampled_rows.any():  # every row greedy: nothing was divided by a temperature
         return TakeBack(logits, pre, cu), False
-    temp = _to(sampling.temp[sc] * sampled_rows, dev)
+    temp = to_device(sampling.temp[sc] * sampled_rows, dev)
+    if redraw is not None and (mode == M_REDRAW).any():
+        return TakeBack(logits, pre, cu, temp=temp, redraw=redraw[0],
+                        redraw_n=redraw[1].to(torch.int32)), False
     if not (mode == M_SAMPLED).any():
         return TakeBack(logits, pre, cu, temp=temp), False
     pos = input_batch.positions[input_batch.logits_indices]  # as vLLM's sampler reads it
-    return TakeBack(logits, pre, cu, temp=temp, seed=_to(sampling.seed[sc], dev),
+    return TakeBack(logits, pre, cu, temp=temp, seed=to_device(sampling.seed[sc], dev),
                     pos=pos.to(torch.int64), use_fp64=use_fp64), False
 
 
-def _to(a: np.ndarray, dev) -> torch.Tensor:
+def to_device(a: np.ndarray, dev) -> torch.Tensor:
     t = torch.from_numpy(np.ascontiguousarray(a))
     if dev.type == "cuda":
         return t.pin_memory().to(dev, non_blocking=True)

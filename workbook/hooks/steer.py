@@ -71,17 +71,21 @@ class Steer:
         steer = self
 
         def add_requests(runner, scheduler_output, *a, **kw):
-            for new in getattr(scheduler_output, "scheduled_new_reqs", None) or []:
-                prompt = getattr(new, "prompt_token_ids", None)
-                plan = steer.plans.get(tuple(int(t) for t in prompt)) if prompt else None
-                if plan is not None:
-                    steer.by_req[new.req_id] = plan
-                    steer.prompt_of[new.req_id] = tuple(int(t) for t in prompt)
-                    done = len(getattr(new, "prefill_token_ids", None) or prompt) - len(prompt)
-                    steer.counted[new.req_id] = max(done, 0)
+            steer.register(scheduler_output)
             return original(runner, scheduler_output, *a, **kw)
 
         return add_requests
+
+    def register(self, scheduler_output) -> None:
+        """The step's new requests that have a plan (by prompt) are steered from now on."""
+        for new in getattr(scheduler_output, "scheduled_new_reqs", None) or []:
+            prompt = getattr(new, "prompt_token_ids", None)
+            plan = self.plans.get(tuple(int(t) for t in prompt)) if prompt else None
+            if plan is not None:
+                self.by_req[new.req_id] = plan
+                self.prompt_of[new.req_id] = tuple(int(t) for t in prompt)
+                done = len(getattr(new, "prefill_token_ids", None) or prompt) - len(prompt)
+                self.counted[new.req_id] = max(done, 0)
 
     def of(self, prompt) -> int:
         """Draft rows steered for the request with ``prompt``."""

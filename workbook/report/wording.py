@@ -190,12 +190,14 @@ def _untaken_text(g: dict) -> str:
     """Rows that kept an end vLLM forced where none was due, the guard not reproducing their
     draw (``untaken_rows``, the first record's reason), else ""."""
     n = int(g.get("untaken_rows") or 0)
-    if not n:
-        return ""
     recs = list(g.get("untaken") or [])
     why = f" (first: request {value_text(recs[0].get('req_id'))}, " \
           f"{value_text(recs[0].get('reason'))})" if recs else ""
-    return f"; {_plural(n, 'row')} kept an end forced where none was due{why}"
+    errs = int(g.get("redraw_errors") or 0)
+    err = f"; the rejection sampler's redraw failed in {_plural(errs, 'step')}" if errs else ""
+    if not n:
+        return err
+    return f"; {_plural(n, 'row')} kept an end forced where none was due{why}{err}"
 
 
 _REPR = re.compile(r"\{[^{}]*\}|(?<![\w\]])\[[^\[\]]*\]")  # not an index: tail[0]

@@ -320,8 +320,9 @@ def verify(cells: list, known: dict[str, Axis], point: dict[str, str], facts: di
                     note = (f"{n}={v}: not verified (this vLLM's Request has no "
                             "num_preemptions counter)")
                 elif c.preemptions == 0:
-                    note = (f"{n}={v}: vLLM preempted this request 0 times "
-                            "(Request.num_preemptions): it did not run preempted")
+                    note = (f"{n}={v}: vLLM preempted this request 0 times ("
+                            + str(facts.get("preemption_counter") or "Request.num_preemptions")
+                            + "): it did not run preempted")
             elif ax.verify == "async" and facts.get("async") is not True:
                 note = (f"{n}={v}: the engine ran without async scheduling (its engine core "
                         "has no batch queue)")

@@ -135,7 +135,7 @@ class known_model:
     def __enter__(self):
         import torch
 
-        from workbook.run import request as rq
+        from workbook.vllm import lmhead
 
         runner = self.engine.runner
         self.embeds = _modules(runner, "embed_tokens")
@@ -155,7 +155,7 @@ class known_model:
                 W = np.outer(target, h / float(h @ h))
                 head.weight.copy_(torch.as_tensor(W, dtype=head.weight.dtype,
                                                   device=head.weight.device))
-                rq.repack(head)
+                lmhead.repack(head)
             # compute_logits normalises the state it receives (the final norm) before the
             # head: the logits are target * (a . g) for the normalised state g; rescale once
             got = runner.model.compute_logits(torch.as_tensor(
@@ -163,7 +163,7 @@ class known_model:
             c = float(got[0, HOT[0]]) / TARGET_LOGITS[HOT[0]]
             for head in self.heads:
                 head.weight.div_(c)
-                rq.repack(head)
+                lmhead.repack(head)
         return self
 
     def _hidden_state(self) -> np.ndarray:
@@ -193,13 +193,13 @@ class known_model:
     def __exit__(self, *exc):
         import torch
 
-        from workbook.run import request as rq
+        from workbook.vllm import lmhead
 
         with torch.no_grad():
             for m, w in zip(self.embeds + self.heads, self.saved):
                 m.weight.copy_(w)
             for h in self.heads:
-                rq.repack(h)
+                lmhead.repack(h)
         return False
 
 

@@ -47,7 +47,9 @@ def send_batch(eng, cfg: RunConfig, cases: dict[str, dict], *, batch: str, zero_
     from workbook.run import gridserve
 
     if isinstance(eng, gridserve.ServedEngine):
-        return gridserve.run_batch(eng, cfg, cases, batch=batch)
+        head = "zero" if zero_head else "scaled" if scale else "natural"
+        return gridserve.run_batch(eng, cfg, cases, batch=batch, head=head, factor=scale,
+                                   steer_plans=steer_plans)
     return C.run_batch(eng, cases, zero_head=zero_head, batch=batch, scale=scale, cfg=cfg,
                        steer_plans=steer_plans)
 
@@ -276,7 +278,9 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
                     with Engine(cfg0, log) as eng:
                         row["start_s"] = round(time.time() - t1, 1)
                         facts = {"async": async_shim.effective(eng.llm)
-                                 if hasattr(eng, "llm") else None}
+                                 if hasattr(eng, "llm") else None,
+                                 "preemption_counter": getattr(
+                                     eng, "PREEMPTION_COUNTER", "Request.num_preemptions")}
                         row["async_scheduling"] = facts["async"]
                         if baseline is None:
                             baseline = baselines(eng)

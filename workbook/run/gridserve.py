@@ -15,10 +15,17 @@ batch began read back (``Rows``) and judged by ``constraints.judge_batch`` — `
 cell's "not available over HTTP" (nothing sent); an HTTP 4xx is ``refused`` with the server's
 message.
 
+The batches on an edited lm_head (``single`` and ``mixed`` zeroed, ``mixed-scaled`` scaled) ask
+the worker for the edit in the same control file (``lm_head``): the worker edits its own
+lm_heads before the batch's first forward and writes them back when the next batch asks for
+another head — the same edit as in-process (``workbook.vllm.lmhead``). The drafter axis' steer
+plans go the same way (the worker installs ``hooks.steer`` itself); the preemption axis reads
+the preemptions vLLM's scheduler told the worker of (``preempted_req_ids``) and the steered
+draft rows from the worker's records; staggered arrival sends request i once the server has run
+``2 * i`` steps of the batch (``send``).
 What cannot work over a server is refused before any server starts (``refusals``, rc 2): the
-batches that edit the lm_head inside the engine (``single``, ``mixed``, ``mixed-scaled``), the
-axes that need the engine's objects in this process (the drafter steer, staggered arrival,
-preemption's counter, the CPU async shim), and constraint faults outside the worker's process.
+CPU async shim (it lives in the process that builds vLLM's configuration), and constraint
+faults outside the worker's process.
 Not here: the grid's plan, cells and files (``workbook.run.grid``), judging
 (``constraints`` / ``rowjudge``).
 """
@@ -33,12 +40,8 @@ from types import SimpleNamespace
 
 from workbook.core.config import RunConfig
 
-HEAD_BATCHES = {"single": "zeroes", "mixed": "zeroes", "mixed-scaled": "scales"}
 # axis -> why a non-default value cannot run over a server
-AXES = {"drafter": "steers the drafter's proposals through the engine's runner object",
-        "arrival": "adds requests at chosen engine steps through the in-process LLMEngine",
-        "preemption": "is verified from the scheduler's Request objects in the engine process",
-        "async_scheduling": "keeps async scheduling on the CPU through an in-process shim"}
+AXES = {"async_scheduling": "keeps async scheduling on the CPU through an in-process shim"}
 # constraint faults patching a process the plugin leaves untouched (it hooks model runners)
 FAULT_PROCESS = {"stop-string-not-trimmed": "the API front-end's OutputProcessor"}
 ENGINE_CORE_FAULTS = ("stop-not-trimmed", "max-tokens-step-end")  # the scheduler
@@ -46,10 +49,6 @@ ENGINE_CORE_FAULTS = ("stop-not-trimmed", "max-tokens-step-end")  # the schedule
 
 def refusals(base: RunConfig, batches, axes_sel: dict, fault: str | None) -> str | None:
     """Why this grid cannot run with ``mode=server`` (one line), else None."""
-    for b in batches:
-        if b in HEAD_BATCHES:
-            return (f"batch {b!r} {HEAD_BATCHES[b]} the lm_head inside the engine, which a "
-                    "served engine does not expose; over a server use --batches mixed-natural")
     for n, values in axes_sel.items():
         if n in AXES and len(values) > 1:
             return f"axis {n!r}: its non-default value {AXES[n]}; not over a server"
@@ -110,6 +109,7 @@ class Rows:
 
         self.params, self.prompts, self.registrations = {}, {}, []
         self.steps, self.errors, self._prompt_rows = [], [], {}
+        self.counts: dict[str, dict[tuple, int]] = {"preempted": {}, "steered": {}}
         self.markers, self.logprobs_mode = budget.Markers(), "raw_logprobs"
         for path in self._files():
             with open(path) as f:
@@ -134,12 +134,22 @@ class Rows:
                 elif kind == "prompt_rows":
                     self._prompt_rows.setdefault(x["req_id"], {}).update(
                         {int(q): r for q, r in x["rows"].items()})
+                elif kind in ("preempted", "steered"):  # the batch's counts so far
+                    self.counts[kind] = {tuple(p): int(n) for p, n in x["counts"]}
                 elif kind == "error":
                     self.errors.append(x["error"])
         first = min((r["step"] for r in self.steps), default=0)
         for r in self.steps:  # the batch's own step count, from 0 as an in-process batch's
             r["server_step"], r["step"] = r["step"], r["step"] - first
         return self
+
+    def preemptions(self, prompt) -> int:
+        """Preemptions vLLM's scheduler told the worker of, for the request with ``prompt``."""
+        return self.counts["preempted"].get(tuple(int(t) for t in prompt), 0)
+
+    def steered(self, prompt) -> int:
+        """Draft rows the worker's steer replaced for the request with ``prompt``."""
+        return self.counts["steered"].get(tuple(int(t) for t in prompt), 0)
 
     def prompt_rows(self, req_id: str) -> dict[int, dict]:
         return self._prompt_rows.get(req_id, {})
@@ -166,6 +176,8 @@ def _int_keys(rec: dict) -> dict:
 
 class ServedEngine:
     """A started server for one grid engine: the tokenizer, the endpoint, the row records."""
+
+    PREEMPTION_COUNTER = "the scheduler's preempted_req_ids, as the worker got them"
 
     def __init__(self, cfg: RunConfig, log_dir: str | None):
         import tempfile
@@ -200,14 +212,19 @@ class ServedEngine:
     def url(self) -> str:
         return self.server.base_url
 
-    def set_fault(self, fault: str) -> None:
-        """The constraint fault of the next batch (the worker reads it at its next step)."""
+    def control(self, fault: str, head: str = "natural", factor: float | None = None,
+                steer: dict | None = None) -> None:
+        """The next batch's constraint fault, lm_head edit (``vllm.lmhead``) and drafter steer
+        plans (prompt tuple -> plan, ``hooks.steer``): the worker reads them at its next step,
+        before its forward (``hooks.served_rows``)."""
         from workbook.core import rundir
         from workbook.hooks.served_rows import CONTROL
 
         self.seq += 1
         rundir.write_json(os.path.join(self.rows_dir, CONTROL),
-                          {"seq": self.seq, "constraint_fault": fault or "none"})
+                          {"seq": self.seq, "constraint_fault": fault or "none",
+                           "lm_head": head, "lm_head_factor": factor,
+                           "steer": [[list(p), list(v)] for p, v in (steer or {}).items()]})
 
     def complete(self, prompt: list[int], kw: dict, max_tokens: int) -> dict:
         from workbook.run import serverapi
@@ -238,10 +255,14 @@ def output_of(resp: dict, prompt: list[int]):
 
 
 def run_batch(eng: ServedEngine, cfg: RunConfig, cases: dict[str, dict], *, batch: str,
-              fault: str | None = None) -> tuple[dict, dict]:
+              fault: str | None = None, head: str = "natural", factor: float | None = None,
+              steer_plans: dict | None = None) -> tuple[dict, dict]:
     """``cases`` as one batch of concurrent completions on the served engine, under
-    constraint fault ``fault`` (default ``cfg.constraint_fault``); cells and evidence as
-    ``constraints.run_batch`` returns them."""
+    constraint fault ``fault`` (default ``cfg.constraint_fault``) on the lm_head edit ``head``
+    (``factor`` for ``scaled``), the drafter steered by ``steer_plans`` (case -> plan), the
+    requests arriving as ``cfg.arrival`` says (``send``); cells and evidence as
+    ``constraints.run_batch`` returns them, with each cell's preemptions and steered draft rows
+    as the worker saw them."""
     from workbook.run import constraints as C
 
     cells: dict = {}
@@ -259,19 +280,14 @@ def run_batch(eng: ServedEngine, cfg: RunConfig, cases: dict[str, dict], *, batc
         prompts.append(C.prompt_for(eng.tokenizer, name))
     if not names:
         return cells, evidence
-    eng.set_fault(fault or getattr(cfg, "constraint_fault", "none") or "none")
+    plans = {tuple(prompts[names.index(n)]): v for n, v in (steer_plans or {}).items()
+             if n in names and v}
+    eng.control(fault or getattr(cfg, "constraint_fault", "none") or "none", head, factor,
+                plans)
     rows = Rows(eng.rows_dir)
     rows.mark()
-    results: dict[str, object] = {}
-
-    def one(i):
-        try:
-            results[names[i]] = eng.complete(prompts[i], cases[names[i]], cfg.max_tokens)
-        except Exception as e:
-            results[names[i]] = e
-
-    with ThreadPoolExecutor(max_workers=len(names)) as ex:
-        list(ex.map(one, range(len(names))))
+    results = send(eng, rows, [(p, cases[n]) for n, p in zip(names, prompts)], cfg)
+    results = dict(zip(names, results))
     ok, outs = [], []
     for n, p in zip(names, prompts):
         r = results[n]
@@ -288,7 +304,51 @@ def run_batch(eng: ServedEngine, cfg: RunConfig, cases: dict[str, dict], *, batc
     sps = [SimpleNamespace(skip_special_tokens=True)] * len(ok)
     C.judge_batch(rows, ok, outs, {n: cases[n] for n in ok}, batch, None, eng.tokenizer, sps,
                   cells, evidence)
+    for n in ok:
+        p = prompts[names.index(n)]
+        cells[n].preemptions = rows.preemptions(p)
+        if plans:
+            cells[n].steered = rows.steered(p)
     return cells, evidence
+
+
+def send(eng: ServedEngine, rows: Rows, requests: list[tuple[list[int], dict]],
+         cfg: RunConfig, every: int = 2) -> list:
+    """Each ``(prompt, keywords)`` as a completion; the responses (or exceptions) in order.
+    ``cfg.arrival`` ``step0``: all at once (concurrent); ``staggered``: request i is sent once
+    the server has run ``every * i`` steps of this batch (the worker's step records since
+    ``rows.mark()``), or at once when everything sent before it has finished — as in-process
+    (``axes.generate``), a batch of one request joins an unconstrained one sent first."""
+    from workbook.run import constraints as C
+
+    staggered = getattr(cfg, "arrival", "step0") == "staggered"
+    queue = list(requests)
+    if staggered and len(queue) == 1:
+        queue.insert(0, (C.prompt_for(eng.tokenizer, "nothing"), {}))
+    results: list = [None] * len(queue)
+
+    def one(i):
+        try:
+            results[i] = eng.complete(queue[i][0], queue[i][1], cfg.max_tokens)
+        except Exception as e:
+            results[i] = e
+
+    with ThreadPoolExecutor(max_workers=len(queue)) as ex:
+        if not staggered:
+            list(ex.map(one, range(len(queue))))
+        else:
+            futures = []
+            for i in range(len(queue)):
+                t0 = time.monotonic()
+                while i and not all(f.done() for f in futures) \
+                        and len({r["server_step"] for r in rows.read().steps}) < every * i:
+                    if time.monotonic() - t0 > 600:
+                        raise RuntimeError("staggered arrival: the server ran no step")
+                    time.sleep(0.05)
+                futures.append(ex.submit(one, i))
+            for f in futures:
+                f.result()
+    return results[len(queue) - len(requests):]
 
 
 def _await_rows(rows: Rows, ok, prompts, names, outs, timeout: float = 10.0) -> None:
@@ -308,10 +368,15 @@ def _await_rows(rows: Rows, ok, prompts, names, outs, timeout: float = 10.0) -> 
 
 
 def baselines(eng: ServedEngine) -> dict[str, list[int]]:
-    """The unconstrained greedy output of the baseline prompt on the model's own lm_head (the
-    only one a server has: the zeroed and scaled batches are refused)."""
+    """The unconstrained greedy output of the baseline prompt per lm_head (``natural``,
+    ``zero``, ``scaled``), as ``grid.baselines`` in-process: the worker edits its head per
+    request (control file)."""
     from workbook.run import constraints as C
 
-    eng.set_fault("none")
-    resp = eng.complete(C.prompt_for(eng.tokenizer, "nothing"), {}, 16)
-    return {"natural": [int(t) for t in resp["choices"][0].get("token_ids") or []]}
+    out = {}
+    for head, factor in (("natural", None), ("zero", None), ("scaled", C.SCALE)):
+        eng.control("none", head, factor)
+        resp = eng.complete(C.prompt_for(eng.tokenizer, "nothing"), {}, 16)
+        out[head] = [int(t) for t in resp["choices"][0].get("token_ids") or []]
+    eng.control("none")
+    return out

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from workbook.core.budget import Markers, judge
+from workbook.vllm import lmhead
 
 def messages(cfg) -> list[dict[str, str]]:
     return [{"role": "user", "content": cfg.prompt}]
@@ -165,30 +166,19 @@ def check_a(engine, budgets: Sequence[int] = (1, 0)) -> list[Outcome]:
 
 @contextlib.contextmanager
 def _edited_lm_heads(engine, edit):
-    """Apply ``edit(weight)`` in place to the target ``lm_head`` (and a drafter's own one),
-    re-packed after each change (on the CPU platform vLLM runs linears from a pre-packed copy);
-    the original weights are restored on exit."""
-    import torch
-
-    heads = _lm_heads(engine.runner)
-    saved = [h.weight.detach().clone() for h in heads]
+    """Apply ``edit(weight)`` in place to the target ``lm_head`` (and a drafter's own one)
+    (``workbook.vllm.lmhead``); the original weights are restored on exit."""
+    restore = lmhead.apply(engine.runner, edit)
     try:
-        with torch.no_grad():
-            for h in heads:
-                edit(h.weight)
-                repack(h)
-        yield heads
+        yield lmhead.lm_heads(engine.runner)
     finally:
-        with torch.no_grad():
-            for h, w in zip(heads, saved):
-                h.weight.copy_(w)
-                repack(h)
+        restore()
 
 
 def zeroed_lm_head(engine):
     """Zero the target ``lm_head`` (and a drafter's own one) so every logit is 0 → token 0;
     restored on exit (a context manager)."""
-    return _edited_lm_heads(engine, lambda w: w.zero_())
+    return _edited_lm_heads(engine, lmhead.edit_fn("zero"))
 
 
 def scaled_lm_head(engine, factor: float):
@@ -199,33 +189,7 @@ def scaled_lm_head(engine, factor: float):
     1e-6, so rows cannot be told apart by value); ``factor`` 1e5 spreads them to order 1, so
     each row's distribution is its own.
     """
-    return _edited_lm_heads(engine, lambda w: w.mul_(factor))
-
-
-def _lm_heads(runner) -> list:
-    heads, seen = [], set()
-    for model in (getattr(runner, "model", None), getattr(getattr(runner, "speculator", None),
-                                                          "model", None)):
-        if model is None:
-            continue
-        for name, mod in model.named_modules():
-            if name.endswith("lm_head") and hasattr(mod, "weight") and id(mod) not in seen:
-                seen.add(id(mod))
-                heads.append(mod)
-    if not heads:
-        raise RuntimeError("no lm_head found in the target or draft model")
-    return heads
-
-
-def repack(module) -> None:
-    try:
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-    except ImportError:
-        return
-    import torch
-
-    if module.weight.device.type == "cpu" and not torch.cuda.is_available():
-        dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+    return _edited_lm_heads(engine, lmhead.edit_fn("scaled", factor))
 
 
 def check_b(engine, budgets: Sequence[int] = tuple(range(2, 10)), max_tokens: int = 24):
