@@ -9,7 +9,10 @@ drift (other load, clocks) hits both sides alike. Reported:
   and their ratio;
 - the guard's own time per step: on CUDA, CUDA events around the wrapper's added work (the
   kernel) plus the host time of that work (launch overhead); on CPU, wall time of the same work
-  (the kernel runs in Triton's interpreter there, so CPU numbers say little about a GPU).
+  (the kernel runs in Triton's interpreter there, so CPU numbers say little about a GPU). The
+  take-back's redraw under speculative decoding (``--temperature`` > 0 with ``--seed``:
+  ``guard_redraw`` runs vLLM's rejection sample a second time inside vLLM's ``sample``) is in
+  the step-time ratio only.
 
 Usage:
     python benchmarks/guard_overhead.py [--spec-method mtp] [--num-reqs 8] [--max-tokens 64]
@@ -163,7 +166,8 @@ def _report(args, eng, rows) -> dict:
     summary = {
         "device": _device_name(dev), "vllm": eng.effective.get("vllm_version"),
         "spec_method": args.spec_method, "num_reqs": args.num_reqs,
-        "accept_drafts": args.accept_drafts,
+        "accept_drafts": args.accept_drafts, "temperature": args.temperature,
+        "seed": args.seed,
         "batch_tokens_per_step": statistics.median(args.num_reqs * args.max_tokens / max(r["steps"], 1)
                                              for r in rows),
         "max_tokens": args.max_tokens, "budget": args.budget, "rounds": args.rounds,

@@ -19,6 +19,8 @@ markers themselves (the engine's reasoning configuration).
 
 from __future__ import annotations
 
+import functools
+
 from workbook.core import budget
 from workbook.core.contracts.base import (Breach, Contract, ContractError, Outcome, Params,
                                           RowContext)
@@ -45,10 +47,7 @@ class ThinkingBudget(Contract):
     def forced(self, p: Params, ctx: RowContext) -> int | None:
         if not ctx.markers.complete:
             return None
-        t = budget.row_truth(list(ctx.prompt) + list(ctx.output), list(ctx.drafts),
-                             ctx.local_pos, p.thinking_token_budget, ctx.markers,
-                             prompt_len=len(ctx.prompt))
-        return int(t.token) if t.due else None
+        return _forced(ctx, p.thinking_token_budget)
 
     def row(self, p: Params, ctx: RowContext, col: int, x: float) -> tuple[float, bool]:
         f = self.forced(p, ctx)
@@ -73,3 +72,12 @@ class ThinkingBudget(Contract):
 
     def case(self, baseline, decode):
         return {"thinking_token_budget": 2}
+
+
+@functools.lru_cache(maxsize=1024)
+def _forced(ctx: RowContext, b) -> int | None:
+    """The token the budget forces at this row (``budget.row_truth``), once per row and budget
+    (``row`` asks per column)."""
+    t = budget.row_truth(list(ctx.prompt) + list(ctx.output), list(ctx.drafts), ctx.local_pos, b,
+                         ctx.markers, prompt_len=len(ctx.prompt))
+    return int(t.token) if t.due else None
