@@ -487,7 +487,7 @@ def test_kernel_takes_back_a_rejection_sampled_end_with_vllms_redraw():
     assert torch.equal(alt.cpu(), processed(oracle).cpu())  # exactly the rows without forcing
     red_s, red_n = rs(alt)
 
-    def run(redraw_s):
+    def run(redraw_s, mode=guard.M_REDRAW):
         budget = torch.tensor([-1 if b is None else b for b in budgets], dtype=torch.int32)
         count = truth[:, 2].cpu().clone()
         tail = torch.tensor([[hist[-1]]] * nreq, dtype=torch.int32)
@@ -499,7 +499,7 @@ def test_kernel_takes_back_a_rejection_sampled_end_with_vllms_redraw():
                             redraw_n=red_n.to(torch.int32))
         out = guard.launch_guard_kernel(sampled, ns, nr, i32(slots), *ts, i32(start), i32(nat),
                                         i32(end), take_back=tb,
-                                        mode=i32([guard.M_REDRAW] * nreq))
+                                        mode=i32([mode] * nreq))
         return [sampled[r, :int(ns[r])].tolist() for r in range(nreq)], out["echo"].cpu(), nr
 
     got, echo, nr = run(red_s)
@@ -511,6 +511,12 @@ def test_kernel_takes_back_a_rejection_sampled_end_with_vllms_redraw():
         assert taken == int(before[r] != want[r]), (r, before[r], want[r])
         assert int(echo[r, guard.E_UNTAKEN]) == 0
         assert int(nr[r]) == len(before[r]) - len(want[r])  # the rest of the redraw's step
+    # a request asking for logprobs takes the redrawn row alone (vLLM's logprobs are for its
+    # own tokens): the step ends there, as after any replaced token
+    got_row, echo_row, _ = run(red_s, guard.M_REDRAW_ROW)
+    for r in range(nreq):
+        j = next((i for i, (a, b) in enumerate(zip(before[r], want[r])) if a != b), None)
+        assert got_row[r] == (before[r] if j is None else want[r][:j + 1]), (r, got_row[r])
     # a redraw that is not this step's draw before the forced row is not used
     bad = red_s.clone()
     bad[0, 0] = (int(bad[0, 0]) + 1) % vocab
@@ -532,6 +538,7 @@ def test_kernel_takes_back_a_rejection_sampled_end_with_vllms_redraw():
     (dict(temperature=0.8, seed=5), {}, [0, 1], False, False, False, "R_SAMPLER"),
     # the rejection sampler drew the step and its draw without the forcing is at hand
     (dict(temperature=0.8, seed=5), {}, [0, 3], True, True, True, "M_REDRAW"),
+    (dict(temperature=0.8, seed=5, logprobs=2), {}, [0, 3], True, True, True, "M_REDRAW_ROW"),
     (dict(temperature=0.8, seed=5), {}, [0, 1], True, False, True, "M_REDRAW"),
     (dict(temperature=0.8), {}, [0, 3], True, True, True, "R_NO_SEED"),
     (dict(temperature=0.8, seed=5), dict(top_p=0.9), [0, 3], True, True, True, "R_MASKED"),

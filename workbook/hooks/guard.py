@@ -141,7 +141,7 @@ import torch
 from workbook.hooks import guard_redraw, guard_state
 from workbook.hooks.guard_kernel import (  # noqa: F401  (re-exported: tests, benchmarks)
     E_FIXED, E_KEPT, E_REPAIRED, E_TAKEN, E_TOKENS, E_UNTAKEN, F_BUDGET, F_COUNT, F_TAIL, LOG_W,
-    M_GREEDY, M_REDRAW, M_SAMPLED, R_DRAFTS,
+    M_GREEDY, M_REDRAW, M_REDRAW_ROW, M_SAMPLED, R_DRAFTS,
     R_LAGGED, R_MASKED, R_NO_SEED, R_SAMPLER, T_BUDGET, T_COUNT,
     T_CURRENT, T_SLOT, T_TAIL, TakeBack, new_replica, replica_views, budget_markers, launch,
     launch_guard_kernel)

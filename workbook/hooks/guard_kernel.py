@@ -39,8 +39,9 @@ E_KEPT, E_FIXED, E_REPAIRED, E_TAKEN, E_UNTAKEN, E_TOKENS = 0, 1, 2, 3, 4, 5
 M_GREEDY, M_SAMPLED = 1, 2
 R_NO_SEED, R_MASKED, R_DRAFTS, R_SAMPLER, R_LAGGED = 3, 4, 5, 6, 7
 # sampled under speculative decoding: the row of vLLM's rejection sampler's own draw of the step
-# without the forcing (``guard_redraw``), with the rest of that draw's step
-M_REDRAW = 8
+# without the forcing (``guard_redraw``), with the rest of that draw's step — or, for a request
+# that asked for logprobs (vLLM computed them for its own tokens only), that row alone
+M_REDRAW, M_REDRAW_ROW = 8, 9
 FORCED_LOGIT = budget.FORCED_LOGIT  # a logit at or above it was set by a forcing bias
 BLOCK_V = 1024  # vocabulary block of the take-back's argmax
 # a device repair-log entry: seq | row | slot | field | found x3 | truth | truth from host
@@ -516,7 +517,7 @@ def _budget_guard_kernel(
                             took = took | (mode == 2)
                         rest = tok * 0 - 1  # a redraw's num_sampled: its rest of the step
                         if REDRAW:
-                            if mode == 8:  # M_REDRAW: the rejection sampler's draw without
+                            if mode >= 8:  # M_REDRAW(_ROW): the rejection sampler's draw without
                                 # the forcing, used where it drew this step's tokens before j
                                 d_n = tl.load(redraw_n_ptr + req)
                                 same = d_n > j
@@ -524,9 +525,9 @@ def _budget_guard_kernel(
                                     same = same & (tl.load(d_row + i).to(tl.int32) ==
                                                    tl.load(row_ptr + i).to(tl.int32))
                                 if same:
-                                    took = mode == 8
+                                    took = mode >= 8
                                     other = tl.load(d_row + j).to(tl.int32)
-                                    rest = d_n
+                                    rest = tl.where(mode == 8, d_n, rest)
                                 elif untaken == 0:
                                     untaken = n * 0 + 5  # R_DRAFTS: not that draw
                         if took:

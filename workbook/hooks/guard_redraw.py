@@ -10,8 +10,10 @@ back in the copy the end columns the budget's ``apply`` raised in every row wher
 not due — the host truth walked over the row's drafts with the guard kernel's own count rule
 (``_restore_kernel``) — and calls vLLM's ``rejection_sample`` again on the copy: same drafts,
 positions and draft logits, the request's own seed and temperature (``SamplingParams``). The
-guard's kernel then takes that draw's row j, and the rest of that draw's step, where the draw
-agrees with the step's tokens before j; else the end is kept, "not taken back".
+guard's kernel then takes that draw's row j, and the rest of that draw's step (``M_REDRAW``; a
+request asking for logprobs, ``M_REDRAW_ROW``: row j alone, since vLLM computed logprobs for its
+own tokens only), where the draw agrees with the step's tokens before j; else the end is kept,
+"not taken back".
 
 Cost: one copy of the step's logits and one more rejection sample, only in a step that has such
 a row. Not done: more than one verification chunk (vLLM splits above 1 GiB of logits), logits
@@ -49,7 +51,7 @@ def _restore(alt_ptr, alt_stride, logits_ptr, logits_stride, pre_ptr, cu_ptr, dr
     mode = tl.load(t_row + MODE_COL)
     budget = tl.load(t_row + 1)
     current = tl.load(t_row + 3) != 0
-    if (slot < 0) | (mode != 8) | ~(current | (budget < 0)):
+    if (slot < 0) | (mode < 8) | ~(current | (budget < 0)):  # M_REDRAW / M_REDRAW_ROW only
         return
     count = tl.where(budget < 0, -1, tl.load(t_row + 2))
     first = tl.load(cu_ptr + req)
@@ -124,7 +126,7 @@ def redraw(st, orig, args: tuple, kwargs: dict):
     rows = st.step_rows(batch, num_rows)
     mode = takeback.modes(st.sampling, rows.slots, rows.sc, cu_np, True, st.sampler_ok,
                           redraw=True)
-    if not (mode == gk.M_REDRAW).any():
+    if not (mode >= gk.M_REDRAW).any():
         return None
     dev = logits.device
     truth = np.concatenate([rows.truth, mode[:, None]], axis=1).astype(np.int32)

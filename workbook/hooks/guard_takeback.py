@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from workbook.hooks.guard_kernel import (M_GREEDY, M_REDRAW, M_SAMPLED, R_DRAFTS, R_LAGGED,
-                                         R_MASKED, R_NO_SEED, R_SAMPLER, TakeBack,
+from workbook.hooks.guard_kernel import (M_GREEDY, M_REDRAW, M_REDRAW_ROW, M_SAMPLED, R_DRAFTS,
+                                         R_LAGGED, R_MASKED, R_NO_SEED, R_SAMPLER, TakeBack,
                                          gumbel_argmax)
 
 REASONS = {  # reason code -> why an end forced where it was not due was kept
@@ -53,6 +53,7 @@ class SlotSampling:
         self.seeded = np.zeros(n, dtype=bool)
         self.min_p = np.zeros(n, dtype=bool)
         self.top_kp = np.zeros(n, dtype=bool)
+        self.logprobs = np.zeros(n, dtype=bool)
 
     def stage(self, slot: int, sp) -> None:
         t = float(getattr(sp, "temperature", 1.0)) if sp is not None else 1.0
@@ -65,6 +66,8 @@ class SlotSampling:
         k = getattr(sp, "top_k", 0)
         p = getattr(sp, "top_p", 1.0)
         self.top_kp[slot] = (k is not None and int(k) > 0) or (p is not None and float(p) != 1.0)
+        self.logprobs[slot] = getattr(sp, "logprobs", None) is not None if sp is not None \
+            else False
 
 
 def capture(captured: list, end_cols: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -102,8 +105,9 @@ def modes(sampling: SlotSampling, slots: np.ndarray, sc: np.ndarray, cu_np, draf
     out = np.where(drafts | ~one_row, R_DRAFTS, out)
     if sampler_ok and _has_gumbel():
         out = np.where(~(drafts | ~one_row), M_SAMPLED, out)
-    if redraw:  # the rejection sampler drew every row of the step: its draw, redone
-        out = np.full(slots.shape[0], M_REDRAW, dtype=np.int32)
+    if redraw:  # the rejection sampler drew every row of the step: its draw, redone (a row
+        # asking for logprobs takes that row alone: vLLM computed logprobs for its own tokens)
+        out = np.where(sampling.logprobs[sc], M_REDRAW_ROW, M_REDRAW).astype(np.int32)
     out = np.where(sampling.min_p[sc] | batch_kp, R_MASKED, out)
     out = np.where(~sampling.seeded[sc], R_NO_SEED, out)
     return np.where(sampling.greedy[sc], M_GREEDY, out).astype(np.int32)
@@ -129,7 +133,7 @@ def build(captured: list, input_batch, num_rows: int, mode: np.ndarray, sampling
     if not sampled_rows.any():  # every row greedy: nothing was divided by a temperature
         return TakeBack(logits, pre, cu), False
     temp = to_device(sampling.temp[sc] * sampled_rows, dev)
-    if redraw is not None and (mode == M_REDRAW).any():
+    if redraw is not None and (mode >= M_REDRAW).any():
         return TakeBack(logits, pre, cu, temp=temp, redraw=redraw[0],
                         redraw_n=redraw[1].to(torch.int32)), False
     if not (mode == M_SAMPLED).any():
