@@ -7,8 +7,9 @@ test with a real ``vllm serve`` of the tiny model (its own server: the row check
 start through the plugin's ``WORKBOOK_ROW_CHECK_DIR``): method ``none``, two constraints,
 batches ``mixed-natural`` and ``mixed`` (the worker zeroes its own lm_head for it, as the
 control file asks), the healthy reference and the constraint fault ``gate-off`` on ONE server —
-the faulted cells violated at the gate, the reference's held, judged by ``rowjudge`` from the
-records the server's worker wrote into the run folder.
+the faulted cells violated at the gate, the reference's held (structured output judged through
+its grammar, compiled from the server's model folder), judged by ``rowjudge`` from the records
+the server's worker wrote into the run folder.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def test_served_grid_smoke(tmp_path):
     report`` renders it."""
     res = subprocess.run([sys.executable, "-m", "workbook.cli", "run", "constraints",
                           "--set", "mode=server", "--methods", "none", "--constraints",
-                          "min_tokens", "logit_bias", "--batches", "mixed-natural", "mixed",
+                          "min_tokens", "logit_bias", "structured_output", "--batches",
+                          "mixed-natural", "mixed",
                           "--set", "constraint_fault=gate-off", "--out", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -117,7 +119,12 @@ def test_served_grid_smoke(tmp_path):
             assert cell["first"]["stage"] == "gate", cell["first"]
             assert cell["rows"] > 0 and cell["verdict"]["verdict"] == "violated"
     ref = {(c["constraint"], c["batch"]): c["status"] for c in grid["reference"]["cells"]}
-    assert set(ref.values()) == {"holds"} and len(ref) == 4, ref
+    assert set(ref.values()) == {"holds"} and len(ref) == 6, ref
+    for c in grid["reference"]["cells"]:  # the grammar built from the server's model folder
+        if c["constraint"] == "structured_output":
+            assert (c.get("grammar") or {}).get("fed", 0) > 0, c
+    assert all(cells[("structured_output", b)]["status"] != "not judged"
+               for b in ("mixed-natural", "mixed")), cells
     zero = [c for c in grid["reference"]["cells"] if c["batch"] == "mixed"]
     assert any(0 in (c.get("output") or []) for c in zero), zero  # the zeroed head's argmax
     rows = list((run_dir / "logs" / "none" / "rows").glob("*/rows.jsonl"))

@@ -381,10 +381,13 @@ def grammar_evidence(engine, rc, req: str, output: list[int]):
         return None, "no engine to build the grammar on", []
     from workbook.vllm import grammar as vgrammar
 
-    chk, why = vgrammar.for_request(engine.llm, engine.tokenizer, p)
+    if hasattr(engine, "grammar_for"):  # a served engine: from the folder it loaded
+        chk, why, reasoning = engine.grammar_for(p)
+    else:
+        chk, why = vgrammar.for_request(engine.llm, engine.tokenizer, p)
+        reasoning = vgrammar.reasoning_on(engine.llm) if chk is not None else False
     if chk is None:
         return None, why, []
-    reasoning = vgrammar.reasoning_on(engine.llm)
     prompt = rc.prompts[req]
     truth = chk.truth(prompt, output, rc.markers, reasoning)
     rows: list[dict] = []

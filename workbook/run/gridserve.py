@@ -208,6 +208,19 @@ class ServedEngine:
     def stop(self) -> None:
         self.server.stop()
 
+    def grammar_for(self, params):
+        """(checker, why not, grammar held back until the reasoning ends) of a structured
+        request: the grammar compiled from the model folder this server loaded, as vLLM's
+        xgrammar backend compiles it (``vllm.grammar.for_model``); the server's reasoning
+        parser (``--reasoning-parser``, structured outputs' default ``enable_in_reasoning`` off)
+        holds it back."""
+        from workbook.vllm import engine as vengine
+        from workbook.vllm import grammar as vgrammar
+
+        kw = vengine.engine_kwargs(self.cfg)
+        chk, why, _ = vgrammar.for_model(kw.get("tokenizer") or kw["model"], params)
+        return chk, why, bool(kw.get("reasoning_parser"))
+
     @property
     def url(self) -> str:
         return self.server.base_url
@@ -302,7 +315,7 @@ def run_batch(eng: ServedEngine, cfg: RunConfig, cases: dict[str, dict], *, batc
         return cells, evidence
     _await_rows(rows, ok, prompts, names, outs)
     sps = [SimpleNamespace(skip_special_tokens=True)] * len(ok)
-    C.judge_batch(rows, ok, outs, {n: cases[n] for n in ok}, batch, None, eng.tokenizer, sps,
+    C.judge_batch(rows, ok, outs, {n: cases[n] for n in ok}, batch, eng, eng.tokenizer, sps,
                   cells, evidence)
     for n in ok:
         p = prompts[names.index(n)]
