@@ -66,7 +66,8 @@ Processing order, per engine step:
    and tail at the end of that history, from ``workbook.core.budget``); scatter the staged
    rows into the three replicas with one non-blocking H2D copy.
 2. ``sample`` (after vLLM's; inside it ``apply`` left its logits and the end columns before
-   the forcing: ``GuardState.capture``), host part: absorb every earlier step's echo whose
+   the forcing: ``GuardState.capture``, and under speculative decoding the wrapped
+   ``rejection_sample`` its draw of the step without the forcing: ``guard_redraw``), host part: absorb every earlier step's echo whose
    copy has landed (``Event.query()``, never a wait) into the host truth (step 4); if no
    request of the batch has a budget (host truth) and apply did not run, return — nothing is
    launched and no request is touched. Else build
