@@ -174,3 +174,46 @@ def test_startup_timeout_stops_the_process_group(tmp_path):
     assert srv.proc is None and srv.pid is not None
     assert not server._group_alive(srv.pid), "the timed-out server's process group survived"
     assert open(srv.log_path).read().startswith(f"$ {sys.executable} -m {server.MODULE}")
+
+
+def test_a_server_child_dies_with_its_killed_client(tmp_path):
+    """A server is started in its own session (Ctrl-C in the client's terminal must not reach
+    it; the client stops it) — so a client killed outright (SIGKILL: no atexit, no handler)
+    would leave it running. ``die_with_parent`` (its ``preexec_fn``) makes the kernel send it
+    SIGTERM when the client dies. Shown with the same ``Popen`` settings on a stand-in child
+    (no engine): the client is SIGKILLed, the child is gone within seconds."""
+    import signal
+
+    pidfile = tmp_path / "child.pid"
+    client = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from workbook.run import server\n"
+        "p = subprocess.Popen(['sleep', '300'], start_new_session=True,\n"
+        "                     preexec_fn=server.die_with_parent)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(300)\n")], cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child = int(pidfile.read_text())
+        os.kill(child, 0)  # running
+        client.send_signal(signal.SIGKILL)
+        client.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            try:  # reap it if it became our zombie (it did not: init adopts it)
+                os.waitpid(child, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.1)
+        else:
+            os.kill(child, signal.SIGKILL)
+            pytest.fail("the client's child outlived its SIGKILLed client")
+    finally:
+        if client.poll() is None:
+            client.kill()

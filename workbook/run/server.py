@@ -39,6 +39,27 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+
+def _libc_prctl():
+    """libc's ``prctl``, looked up in the parent (a forked child must not load libraries)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux / no prctl: the atexit and signal stops remain
+        return None
+
+
+_PRCTL = _libc_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for a child in its own session: SIGTERM when the process that started it
+    dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``), so no server outlives its client."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
 from workbook.core.budget import Markers, judge
 from workbook.core.config import ConfigError, RunConfig
 from workbook.run import request
@@ -195,7 +216,7 @@ class Server:
                                                              watch_dir=self.worker_dir
                                                              if self.cfg.watched else None,
                                                              row_check_dir=self.row_check_dir),
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=die_with_parent)
         self.pid = self.proc.pid
         atexit.register(self.stop)
         try:

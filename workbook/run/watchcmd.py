@@ -83,7 +83,7 @@ def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
     the sanitizer stage (``workbook.run.sanistage``) and the writer it names is in
     ``info["writer"]``; ``caching`` ("on" / "off") sets PyTorch's caching allocator for the
     child; ``writer`` hides a test writer in the drafter (``workbook.hooks.writers``)."""
-    from workbook.run import sanistage
+    from workbook.run import sanistage, server
 
     os.makedirs(outdir, exist_ok=True)
     rundir.write_json(os.path.join(outdir, "pass-config.json"),
@@ -100,7 +100,7 @@ def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
         # its own session: on a time limit or an interrupt the whole group goes (under
         # compute-sanitizer the engine is a grandchild that must not outlive the pass)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=server.die_with_parent)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
