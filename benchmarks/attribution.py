@@ -1,7 +1,7 @@
 """Attribution on faults the catalogue does not hold: is the named cause the real one?
 
-The diagnosis (``workbook.run.diagnose``) was written from the stage contracts; the catalogue
-faults (``workbook.hooks.faults``) prove it on the faults written alongside it. This benchmark
+The diagnosis (``workbook.run.budget.diagnose``) was written from the stage contracts; the catalogue
+faults (``workbook.hooks.faults.budget``) prove it on the faults written alongside it. This benchmark
 measures it on *other* faults: written here, outside the catalogue, each breaking a stage in a
 different way or through a different hook point than the catalogue fault of the same cause
 (and several with no catalogue twin at all). Each is injected into healthy vLLM (MRV2 on CPU,
@@ -15,7 +15,7 @@ fault really breaks:
 - ``wrong``: a single name, another cause, or a list without it.
 
 Each case is scored twice: the trace alone (``probes=False``) and after the automatic probes
-(``workbook.run.probes``, fed back with ``diagnose.with_probes``).
+(``workbook.run.budget.probes``, fed back with ``diagnose.with_probes``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/attribution.py [--methods mtp eagle ngram]
         [--only NAME ...] [--out benchmarks/attribution.json]
@@ -395,7 +395,7 @@ def caches_zeroed_after_kernels(ps, hp):
 
 def budget_view_aliased(ps, hp):
     """At every apply, the device budget view is overwritten with -1 through a raw alias."""
-    from workbook.hooks.faults import raw_alias
+    from workbook.hooks.faults.budget import raw_alias
 
     def make(orig):
         def apply(state, *a, **k):
@@ -714,8 +714,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from workbook.core.config import RunConfig
-    from workbook.hooks.tracer import Tracer
-    from workbook.run import diagnose, probes, request
+    from workbook.hooks.observe.tracer import Tracer
+    from workbook.run import request
+    from workbook.run.budget import diagnose
+    from workbook.run.budget import probes
     from workbook.vllm import engine as _engine
 
     cases = []

@@ -2,7 +2,7 @@
 """GPU cost, per engine step, of the evidence issue #12 added to the tracer — at the reporter's
 shape, with torch alone (no vLLM needed on the GPU host).
 
-The tracer's own methods (``workbook.hooks.tracer.Tracer``) run on synthetic CUDA tensors of the
+The tracer's own methods (``workbook.hooks.observe.tracer.Tracer``) run on synthetic CUDA tensors of the
 shape the reporter's step has: vocab 248320, ``max_model_len`` 262144, a batch of ``--batch``
 requests with k = 4 drafts (``batch * 5`` logits rows), the history of each request
 ``--history`` tokens long. Per step, in the order the tracer runs them: the full copy of the
@@ -46,7 +46,7 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from workbook.hooks.tracer import Tracer, _Call, _Step
+    from workbook.hooks.observe.tracer import Tracer, _Call, _Step
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     i32 = torch.int32

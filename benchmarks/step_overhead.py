@@ -5,12 +5,12 @@ One engine; the same request batch (the reported request, ``--batch`` copies wit
 budget ``--budget`` — ``ignore_eos``, so every request runs ``--max-tokens`` tokens and the budget
 state is live every step) is generated once per arm and round, the arms interleaved
 (``--rounds``) so drift hits all of them. Arms: ``none`` (vLLM alone), ``trace``
-(``workbook.hooks.tracer``; its deferred host copies are timed separately), ``guard``
+(``workbook.hooks.observe.tracer``; its deferred host copies are timed separately), ``guard``
 (``workbook.hooks.guard``), ``constraints`` (the row check of every per-request sampling
-constraint, ``workbook.hooks.rowcheck``; its deferred host copies are timed separately too),
-``trace+constraints`` (both collectors on one ``workbook.hooks.observer``, as
+constraint, ``workbook.hooks.observe.rowcheck``; its deferred host copies are timed separately too),
+``trace+constraints`` (both collectors on one ``workbook.hooks.observe.observer``, as
 ``workbook.hooks.install`` puts them for a run that asks for both; the step's outputs recorded
-once for both by ``workbook.hooks.outputs``), ``watch`` (the start-up
+once for both by ``workbook.hooks.observe.outputs``), ``watch`` (the start-up
 watch's per-step ring check after start-up:
 the engine is then started with the watch in place, ``--watch``, and every other arm runs with
 it suspended; also the watch's own time per step, from its counters), ``trace+guard``. Prints
@@ -47,8 +47,8 @@ import warnings
 
 def arms(names, watch_on: bool):
     from workbook.hooks import guard
-    from workbook.hooks.rowcheck import RowCheck
-    from workbook.hooks.tracer import Tracer
+    from workbook.hooks.observe.rowcheck import RowCheck
+    from workbook.hooks.observe.tracer import Tracer
 
     def trace():
         return Tracer()
@@ -60,7 +60,7 @@ def arms(names, watch_on: bool):
         return stack
 
     def trace_rows():  # the budget evidence and the row check together: one observer
-        from workbook.hooks.observer import Observer
+        from workbook.hooks.observe.observer import Observer
 
         return Observer([RowCheck(), Tracer()])
 

@@ -9,7 +9,7 @@ there for a run with several ranks (``workbook.hooks.plugin``): through vLLM's o
 the one in-process worker). Arms, interleaved per round (``--rounds``) so drift hits all of them:
 
 - ``none``        vLLM alone
-- ``trace``       ``workbook.hooks.tracer.Tracer`` flushed to ``<dir>/<pid>/`` after every step
+- ``trace``       ``workbook.hooks.observe.tracer.Tracer`` flushed to ``<dir>/<pid>/`` after every step
                   (what the plugin installs in each rank: ``WORKBOOK_TRACE_FLUSH_EVERY=1``)
 - ``guard``       ``workbook.hooks.guard``
 - ``trace+guard`` both
@@ -69,7 +69,7 @@ def _w_on(worker, arm, trace_dir):
     import os
 
     from workbook.hooks import guard, plugin
-    from workbook.hooks.tracer import Tracer
+    from workbook.hooks.observe.tracer import Tracer
 
     st = worker.__dict__.setdefault("_wb_bench", {"n": 0})
     if "guard" in arm or arm == "plugin":

@@ -49,7 +49,7 @@ logprobs_mode: str = None  # raw_logprobs | processed_logprobs | raw_logits | pr
 async_on_cpu: bool = False  # CPU: keep async scheduling on where vLLM turns it off (workbook.vllm.async_shim)
 kv_blocks: int = None  # a KV cache this many blocks small (preemption; None: sized by kv_cache_bytes)
 arrival: str = "step0"  # step0: every request added at once | staggered: request i added at step 2*i
-drafter_steer: str = "none"  # none | allowed | greedy | forbidden: the drafter's proposals replaced (workbook.hooks.steer)
+drafter_steer: str = "none"  # none | allowed | greedy | forbidden: the drafter's proposals replaced (workbook.hooks.observe.steer)
 thinking_token_budget: int = 1  # reasoning-token budget (-1: none)
 max_tokens: int = 32  # completion length limit
 temperature: float = 0.0  # 0: greedy
@@ -60,12 +60,12 @@ enable_thinking: bool = True  # chat template kwarg
 preserve_thinking: bool = True  # chat template kwarg
 prompt: str = "What is 1+1?"  # user message
 mode: str = "in-process"  # in-process | server
-fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults), e.g. H-b
+fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults.budget), e.g. H-b
 guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
 zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process only)
-trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
-row_check: bool = False  # keep every logits row's contract columns, raw and processed (workbook.hooks.rowcheck)
-constraint_fault: str = "none"  # inject one constraint fault (workbook.hooks.constraint_faults)
+trace: bool = True  # record the per-step trace (workbook.hooks.observe.tracer)
+row_check: bool = False  # keep every logits row's contract columns, raw and processed (workbook.hooks.observe.rowcheck)
+constraint_fault: str = "none"  # inject one constraint fault (workbook.hooks.faults.constraints)
 probes: bool = False  # after a violation, re-run the request with one switch per remaining cause (batch of 1, markers re-uploaded, guard on ...) to confirm it (in-process)
 watch: bool = False  # start-up watch of the budget state's device tensors (workbook.hooks.watch)
 localize: str = "none"  # none | module | op: narrow an unexpected state change to a module / op (implies watch)
@@ -149,7 +149,7 @@ views.table(rows, "No deterministic check was asked for in this run (`checks` is
 
 # %% [markdown]
 # ## Verdict
-# From `workbook.run.diagnose` over the trace, the effective configuration and the outcome.
+# From `workbook.run.budget.diagnose` over the trace, the effective configuration and the outcome.
 
 # %%
 v = res.verdict

@@ -18,7 +18,7 @@
 # # 02 — The per-step story of one run
 #
 # What Model Runner V2 did with the thinking budget at every engine step, read from the real
-# vLLM objects by the tracer (`workbook.hooks.tracer`): the sampling path, the drafts, the
+# vLLM objects by the tracer (`workbook.hooks.observe.tracer`): the sampling path, the drafts, the
 # `ThinkingBudgetState` flags (host and device budget, gate, fast path, kernels), and per
 # logits row the logit of `</think>` before and after `ThinkingBudgetState.apply`, the token
 # sampled and the token emitted. `zero_lm_head` makes target and drafter agree on token 0, so
@@ -37,7 +37,7 @@ engine_kwargs: dict = {}  # extra keyword arguments for vllm.LLM
 thinking_token_budget: int = 3  # reasoning-token budget (-1: none)
 max_tokens: int = 12  # completion length limit
 temperature: float = 0.0  # 0: greedy
-fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults), e.g. H-d-draft
+fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults.budget), e.g. H-d-draft
 guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
 zero_lm_head: bool = True  # zero the target lm_head so drafts are accepted (check B setting)
 outdir: str = ""  # folder for the evidence files (empty: memory only)

@@ -17,7 +17,7 @@
 # %% [markdown]
 # # 03 — Diagnose: why was the budget lost?
 #
-# The reported request, traced and diagnosed by `workbook.run.diagnose`. Each stage of Model
+# The reported request, traced and diagnosed by `workbook.run.budget.diagnose`. Each stage of Model
 # Runner V2 has a contract (registration sets the budget, the gate lets the slot through, apply
 # launches, the kernel writes +1e9 into exactly the due `</think>` column of exactly the rows
 # whose reasoning count reached the budget, the device state it reads equals the host truth, the
@@ -41,11 +41,11 @@ kv_cache_bytes: int = 67108864  # KV cache size in bytes
 engine_kwargs: dict = {}  # extra keyword arguments for vllm.LLM
 thinking_token_budget: int = 1  # reasoning-token budget (-1: none)
 max_tokens: int = 32  # completion length limit
-fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults), e.g. H-i
+fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults.budget), e.g. H-i
 guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
 zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process only)
 probes: bool = True  # after a violation, run the probes that confirm its cause (in-process)
-variants: list = []  # A/B variants to run: names of workbook.run.experiments.VARIANTS (empty: all)
+variants: list = []  # A/B variants to run: names of workbook.run.budget.experiments.VARIANTS (empty: all)
 outdir: str = ""  # folder for the evidence files (empty: memory only)
 
 # %%
@@ -57,7 +57,9 @@ from IPython.display import display
 from workbook.core import hypotheses
 from workbook.core.config import RunConfig
 from workbook.report import views, wording
-from workbook.run import diagnose, experiments, pipeline
+from workbook.run import pipeline
+from workbook.run.budget import diagnose
+from workbook.run.budget import experiments
 
 cfg = RunConfig.from_params(globals())
 

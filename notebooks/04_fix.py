@@ -27,11 +27,11 @@
 # vLLM's `ThinkingBudgetState`.
 #
 # Below: (1) the reported request on a vLLM made to ignore the budget (a fault of the
-# catalogue, `workbook.hooks.faults`) — guard off: violated, guard on: honoured; (2) checks A
+# catalogue, `workbook.hooks.faults.budget`) — guard off: violated, guard on: honoured; (2) checks A
 # and B under the same fault; (3) on healthy vLLM, guard on and off give identical tokens and
 # identical step / acceptance counters; (4) the reported request with fault and guard through
 # the pipeline, whose evidence files the report reads. All logic lives in
-# `workbook.run.experiments`; the upstream version of the fix is in `upstream/`.
+# `workbook.run.budget.experiments`; the upstream version of the fix is in `upstream/`.
 
 # %% tags=["parameters"]
 model: str = "tiny-mimo-mtp"  # built-in model (workbook.core.models.names()) or a checkpoint folder
@@ -40,7 +40,7 @@ spec_method: str = "mtp"  # mtp | eagle | eagle3 | ngram | draft_model | none
 num_spec_tokens: int = 4  # draft tokens per step (k)
 max_num_seqs: int = 16  # engine batch size (the identity batch is sent at once)
 kv_cache_bytes: int = 67108864  # KV cache size in bytes (None: gpu_memory_utilization decides)
-fault: str = "H-b"  # how vLLM is made to ignore the budget: a runtime fault of workbook.hooks.faults, or none
+fault: str = "H-b"  # how vLLM is made to ignore the budget: a runtime fault of workbook.hooks.faults.budget, or none
 thinking_token_budget: int = 1  # budget of the reported request
 max_tokens: int = 32  # completion length of the reported request
 identity_budgets: list = [None, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # healthy on/off comparison (None: no budget)
@@ -63,7 +63,8 @@ from workbook.core import hypotheses
 from workbook.core.config import ConfigError, RunConfig
 from workbook.hooks import guard as guard_hook
 from workbook.report import views
-from workbook.run import experiments, pipeline
+from workbook.run import pipeline
+from workbook.run.budget import experiments
 
 if fault != "none" and fault not in hypotheses.runtime_faults():
     raise ConfigError(f"fault={fault!r}: choose none or a runtime fault, one of "

@@ -64,7 +64,7 @@ localize_within: str = ""  # op level only inside this module (from a module-lev
 localize_timeout_s: float = 600.0  # localization stops here and keeps what it narrowed down
 cpu_profile_run: bool = True  # CPU only: run the profiling run the GPU worker always runs
 guard_check: bool = True  # then: checks A/B with vLLM alone vs with the guard (in-process only)
-trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
+trace: bool = True  # record the per-step trace (workbook.hooks.observe.tracer)
 sanitize: str = "page"  # none | page | nvtx | auto: a second start-up with the markers read-only names the writer (page: the CPU twin; nvtx: GPU, under compute-sanitizer — slow; auto: nvtx on a GPU, page on CPU)
 planted_writer: str = ""  # a test writer hidden in the drafter's propose for that start-up: alias_fill | memset | triton_store ("": none)
 caching: str = ""  # GPU: PyTorch's caching allocator for that start-up, on | off ("": as set)
@@ -184,7 +184,7 @@ pd.DataFrame([{"tensor": n, **{k: v for k, v in nb.items() if k != "allocated_by
 # ## Naming the writer: the sanitizer stage
 # The watch names the phase and the window; the sanitizer stage names the code. A second,
 # fresh start-up runs in a child process with the marker tensors read-only
-# (`workbook.hooks.protect`): on a GPU through NVTX memory permissions under
+# (`workbook.hooks.watch.protect`): on a GPU through NVTX memory permissions under
 # `compute-sanitizer --tool memcheck` (every write to them is reported with the kernel and the
 # host backtrace down to the Python frame, in bounds or not, PyTorch op or not); on CPU the
 # twin — the markers on read-only pages, the write raises SIGSEGV and the fault handler writes
@@ -193,7 +193,7 @@ pd.DataFrame([{"tensor": n, **{k: v for k, v in nb.items() if k != "allocated_by
 # the stage skipped.
 
 # %%
-from workbook.run import watchcmd
+from workbook.run.writer import command as watchcmd
 
 named = None
 if sanitize == "page" and wb_env.on_cpu() is False:
@@ -233,7 +233,7 @@ else:
 
 # %%
 from workbook.hooks import guard
-from workbook.run import experiments
+from workbook.run.budget import experiments
 
 rows = []
 if guard_check and cfg.mode == "in-process" and res.engine is not None:

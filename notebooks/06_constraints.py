@@ -24,7 +24,7 @@
 # value, the committed history and the row's drafts) and what the emitted tokens must satisfy;
 # stop strings and prompt logprobs are judged on the host (nothing returned past the token that
 # completed a stop string; each prompt logprob its own row's and equal to speculation off's).
-# The row check (`workbook.hooks.rowcheck`) keeps only those columns of every logits row — draft
+# The row check (`workbook.hooks.observe.rowcheck`) keeps only those columns of every logits row — draft
 # rows included — before and after `Sampler.apply_sampling_params`, with device indices only
 # (no synchronization inside a step), and judges them after the run. The output check judges
 # what the user got; the differential compares the same greedy request with speculation off.
@@ -39,9 +39,9 @@
 
 # %% tags=["parameters"]
 method: str = "mtp"  # speculative method judged against none: none | mtp | eagle | ngram | draft_model
-constraint: str = "all"  # one of workbook.run.constraints.CONSTRAINTS, or all
+constraint: str = "all"  # one of workbook.run.constraints.cases.CONSTRAINTS, or all
 batches: list = ["single", "mixed", "mixed-natural", "mixed-scaled"]  # single | mixed | mixed-natural | mixed-scaled
-constraint_fault: str = "none"  # inject one fault of workbook.hooks.constraint_faults (none: healthy vLLM)
+constraint_fault: str = "none"  # inject one fault of workbook.hooks.faults.constraints (none: healthy vLLM)
 num_spec_tokens: int = 3  # draft tokens per step (k)
 outdir: str = ""  # folder for grid.json and the row evidence (empty: a temporary folder)
 
@@ -54,14 +54,14 @@ from IPython.display import HTML, Markdown, display
 
 from workbook.report import constraints as section
 from workbook.report import views
-from workbook.run import constraints as grid_run
-from workbook.run import grid as study
+from workbook.run.constraints import cases as grid_run
+from workbook.run.constraints import grid as study
 from workbook.run import verdicts
 
 chosen = list(grid_run.CONSTRAINTS) if constraint == "all" else [constraint]
 methods = ["none"] if method == "none" else ["none", method]
 out = outdir or tempfile.mkdtemp(prefix="workbook-constraints-")
-# engines from environments/constraints.yaml's defaults (workbook.run.grid), as `workbook run
+# engines from environments/constraints.yaml's defaults (workbook.run.constraints.grid), as `workbook run
 # constraints` runs them; with a constraint fault the reference (none) runs without it
 grid = study.run(methods, chosen, out=out, batches=batches, k=num_spec_tokens,
                  fault=None if constraint_fault == "none" else constraint_fault)

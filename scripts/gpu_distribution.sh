@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call (H100/H200, vLLM 0.29 from .bundle/): the distribution oracle of issue #30
-# (workbook.run.distribution) at GPU throughput — thousands of samples per position, healthy
+# (workbook.run.constraints.distribution) at GPU throughput — thousands of samples per position, healthy
 # cells repeated for the engine's false-alarm rate, both distribution faults for its power.
 # Back under $OUT: distribution.txt (the run's lines), distribution.json, dist.tgz (engine logs).
 set -uo pipefail
@@ -12,7 +12,7 @@ D=/tmp/dist-$(date +%s); SAMPLES=${SAMPLES:-8192}; REPEATS=${REPEATS:-2}; LIMIT=
 CASES=${CASES:-unconstrained,allowed_token_ids}; FAULT_CASES=${FAULT_CASES:-unconstrained}
 FAULTS=${FAULTS:-rejection-tempered-twice,draft-rows-untempered}
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/distribution.txt"
-timeout -s INT "$LIMIT" python3 -m workbook.run.distribution --out "$D" \
+timeout -s INT "$LIMIT" python3 -m workbook.run.constraints.distribution --out "$D" \
   --methods none,mtp --cases "$CASES" --fault-cases "$FAULT_CASES" \
   --faults "$FAULTS" --samples "$SAMPLES" --positions 4 \
   --max-num-seqs 256 --repeats "$REPEATS" > /tmp/dist.log 2>&1

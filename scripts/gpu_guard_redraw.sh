@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call (H100/H200, vLLM 0.29 from .bundle/): the guard's take-back under speculative
-# decoding (issue #26, workbook/hooks/guard_redraw.py) on CUDA — the kernel test with vLLM's own
+# decoding (issue #26, workbook/hooks/guard/redraw.py) on CUDA — the kernel test with vLLM's own
 # rejection_sample as the oracle, the engine test (MTP, T = 0.8, H-d-unbudgeted / H-d-twice /
 # H-d-early), then the guard's step-time ratio greedy and sampled-with-seed (the redraw's cost).
 # Back under $OUT: guard-redraw.txt (pytest's lines, both benchmarks' summaries), *.json.

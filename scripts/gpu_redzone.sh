@@ -7,12 +7,12 @@
 # Three watched start-ups of the tiny Qwen3.5 + MTP k=4 (environments/h200.yaml defaults, eager),
 # at the same time on the one GPU (each with a quarter of its memory), each under
 # compute-sanitizer memcheck with the markers and their red zones read-only (NVTX permissions;
-# workbook.hooks.redzone, WORKBOOK_REDZONE bytes each side, default 256):
-#   overrun-caching-on / overrun-caching-off  the overrun writer (workbook.hooks.writers
+# workbook.hooks.watch.redzone, WORKBOOK_REDZONE bytes each side, default 256):
+#   overrun-caching-on / overrun-caching-off  the overrun writer (workbook.hooks.watch.writers
 #       'overrun': the user module's Triton kernel fill_ids on a span from WORKBOOK_OVERRUN_BYTES
 #       (default 1024) below the marker through its last byte) in the drafter's propose during
 #       the profiling run, PyTorch's caching allocator on / off
-#       (python -m workbook.run.watchcmd --probe overrun);
+#       (python -m workbook.run.writer.command --probe overrun);
 #   healthy-caching-on  no writer: `workbook watch --sanitize nvtx` (no false alarm from the red
 #       zones; what vLLM samples unchanged: checks A and B).
 # The overrun runs are cut at LIMIT_S seconds (default 150; the writer strikes in the profiling
@@ -53,7 +53,7 @@ export WORKBOOK_API_WRITES=${WORKBOOK_API_WRITES:-0}
 COMMON=(--env h200 --set max_tokens=4 --set gpu_memory_utilization=0.25)
 run_probe() {  # name caching
   local t0; t0=$(date +%s)
-  timeout -s INT "$LIMIT" "$PY" -m workbook.run.watchcmd --probe overrun --caching "$2" \
+  timeout -s INT "$LIMIT" "$PY" -m workbook.run.writer.command --probe overrun --caching "$2" \
     --sanitize nvtx --out "$WORK/$1" --timeout "$((LIMIT - 10))" "${COMMON[@]}" \
     > "$WORK/$1.log" 2>&1
   echo "$1 rc=$? $(( $(date +%s) - t0 ))s" > "$WORK/$1.rc"
@@ -76,7 +76,7 @@ for n in overrun-caching-on overrun-caching-off healthy-caching-on; do
   line=$(grep -E "^PROBE " "$WORK/$n.log" 2>/dev/null | tail -1)
   log="$WORK/$n/pass1-none/sanitizer.log"
   if [ -z "$line" ] && [ -f "$log" ]; then  # cut off: read what memcheck wrote
-    line="(cut) $("$PY" -m workbook.run.sanitizer "$log" --watch "$WORK/$n/pass1-none/watch/watch.json" \
+    line="(cut) $("$PY" -m workbook.run.writer.sanitizer "$log" --watch "$WORK/$n/pass1-none/watch/watch.json" \
       -o "$WORK/$n/sanitizer-partial.json" 2>&1 | tail -1)"
   fi
   [ -z "$line" ] && line=$(grep -E -A1 '^(== culprit|sanitizer stage|FIRST WRITER)' "$WORK/$n.log" 2>/dev/null | head -6 | tr '\n' ' ')

@@ -2,7 +2,7 @@
 # The writer search's second stage on a GPU host: one watched start-up (+ the reported request)
 # under compute-sanitizer memcheck, with PyTorch's caching allocator off so every tensor is its
 # own cudaMalloc; memcheck's report is parsed and tied to the watched addresses of that very run
-# (workbook.run.sanitizer).
+# (workbook.run.writer.sanitizer).
 #
 #   scripts/integrity_sanitizer.sh OUT [workbook watch arguments]
 #       default arguments: --env h200 --run watch-mtp   (tiny Qwen3.5 + MTP k=4, MRV2, eager)
@@ -33,7 +33,7 @@ if [ "${DRY_RUN:-0}" = "1" ]; then
   echo "== DRY_RUN: the watched start-up without compute-sanitizer"
   "$PY" -m workbook.cli watch --localize none --out "$OUT/run" "$@" > "$OUT/watch.out" 2>&1 || rc=$?
   WATCH="$OUT/run/pass1-none/watch.json"
-  "$PY" -m workbook.run.sanitizer --synthetic "$WATCH" > "$OUT/sanitizer.log"
+  "$PY" -m workbook.run.writer.sanitizer --synthetic "$WATCH" > "$OUT/sanitizer.log"
 else
   [ -x "$SAN" ] || { echo "no compute-sanitizer at $SAN (set COMPUTE_SANITIZER)" >&2; exit 2; }
   echo "== $SAN --tool memcheck (PYTORCH_NO_CUDA_MEMORY_CACHING=1): workbook watch $*"
@@ -45,5 +45,5 @@ else
 fi
 echo "== watched run exited $rc after $(( $(date +%s) - t0 )) s (log: $OUT/watch.out)"
 tail -n 25 "$OUT/watch.out" | grep -E "FIRST|INTACT|phases that ran|culprit|hypothesis|phase:|module:|op:" || true
-"$PY" -m workbook.run.sanitizer "$OUT/sanitizer.log" --watch "$WATCH" -o "$OUT/sanitizer.json"
+"$PY" -m workbook.run.writer.sanitizer "$OUT/sanitizer.log" --watch "$WATCH" -o "$OUT/sanitizer.json"
 echo "$OUT/sanitizer.json"

@@ -9,10 +9,10 @@ installed vLLM (imported and from source), which of vLLM's compiled extensions i
 versions of the packages vLLM leans on. ``catalogue`` is the GPU call of ``scripts/versions_gpu.sh``
 (and its CPU rehearsal) on the defaults of ``environments/ENV.yaml``, one shared engine: the
 reported request, checks A and B, the tracer's token identity (traced vs untraced), the guard's
-identity on healthy vLLM, every fault of the catalogue (``workbook.hooks.faults``; not H-h, an
+identity on healthy vLLM, every fault of the catalogue (``workbook.hooks.faults.budget``; not H-h, an
 environment fault, nor the start-up faults) diagnosed from the trace — the hypothesis named and
 whether the first violation is at the row the budget rule puts the end marker — and fixed by
-the guard; then the server check's in-process equivalent (``workbook.run.servercheck``) on an
+the guard; then the server check's in-process equivalent (``workbook.run.servers.check``) on an
 engine with ``logprobs_mode=processed_logprobs``, healthy and under faults. The JSON file is
 rewritten after every step, so a run stopped by a timeout keeps what it had.
 
@@ -35,8 +35,10 @@ import sys
 def check_method(method: str) -> dict:
     from workbook.core.config import RunConfig
     from workbook.hooks import guard
-    from workbook.hooks.tracer import Tracer
-    from workbook.run import diagnose, experiments, request
+    from workbook.hooks.observe.tracer import Tracer
+    from workbook.run import request
+    from workbook.run.budget import diagnose
+    from workbook.run.budget import experiments
     from workbook.vllm import engine, hookpoints
 
     out: dict = {"method": method}
@@ -180,9 +182,14 @@ def catalogue(env: str, path: str | None, only: list[str] | None = None,
 
     from workbook.core import budget
     from workbook.core.hypotheses import FAULTS
-    from workbook.hooks import faults, guard
-    from workbook.hooks.tracer import Tracer
-    from workbook.run import diagnose, experiments, request, servercheck, watchcmd
+    from workbook.hooks import guard
+    from workbook.hooks.faults import budget as faults
+    from workbook.hooks.observe.tracer import Tracer
+    from workbook.run import request
+    from workbook.run.budget import diagnose
+    from workbook.run.budget import experiments
+    from workbook.run.servers import check as servercheck
+    from workbook.run.writer import command as watchcmd
     from workbook.vllm import engine, hookpoints
 
     cfg, _ = watchcmd.from_environment(env, None, {"trace": True})

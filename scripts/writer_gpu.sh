@@ -11,8 +11,8 @@
 #   tiny   for each KIND (alias_fill memset triton_store) x CACHING (off on): one watched start-up
 #          of the tiny Qwen3.5 + MTP k=4 (environments/h200.yaml defaults, eager) under
 #          compute-sanitizer, the markers read-only through NVTX, a writer of KIND hidden in the
-#          drafter's propose during the profiling run (python -m workbook.run.watchcmd --probe;
-#          workbook.hooks.writers); caching off: each tensor its own cudaMalloc; on: the marker
+#          drafter's propose during the profiling run (python -m workbook.run.writer.command --probe;
+#          workbook.hooks.watch.writers); caching off: each tensor its own cudaMalloc; on: the marker
 #          segment registered as an NVTX heap, every block a region. Limit FIRST_S (the first
 #          run KINDS x CACHING select: Triton's cold compile under memcheck; default 170) then
 #          RUN_S (default 90) seconds per run (all six: up to 620 s, past one 600 s device call:
@@ -64,12 +64,12 @@ probe() {  # name limit kind[@step] caching [watchcmd args...]
   [ "$3" != "$kind" ] && stepargs=(--writer-step "${3#*@}")
   shift 4
   local t0=$(date +%s)
-  timeout -s INT "$limit" "$PY" -m workbook.run.watchcmd --probe "$kind" "${stepargs[@]}" --caching "$caching" \
+  timeout -s INT "$limit" "$PY" -m workbook.run.writer.command --probe "$kind" "${stepargs[@]}" --caching "$caching" \
     --sanitize "${SANITIZE:-nvtx}" --out "$WORK/$name" --timeout "$((limit - 10))" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
   local line; line=$(grep -E "^PROBE " "$WORK/$name.log" | tail -1)
   if [ -z "$line" ] && [ -f "$WORK/$name/pass1-none/sanitizer.log" ]; then  # cut off: parse what memcheck wrote
-    line="PROBE $kind caching=$caching (cut at ${limit}s): $("$PY" -m workbook.run.sanitizer \
+    line="PROBE $kind caching=$caching (cut at ${limit}s): $("$PY" -m workbook.run.writer.sanitizer \
       "$WORK/$name/pass1-none/sanitizer.log" --watch "$WORK/$name/pass1-none/watch/watch.json" \
       -o "$WORK/$name/sanitizer-partial.json" 2>&1 | tail -1)"
   fi

@@ -13,7 +13,7 @@ HOST_OPS = ("aten.lift_fresh.default", "aten._local_scalar_dense.default")
 
 
 class OpsFrom(TorchDispatchMode):
-    """``with OpsFrom("workbook/hooks/tracer.py", ...) as ops:`` → ``ops.seen``: (operator,
+    """``with OpsFrom("workbook/hooks/observe/tracer.py", ...) as ops:`` → ``ops.seen``: (operator,
     "function:line") for every operator whose nearest non-torch caller is one of those files."""
 
     def __init__(self, *paths: str):

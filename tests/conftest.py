@@ -8,6 +8,9 @@ them all.
 
 from __future__ import annotations
 
+import gzip
+import os
+
 import pytest
 
 from workbook.core.config import RunConfig
@@ -27,3 +30,19 @@ def get_engine(**overrides):
 def engines():
     """``engines(spec_method="eagle")`` → a started ``workbook.vllm.engine.Engine``."""
     return get_engine
+
+
+def evidence_text(path: str) -> str:
+    """A committed evidence file's text: ``path``, or ``path.gz`` as ``scripts/lean_outputs.py``
+    keeps a bulky one."""
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        with gzip.open(path + ".gz", "rt", errors="replace") as f:
+            return f.read()
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def evidence_json(path: str):
+    import json
+
+    return json.loads(evidence_text(path))

@@ -1,5 +1,5 @@
 """Writes through the CUDA API named at the call (issue 27): the CUPTI watcher's records
-(``workbook.hooks.apiwrites``) judged into the writer the watch names (``sanitizer.api_writer``)
+(``workbook.hooks.watch.apiwrites``) judged into the writer the watch names (``sanitizer.api_writer``)
 — the call, the bytes it covered, the launching frame judged by module, the phase and step from
 the watch's position at the call — and the honest answer where there is no CUDA API. Pure
 Python: the records are made by the watcher's own ``record`` from a real Python stack, as its
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbook.hooks import apiwrites
-from workbook.run import integrity, sanitizer
+from workbook.hooks.watch import apiwrites
+from workbook.run import integrity
+from workbook.run.writer import sanitizer
 
 MARK = {"name": "reasoning_start_token_ids", "ptr": 0x7f0000001000, "nbytes": 4}
 END = {"name": "reasoning_end_token_ids", "ptr": 0x7f0000001200, "nbytes": 8}
@@ -94,7 +95,7 @@ def test_not_available_on_cpu():
 
 def test_stage_plan_on_cpu_says_not_available(tmp_path):
     from workbook.core.config import RunConfig
-    from workbook.run import sanistage
+    from workbook.run.writer import stage as sanistage
 
     st = sanistage.plan(RunConfig.from_params({"sanitize": "api", "watch": True}), str(tmp_path))
     assert st["mode"] == "skipped" and "not available on this platform" in st["message"]

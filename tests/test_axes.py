@@ -1,4 +1,4 @@
-"""The constraints grid's axes (``workbook.run.axes``, ``environments/constraints.yaml``): the
+"""The constraints grid's axes (``workbook.run.constraints.axes``, ``environments/constraints.yaml``): the
 points of the axes given, their configurations, which points share an engine, the steering
 plans and the validation — no engine here; the smoke cells on the MTP engine are in
 tests/test_constraints.py (``test_axes_smoke_*``)."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from workbook.core.config import ConfigError, RunConfig
-from workbook.run import axes as A
-from workbook.run import grid as G
+from workbook.run.constraints import axes as A
+from workbook.run.constraints import grid as G
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ def test_an_axis_value_validate_rejects_names_the_point():
     (["--set", "drafter_steer=allowed", "--methods", "none"], None),
 ])
 def test_bad_axis_input_is_one_line_rc2(tmp_path, args, named):
-    res = subprocess.run([sys.executable, "-m", "workbook.run.grid", *args, "--out", tmp_path],
+    res = subprocess.run([sys.executable, "-m", "workbook.run.constraints.grid", *args, "--out", tmp_path],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -1,5 +1,5 @@
 """The budget contract both ways (``workbook.core.budget``), table-driven, and the probe logic
-derived from the catalogue (``workbook.run.diagnose.pointed_by`` / ``with_probes``).
+derived from the catalogue (``workbook.run.budget.diagnose.pointed_by`` / ``with_probes``).
 
 The budget forces ``</think>`` where it binds — and nowhere else. An end the model writes
 itself before the budget binds is legal (a natural end); the same token *forced* there is a
@@ -15,7 +15,8 @@ import pytest
 
 from workbook.core.budget import Markers, forced_not_due, judge
 from workbook.core.hypotheses import HYPOTHESES
-from workbook.run import diagnose, verdicts
+from workbook.run import verdicts
+from workbook.run.budget import diagnose
 
 M = Markers(start=[1], end=[3])
 M2 = Markers(start=[1], end=[5, 6, 3], natural_end=[3])  # a multi-token forced end

@@ -1,16 +1,16 @@
 """The constraints machinery on the real engine (one MTP engine for the module, plus a `none`
 and an `ngram` engine for the structured outputs): healthy vLLM gives no false alarm on any
 constraint, draft rows are checked, structured outputs are judged by their grammar, and each
-constraint fault is caught at its contract and stage (``workbook.hooks.constraint_faults``)."""
+constraint fault is caught at its contract and stage (``workbook.hooks.faults.constraints``)."""
 
 import contextlib
 
 import pytest
 
 from workbook.core import contracts
-from workbook.hooks import constraint_faults
-from workbook.run import constraints as C
-from workbook.run import grid as G
+from workbook.hooks.faults import constraints as constraint_faults
+from workbook.run.constraints import cases as C
+from workbook.run.constraints import grid as G
 
 # faults whose request binds on the zeroed lm_head with MTP drafts accepted (every fault of the
 # catalogue; its case: the grid case of the contract it breaks)
@@ -62,7 +62,7 @@ def test_axes_smoke_staggered_arrival_and_steered_drafter(engine, cases):
     """Two axis values on the module's engine (request-level: no engine of their own): the
     requests arrive at steps 0 and 2 and the drafter is steered to the token
     ``allowed_token_ids`` allows; every cell holds, and the steer really replaced drafts."""
-    from workbook.run import axes as A
+    from workbook.run.constraints import axes as A
 
     sent = {c: cases[c] for c in ("allowed_token_ids", "min_tokens")}
     cfg = G.config_for("mtp").replace(arrival="staggered", drafter_steer="allowed")
@@ -144,9 +144,9 @@ def test_rowcheck_never_synchronizes_inside_a_step(engine, cases):
 
     from _ops import HOST_OPS, OpsFrom
 
-    from workbook.hooks.rowcheck import RowCheck
+    from workbook.hooks.observe.rowcheck import RowCheck
     from workbook.run import request as rq
-    from workbook.run import rowjudge
+    from workbook.run.constraints import rowjudge
 
     names = ("penalties", "allowed_token_ids", "logprobs", "bad_words", "min_tokens",
              "thinking_token_budget", "structured_output")

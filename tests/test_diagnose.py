@@ -13,7 +13,7 @@ not the bonus row), faults between steps (``H-d-cache``, ``H-d-restart``: after 
 commit), and ``H-j`` (the batch's first request keeps its forcing).
 
 When the trace cannot single out one cause, the verdict lists the candidates and the automatic
-probes (``workbook.run.probes``) separate them: among the catalogue faults, only ``H-f`` in a
+probes (``workbook.run.budget.probes``) separate them: among the catalogue faults, only ``H-f`` in a
 batch needs them (a launch that never happens cannot tell "frozen" from "batch-dependent"
 alone: the batch-of-1 probe does).
 """
@@ -28,9 +28,11 @@ import pytest
 from workbook.core import budget as rule
 from workbook.core.config import RunConfig
 from workbook.core.hypotheses import FAULTS, HYPOTHESES, STAGES, runtime_faults
-from workbook.hooks import faults
-from workbook.hooks.tracer import Tracer
-from workbook.run import diagnose, probes, request
+from workbook.hooks.faults import budget as faults
+from workbook.hooks.observe.tracer import Tracer
+from workbook.run import request
+from workbook.run.budget import diagnose
+from workbook.run.budget import probes
 from workbook.vllm import env as wb_env
 
 wb_env.prepare_process(RunConfig())  # the Triton interpreter shim, before vLLM is imported

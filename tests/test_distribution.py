@@ -1,4 +1,4 @@
-"""The distribution oracle's statistics (workbook.run.distribution), no engine: table tests of the
+"""The distribution oracle's statistics (workbook.run.constraints.distribution), no engine: table tests of the
 goodness-of-fit, the two-sample test, Holm, the contracts' predicted rows and bad input."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from workbook.core import contracts
 from workbook.core.config import ConfigError
-from workbook.run import distribution as D
+from workbook.run.constraints import distribution as D
 
 
 def _draw(p, n, rng):

@@ -1,4 +1,4 @@
-"""The constraints grid as a study of the one pipeline (``workbook.run.grid``), without an engine:
+"""The constraints grid as a study of the one pipeline (``workbook.run.constraints.grid``), without an engine:
 its engines' configurations come from ``environments/constraints.yaml`` (defaults honored, the
 entry's cells, ``--set``), bad input fails before any engine starts with one line naming it
 (rc 2, no traceback), the differential's reference is the healthy configuration, and
@@ -7,7 +7,6 @@ entry's cells, ``--set``), bad input fails before any engine starts with one lin
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +16,8 @@ import yaml
 
 from workbook.core import rundir
 from workbook.core.config import CONSTRAINT_FAULTS, ConfigError
-from workbook.run import constraints as C
-from workbook.run import grid as G
+from workbook.run.constraints import cases as C
+from workbook.run.constraints import grid as G
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +28,7 @@ def workbook(*args) -> subprocess.CompletedProcess:
 
 
 def test_constraint_fault_names_are_the_hooks():
-    from workbook.hooks import constraint_faults
+    from workbook.hooks.faults import constraints as constraint_faults
 
     assert set(CONSTRAINT_FAULTS) == {"none", *constraint_faults.FAULTS}
 
@@ -98,7 +97,7 @@ def test_reference_is_the_healthy_configuration():
 
 
 def test_report_renders_a_grid_folder(tmp_path):
-    grid = json.loads((REPO / "outputs" / "cpu" / "constraints-0.32.0" / "grid.json").read_text())
+    grid = rundir.read_json(str(REPO / "outputs" / "cpu" / "constraints-0.32.0" / "grid.json"))
     run_id, folder = rundir.new_run_dir(str(tmp_path), "cpu")
     rundir.write_json(f"{folder}/{rundir.MANIFEST}", {"study": "constraints", "run_id": run_id,
                                                       "status": "ok", "runs": []})

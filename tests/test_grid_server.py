@@ -1,4 +1,4 @@
-"""The constraints grid over ``vllm serve`` (``--set mode=server``, ``workbook.run.gridserve``).
+"""The constraints grid over ``vllm serve`` (``--set mode=server``, ``workbook.run.constraints.served``).
 
 Table tests without an engine: what a served engine cannot do is refused before any server
 starts (rc 2, one line naming it), what the completions API cannot express is "not available
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from workbook.core.config import RunConfig
-from workbook.run import gridserve as GS
+from workbook.run.constraints import served as GS
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = RunConfig(mode="server")
@@ -71,7 +71,7 @@ def test_not_over_http_names_the_missing_keywords():
     assert GS.not_over_http({"min_tokens": 2}, fields) == []
     installed = GS.http_fields()
     if installed is not None:  # vLLM's own completions request takes every case's keywords
-        from workbook.run import constraints as C
+        from workbook.run.constraints import cases as C
 
         for name in C.CONSTRAINTS:
             kw = C.case_kwargs(name, [5, 6, 7, 8, 9, 10], lambda ids: "ab")

@@ -7,7 +7,7 @@ ngram, draft_model):
    over random histories / sampled rows / budgets and single- and multi-token markers;
 2. patching: ``remove()`` restores vLLM's methods identically, also when stacked with a fault;
 3. broken vLLM (mtp, k=4): every in-process fault of the hypothesis catalogue
-   (``workbook.hooks.faults``); without the guard checks A/B fail, with it both are exact;
+   (``workbook.hooks.faults.budget``); without the guard checks A/B fail, with it both are exact;
 4. healthy vLLM: guard on vs off token-identical with identical step / acceptance counters, and
    ``request.check_b`` exact with the guard on, per spec method, with 0 repairs reported;
 5. the guard's own device state corrupted by raw writes written here (all three replicas zeroed,
@@ -32,8 +32,11 @@ import random
 
 import pytest
 
-from workbook.hooks import faults, guard, guard_takeback
-from workbook.run import experiments, request
+from workbook.hooks import guard
+from workbook.hooks.faults import budget as faults
+from workbook.hooks.guard import takeback as guard_takeback
+from workbook.run import request
+from workbook.run.budget import experiments
 from workbook.vllm import env as wb_env
 from workbook.vllm import patching
 from workbook.core import budget as budget_rule
@@ -216,7 +219,7 @@ def test_kernel_takes_back_an_end_forced_where_not_due(markers, seed):
     rows are left as the rule says. Expected values from ``budget.row_truth``."""
     import torch
 
-    from workbook.hooks.guard_kernel import BLOCK_V, TakeBack
+    from workbook.hooks.guard.kernel import BLOCK_V, TakeBack
 
     start, nat, end = MARKERS[markers]
     m = Markers(start, end, nat)
@@ -326,8 +329,8 @@ def test_kernel_takes_back_a_sampled_row_with_vllms_own_draw(markers):
 
     from vllm.v1.worker.gpu.sample.gumbel import apply_temperature, gumbel_sample
 
-    from workbook.hooks import guard_takeback
-    from workbook.hooks.guard_kernel import BLOCK_V
+    from workbook.hooks.guard import takeback as guard_takeback
+    from workbook.hooks.guard.kernel import BLOCK_V
 
     start, nat, end = MARKERS[markers]
     m = Markers(start, end, nat)
@@ -415,8 +418,8 @@ def test_kernel_takes_back_a_rejection_sampled_end_with_vllms_redraw():
     "not taken back"."""
     import torch
 
-    from workbook.hooks import guard_redraw
-    from workbook.hooks.guard_kernel import T_TAIL
+    from workbook.hooks.guard import redraw as guard_redraw
+    from workbook.hooks.guard.kernel import T_TAIL
 
     try:
         from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
@@ -551,7 +554,7 @@ def test_take_back_mode_per_row(params, others, cu, drafts, sampler_ok, redraw, 
     import numpy as np
     from vllm import SamplingParams
 
-    from workbook.hooks import guard_takeback
+    from workbook.hooks.guard import takeback as guard_takeback
 
     ss = guard_takeback.SlotSampling(4)
     ss.stage(2, SamplingParams(**params))
@@ -616,7 +619,7 @@ def test_remove_restores_original_methods():
 
 # ---- 3. broken vLLM: the guard restores checks A and B -----------------------------------------
 
-# Every in-process fault of the hypothesis catalogue (workbook.hooks.faults), one batch per guard
+# Every in-process fault of the hypothesis catalogue (workbook.hooks.faults.budget), one batch per guard
 # state: checks A and B together under the zeroed lm_head (budgets 0, 1 → </think> first, as in
 # A; 2..9 as in B). H-h is a V1 run: there is no MRV2 for the guard to hook. The faults of the
 # other side (the end forced where it is not due: early, unbudgeted, twice) run the mixed batch

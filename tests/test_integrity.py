@@ -32,7 +32,8 @@ import pytest
 
 from workbook.core.config import ConfigError, RunConfig, validate
 from workbook.hooks import guard
-from workbook.run import integrity, request, sanitizer
+from workbook.run import integrity, request
+from workbook.run.writer import sanitizer
 from workbook.vllm import env as wb_env
 from workbook.vllm import startup
 
@@ -55,7 +56,7 @@ def test_guard_kernel_checks_its_replicas_against_the_host(replicas):
 
     from workbook.core.budget import Markers
 
-    from workbook.hooks.faults import raw_alias_zero
+    from workbook.hooks.faults.budget import raw_alias_zero
 
     markers = Markers([1], [3], [3])
     n, tail = 4, 1
@@ -181,8 +182,8 @@ def test_nvtx_not_writable_record_names_kernel_tensor_frame_and_phase():
                                   "at::native::FillFunctor<int>")
     assert (w["access"], w["size"], w["permission"]) == ("write", 4, "not writable")
     assert (w["tensor"], w["relation"]) == ("reasoning_start_token_ids", "inside")
-    assert w["frame"] == "raw_alias_zero in /repo/workbook/hooks/faults.py:219"
-    assert w["module"] == "workbook.hooks.faults" and w["in_forward_of"] == "workbook.hooks.writers"
+    assert w["frame"] == "raw_alias_zero in /repo/workbook/hooks/faults/budget.py:219"
+    assert w["module"] == "workbook.hooks.faults.budget" and w["in_forward_of"] == "workbook.hooks.watch.writers"
     assert w["phase"] == "profiling run › drafter propose"
     assert "raw_alias_zero" in integrity.writer_text(w)
 
@@ -248,8 +249,8 @@ Thread 0x00007f0000000001 (most recent call first):
 
 Current thread 0x00007f0000000002 (most recent call first):
   File "/v/site-packages/triton/runtime/interpreter.py", line 459 in create_masked_store
-  File "/repo/workbook/hooks/writers.py", line 78 in zero_store
-  File "/repo/workbook/hooks/writers.py", line 120 in forward
+  File "/repo/workbook/hooks/watch/writers.py", line 78 in zero_store
+  File "/repo/workbook/hooks/watch/writers.py", line 120 in forward
   File "/v/site-packages/vllm/v1/worker/gpu/spec_decode/mtp/speculator.py", line 88 in propose
   File "/v/site-packages/vllm/v1/worker/gpu/model_runner.py", line 900 in _dummy_run
   File "/v/site-packages/vllm/v1/worker/gpu/model_runner.py", line 1001 in profile_run
@@ -262,13 +263,14 @@ def test_fault_dump_names_the_writer_frame_and_phase():
     r = sanitizer.parse_fault(FAULT_DUMP)
     assert r["signal"] == "Segmentation fault" and len(r["frames"]) == 6
     w = r["writer"]
-    assert (w["function"], w["module"]) == ("zero_store", "workbook.hooks.writers")
+    assert (w["function"], w["module"]) == ("zero_store", "workbook.hooks.watch.writers")
     assert w["phase"] == "profiling run › drafter propose"
 
 
 _CHILD = """
 import sys, types, torch
-from workbook.hooks import protect, writers
+from workbook.hooks.watch import protect
+from workbook.hooks.watch import writers
 st = types.SimpleNamespace(**{n: torch.tensor([v], dtype=torch.int32) for n, v in
     (("reasoning_start_token_ids", 5), ("reasoning_end_token_ids", 6),
      ("natural_reasoning_end_token_ids", 7))},
@@ -296,12 +298,12 @@ def test_page_twin_names_the_writer_of_a_protected_marker(tmp_path, kind, functi
     assert "protected" in p.stdout and "NOT REFUSED" not in p.stdout, p.stdout + p.stderr
     assert p.returncode == 11, p.stderr[-2000:]  # _exit(SIGSEGV) after the dump
     w = sanitizer.parse_fault(open(tmp_path / "fault.txt").read())["writer"]
-    assert w["function"] == function and w["module"] in ("workbook.hooks.writers",
-                                                          "workbook.hooks.faults")
+    assert w["function"] == function and w["module"] in ("workbook.hooks.watch.writers",
+                                                          "workbook.hooks.faults.budget")
 
 
 def test_sanitizer_requirements_name_what_is_missing(monkeypatch):
-    from workbook.hooks import protect
+    from workbook.hooks.watch import protect
 
     monkeypatch.setenv("CXX", "/nonexistent/g++")
     monkeypatch.setenv("COMPUTE_SANITIZER", "/nonexistent/compute-sanitizer")
@@ -324,7 +326,7 @@ def test_sanitizer_requirements_name_what_is_missing(monkeypatch):
 def test_nvtx_shim_compiles(tmp_path):
     """The shim against real NVTX headers (the CUDA toolkit's, or ``NVTX_INCLUDE``: nvidia-nvtx)
     with stand-in CUDA headers; outside compute-sanitizer it reports no tool attached."""
-    from workbook.hooks import protect
+    from workbook.hooks.watch import protect
 
     inc = protect.find_nvtx_include()
     if inc is None or protect.find_compiler() is None:
@@ -355,7 +357,7 @@ def test_sanitizer_stage_collects_the_writer_into_the_pass(tmp_path, mode):
     """``sanistage.collect``: the log / fault dump of a pass → writer.json, the verdict's
     integrity section (H-i, corrupted, the writer) and what the summary carries."""
     from workbook.core import rundir
-    from workbook.run import sanistage
+    from workbook.run.writer import stage as sanistage
 
     watch_ev = {"layout": LAYOUT, "phase_order": ["state creation", "profiling run"],
                 "protection": {"protected": ["reasoning_start_token_ids"]}}
@@ -547,8 +549,8 @@ def test_sanitizer_dry_run(tmp_path):
 # ---- the sanitizer stage on the real engine (issue #19; CPU twin) -------------------------------
 
 @pytest.mark.parametrize("kind,function,module,phase", [
-    ("alias_fill", "raw_alias_zero", "workbook.hooks.faults", "profiling run › drafter propose"),
-    ("memset@2", "memset", "workbook.hooks.writers", "step 2 › drafter propose"),
+    ("alias_fill", "raw_alias_zero", "workbook.hooks.faults.budget", "profiling run › drafter propose"),
+    ("memset@2", "memset", "workbook.hooks.watch.writers", "step 2 › drafter propose"),
     ("triton_user", "_clear_kernel", "tests.data.user_kernels",
      "profiling run › drafter propose")])
 def test_sanitize_names_the_writer_hidden_in_the_drafter(tmp_path, kind, function, module,
@@ -558,7 +560,7 @@ def test_sanitize_names_the_writer_hidden_in_the_drafter(tmp_path, kind, functio
     ends at the write and the watch summary names the writer's frame and module (a user's
     Triton kernel by its own module, not Triton's) and the phase and step from the watch's
     own record."""
-    from workbook.run import watchcmd
+    from workbook.run.writer import command as watchcmd
 
     cfg = RunConfig(cpu_profile_run=True, sanitize="page", watch=True, max_tokens=8)
     res = watchcmd.run_passes(cfg, str(tmp_path), "none", timeout_s=1200, writer=kind)
@@ -569,7 +571,7 @@ def test_sanitize_names_the_writer_hidden_in_the_drafter(tmp_path, kind, functio
     assert w["phase"] == phase, (w["phase_source"], w["stack"])
     assert w["phase_source"].startswith("the watch's record")
     assert w["step"] == (2 if "@" in kind else 0)
-    assert w["in_forward_of"] == "workbook.hooks.writers"  # the drafter forward it hid in
+    assert w["in_forward_of"] == "workbook.hooks.watch.writers"  # the drafter forward it hid in
     summary = json.load(open(tmp_path / "watch-summary.json"))
     assert summary["culprit"]["writer"]["function"] == function
     watch_ev = res["watches"][0]
@@ -583,7 +585,7 @@ def test_sanitize_names_the_writer_hidden_in_the_drafter(tmp_path, kind, functio
 def test_sanitize_without_its_tools_is_skipped_and_the_watch_runs(tmp_path):
     """nvtx asked on this CPU host (no compute-sanitizer, no NVTX headers): the stage is
     skipped with a message naming them; the watched pass itself runs to the end."""
-    from workbook.run import watchcmd
+    from workbook.run.writer import command as watchcmd
 
     cfg = RunConfig(sanitize="nvtx", watch=True, spec_method="none", max_tokens=2)
     res = watchcmd.run_passes(cfg, str(tmp_path), "none", timeout_s=1200)
@@ -605,7 +607,7 @@ def test_sanitize_without_its_tools_is_skipped_and_the_watch_runs(tmp_path):
 def test_sampler_warmup_runs_the_budget_writers_in_the_profiling_run(tmp_path):
     """PR #57926's window on today's vLLM: the dummy sampler gets registered sampling
     parameters, so the budget state's staged writes run inside the profiling run."""
-    from workbook.hooks import window
+    from workbook.hooks.watch import window
 
     before = window.RECORD["calls"]
     res = _run(RunConfig(cpu_profile_run=True, sampler_warmup=True, watch=True, max_tokens=4),

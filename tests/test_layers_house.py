@@ -166,3 +166,77 @@ def test_no_module_shadows_a_name_of_its_package():
             d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "__init__.py"))}
         clashes += [f"{os.path.relpath(root, ROOT)}.{n}" for n in sorted(names & subs)]
     assert clashes == []
+
+
+# --- rooms: the studies of run/ and the concerns of hooks/ ------------------------------------
+# (folder, room) -> the rooms of the same folder it may import besides its root's spine; a room
+# not listed may import none. The root modules of a folder (run's spine) import no room of it,
+# except the front doors: a package's ``__init__`` and the plugin (vLLM's processes' front door).
+FRONT_DOORS = {"workbook.run", "workbook.hooks", "workbook.hooks.plugin"}
+ROOMS = {
+    "run": {"budget": set(), "constraints": set(), "writer": set(),
+            "servers": {"constraints"}},  # check-server --constraints sends the grid's cases
+    "hooks": {"faults": set(), "guard": set(), "observe": {"faults"}, "watch": {"faults"}},
+}
+
+
+def _room(mod: str) -> tuple[str, str | None] | None:
+    """(folder, room or None for the folder's root) of a ``workbook.run`` / ``workbook.hooks``
+    module; None for other modules."""
+    parts = mod.split(".")
+    if len(parts) < 2 or parts[1] not in ROOMS:
+        return None
+    room = parts[2] if len(parts) > 2 and parts[2] in ROOMS[parts[1]] else None
+    return parts[1], room
+
+
+def room_arrows(mods: dict[str, str]) -> list[str]:
+    """Imports between rooms that the table above does not allow: a study importing another
+    study, a concern another concern, or a folder's spine importing one of its rooms (the
+    folder's ``__init__`` front door aside)."""
+    bad = []
+    for mod, targets in import_edges(mods).items():
+        src = _room(mod)
+        if src is None or mod in FRONT_DOORS:
+            continue
+        for t in targets:
+            dst = _room(t)
+            if dst is None or dst[0] != src[0] or dst[1] == src[1] or dst[1] is None:
+                continue
+            if src[1] is None or dst[1] not in ROOMS[src[0]][src[1]]:
+                bad.append(f"{mod} -> {t}")
+    return sorted(bad)
+
+
+def test_rooms_import_only_the_spine_and_what_they_build_on():
+    assert room_arrows(_modules()) == []
+
+
+def test_every_room_says_what_it_is_and_may_import():
+    """Each room's ``__init__`` docstring names its study or concern and what it may import."""
+    missing = []
+    for folder, rooms in ROOMS.items():
+        for room in rooms:
+            path = os.path.join(PKG, folder, room, "__init__.py")
+            doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read())) or ""
+            if "May import" not in doc:
+                missing.append(f"{folder}/{room}")
+    assert missing == []
+
+
+def test_the_room_check_sees_a_study_importing_another():
+    mods = {"workbook.run.budget.a": "a.py", "workbook.run.writer.b": "b.py",
+            "workbook.run.pipeline": "p.py", "workbook.run.servers.c": "c.py",
+            "workbook.run.constraints.d": "d.py"}
+    edges = {"workbook.run.budget.a": {"workbook.run.writer.b", "workbook.run.pipeline"},
+             "workbook.run.pipeline": {"workbook.run.budget.a"},
+             "workbook.run.servers.c": {"workbook.run.constraints.d"},
+             "workbook.run.writer.b": set(), "workbook.run.constraints.d": set()}
+    global import_edges
+    saved, import_edges = import_edges, lambda m: edges
+    try:
+        got = room_arrows(mods)
+    finally:
+        import_edges = saved
+    assert got == ["workbook.run.budget.a -> workbook.run.writer.b",
+                   "workbook.run.pipeline -> workbook.run.budget.a"]

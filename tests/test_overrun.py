@@ -6,7 +6,7 @@ Table tests over compute-sanitizer texts in the format of the committed H200 log
 "Access to 0x… is not writable", "and is inside the nearest allocation at 0x… of size N bytes",
 "… is out of bounds", "and is N bytes after the nearest allocation at …", the host backtrace with
 Python frames) and over layouts; no GPU, no engine. The padding itself (``workbook.hooks.
-redzone``) and the overrun writer (``workbook.hooks.writers``, Triton's interpreter) run here on
+redzone``) and the overrun writer (``workbook.hooks.watch.writers``, Triton's interpreter) run here on
 CPU tensors.
 """
 
@@ -16,8 +16,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import evidence_json, evidence_text
 
-from workbook.run import integrity, overrun, sanitizer
+from workbook.run import integrity
+from workbook.run.writer import overrun
+from workbook.run.writer import sanitizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H200 = os.path.join(REPO, "outputs", "h200", "writer-20261205", "tiny-alias_fill-caching-on",
@@ -193,8 +196,8 @@ def test_the_writers_whole_range_is_read_against_the_red_zones(text, layout, evi
 def test_the_h200_pointer_write_stays_inside_and_its_log_reads_the_same():
     """The committed H200 caching-on alias_fill run (no red zones then): one access, inside the
     marker — the only evidence under which 'pointer write' may be said."""
-    text = open(os.path.join(H200, "sanitizer.log"), errors="replace").read()
-    w = json.load(open(os.path.join(H200, "watch", "watch.json")))
+    text = evidence_text(os.path.join(H200, "sanitizer.log"))
+    w = evidence_json(os.path.join(H200, "watch", "watch.json"))
     rep = sanitizer.tie(sanitizer.parse(text), w, None, 1)
     ex = rep["extent"]
     assert ex["kind"] == "inside" and ex["tensor"] == "reasoning_start_token_ids"
@@ -283,7 +286,7 @@ def test_padding_keeps_what_vllm_reads_and_lays_out_the_zones(monkeypatch):
 
     import torch
 
-    from workbook.hooks import redzone
+    from workbook.hooks.watch import redzone
 
     st = types.SimpleNamespace(
         reasoning_start_token_ids=torch.tensor([5], dtype=torch.int32),
@@ -307,7 +310,7 @@ def test_padding_keeps_what_vllm_reads_and_lays_out_the_zones(monkeypatch):
 
 _WRITER = """
 import torch, sys
-from workbook.hooks import writers
+from workbook.hooks.watch import writers
 buf = torch.full((320,), 7, dtype=torch.int32)   # 1280 bytes: a neighbour, then the marker
 marker = buf[256:257]                             # at byte 1024 of the buffer
 writers.WRITE["overrun"](marker)
@@ -330,9 +333,9 @@ def _h200_side(kind: str, caching: str) -> dict:
     """A committed H200 run (2026-12-04, markers read-only, no red zones then) re-read: its
     summary with the writer re-tied from its own memcheck log and watch.json."""
     d = os.path.join(REPO, "outputs", "h200", "writer-20261204", f"tiny-{kind}-caching-{caching}")
-    s = json.load(open(os.path.join(d, "watch-summary.json")))
-    w = json.load(open(os.path.join(d, "pass1-none", "watch", "watch.json")))
-    text = open(os.path.join(d, "pass1-none", "sanitizer.log"), errors="replace").read()
+    s = evidence_json(os.path.join(d, "watch-summary.json"))
+    w = evidence_json(os.path.join(d, "pass1-none", "watch", "watch.json"))
+    text = evidence_text(os.path.join(d, "pass1-none", "sanitizer.log"))
     fw = sanitizer.tie(sanitizer.parse(text), w, None, 1)["first_writer"]
     return {**s, "culprit": {**s["culprit"], "writer": fw}}
 

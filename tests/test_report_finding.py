@@ -513,8 +513,10 @@ def test_output_contract_not_judged(schema, finish, text, why):
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.31.0", "0.30.0", "0.29.0", "0.28.0"])
 def test_committed_grids_never_count_an_unjudged_cell_as_held(version):
-    g = json.loads(Path(__file__).parent.parent.joinpath(
-        "outputs", "cpu", f"constraints-{version}", "grid.json").read_text())
+    from workbook.core import rundir
+
+    g = rundir.read_json(str(Path(__file__).parent.parent.joinpath(
+        "outputs", "cpu", f"constraints-{version}", "grid.json")))
     for c in g["cells"]:
         # without grammar evidence (grids before it) an unfinished structured output is unjudged
         if c["constraint"] == "structured_output" and c["finish_reason"] != "stop" and \
@@ -529,7 +531,7 @@ def test_a_method_vllm_refuses_at_start_is_said_apart_with_its_message():
     import pydantic
 
     from workbook.report import constraints
-    from workbook.run.constraints import _is_refusal, _msg
+    from workbook.run.constraints.cases import _is_refusal, _msg
 
     class Speculative(pydantic.BaseModel):
         method: str

@@ -6,7 +6,7 @@ elimination. The engine-side proofs are tests/test_constraints.py's fault cases.
 import re
 
 from workbook.core import budget, contracts
-from workbook.run import rowjudge
+from workbook.run.constraints import rowjudge
 
 NEG = float("-inf")
 MARKERS = budget.Markers()
@@ -156,7 +156,7 @@ def test_the_report_shows_a_neighbours_touch():
     step and row, in the cell, the summary and the table under the grid; the source's cell is
     violated with the leak's sentence."""
     from workbook.report import constraints as section
-    from workbook.run import constraints as C
+    from workbook.run.constraints import cases as C
 
     pa, pb = contracts.Params(allowed_token_ids=(5, 6, 7)), contracts.Params(logit_bias={5: 1.0})
     raw = {0: 0.0, 5: 0.0, 9: 1.0}

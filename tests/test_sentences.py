@@ -30,7 +30,11 @@ import pytest
 from workbook.core import budget
 from workbook.core.hypotheses import HYPOTHESES
 from workbook.report import wording
-from workbook.run import diagnose, evidence_text, servercheck, stages, verdicts
+from workbook.run import verdicts
+from workbook.run.budget import diagnose
+from workbook.run.budget import evidence_text
+from workbook.run.servers import check as servercheck
+from workbook.run.budget import stages
 
 M = budget.Markers(start=[368], end=[369], natural_end=[369])
 CONFIG = M.to_dict()

@@ -37,7 +37,8 @@ import pytest
 
 from workbook.core.budget import Markers
 from workbook.core.config import RunConfig
-from workbook.run import server, servercheck
+from workbook.run import server
+from workbook.run.servers import check as servercheck
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from workbook.core.budget import Markers
-from workbook.run import serverconstraints as S
+from workbook.run.servers import constraints as S
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MK = Markers((10,), (11,))

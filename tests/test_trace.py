@@ -12,7 +12,7 @@ import pytest
 from _ops import HOST_OPS, OpsFrom
 
 from workbook.core.tracefiles import load
-from workbook.hooks.tracer import Tracer
+from workbook.hooks.observe.tracer import Tracer
 from workbook.run import request
 from workbook.vllm import hookpoints, patching
 
@@ -64,10 +64,10 @@ def test_removing_the_tracer_restores_the_original_methods(engines):
     assert not any(n.startswith("observe") for chain in active_before.values()
                    for n in chain)  # no leak
     # the tracer and the row check on ONE observer: one wrapper per hook point, both restored
-    from workbook.hooks.observer import Observer
-    from workbook.hooks.rowcheck import RowCheck
+    from workbook.hooks.observe.observer import Observer
+    from workbook.hooks.observe.rowcheck import RowCheck
 
-    from workbook.hooks.outputs import Outputs
+    from workbook.hooks.observe.outputs import Outputs
 
     obs = Observer([RowCheck(), Tracer()]).install()
     # the outputs both read: ONE collector, added by the observer, first in its order
@@ -97,9 +97,9 @@ def test_the_constraints_observer_never_changes_what_vllm_samples(engines, spec_
     gathers too, on the engines the tests above started (no engine of its own)."""
     from workbook import hooks
     from workbook.core.config import RunConfig
-    from workbook.run import constraints as C
-    from workbook.run import rowjudge
-    from workbook.run.caseparams import sampling_params
+    from workbook.run.constraints import cases as C
+    from workbook.run.constraints import rowjudge
+    from workbook.run.constraints.caseparams import sampling_params
 
     eng = engines(spec_method=spec_method)
     tok = eng.tokenizer
@@ -223,9 +223,9 @@ def test_install_puts_one_output_collector_before_its_readers():
     first on the run's one observer; removing it restores vLLM's methods (no engine needed)."""
     from workbook import hooks
     from workbook.core.config import RunConfig
-    from workbook.hooks.observer import Observer
-    from workbook.hooks.outputs import Outputs
-    from workbook.hooks.rowcheck import RowCheck
+    from workbook.hooks.observe.observer import Observer
+    from workbook.hooks.observe.outputs import Outputs
+    from workbook.hooks.observe.rowcheck import RowCheck
 
     hp = hookpoints.resolve()
     before = hp.runner.__dict__["sample"]
@@ -249,8 +249,8 @@ def test_the_written_trace_carries_the_output_collectors_errors(tmp_path):
     taps (the observer hands it to ``Outputs.error``) is in the trace the tracer writes, as the
     tracer's own are — a steps row of step -1, path ``tracer-error:outputs:<where>: <error>`` —
     once, however often the trace is read (no engine: the collectors wired as on a run)."""
-    from workbook.hooks.observer import Observer
-    from workbook.hooks.outputs import Outputs
+    from workbook.hooks.observe.observer import Observer
+    from workbook.hooks.observe.outputs import Outputs
 
     t = Tracer()
     out = Observer([t]).collector(Outputs)

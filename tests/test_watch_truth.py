@@ -19,7 +19,10 @@ import json
 
 import pytest
 
-from workbook.run import integrity, sanistage, sanitizer, watchcmd
+from workbook.run import integrity
+from workbook.run.writer import stage as sanistage
+from workbook.run.writer import sanitizer
+from workbook.run.writer import command as watchcmd
 
 STARTUP = ["runner construction", "model load", "drafter load", "state creation"]
 PAST_PROFILE = STARTUP + ["memory profiling", "profiling run", "KV-cache allocation"]
@@ -239,7 +242,7 @@ def test_a_failed_pass_says_its_last_exception(tmp_path, text, want):
     """A pass that exited non-zero: the summary gives the exception line (H200, 2026-12-04:
     the 27B start-up under memcheck ended in torch.OutOfMemoryError, the summary said only
     'exit 1')."""
-    from workbook.run import watchcmd
+    from workbook.run.writer import command as watchcmd
 
     log = tmp_path / "pass.log"
     log.write_text(text)

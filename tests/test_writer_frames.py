@@ -16,10 +16,13 @@ like the watch's own.
 
 from __future__ import annotations
 
-import json
 import os
 
-from workbook.run import integrity, sanitizer, writerframes
+from conftest import evidence_json, evidence_text
+
+from workbook.run import integrity
+from workbook.run.writer import sanitizer
+from workbook.run.writer import frames as writerframes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H200 = os.path.join(REPO, "outputs", "h200", "writer-20261204", "tiny-triton_store-caching-off",
@@ -81,10 +84,8 @@ STEPS = STARTUP + ["KV-cache allocation", "warm-up", "step 1 (first real step)",
 def test_h200_triton_log_names_the_frame_past_the_launcher():
     """The H200's own log (2026-12-04): today's reading named ``__call__ in driver.py:713``;
     by module the launcher's frames (Triton's driver and jit) are passed over."""
-    with open(os.path.join(H200, "sanitizer.log")) as f:
-        parsed = sanitizer.parse(f.read())
-    with open(os.path.join(H200, "watch", "watch.json")) as f:
-        w = json.load(f)
+    parsed = sanitizer.parse(evidence_text(os.path.join(H200, "sanitizer.log")))
+    w = evidence_json(os.path.join(H200, "watch", "watch.json"))
     rep = sanitizer.tie(parsed, w, None, 6)
     fw = rep["first_writer"]
     assert fw["kernel"] == "zero_store" and fw["tensor"] == "reasoning_start_token_ids"
@@ -112,7 +113,7 @@ def test_user_module_kernel_is_named_by_its_wrapper_through_the_module_table(tmp
     mine.write_text("\n" * 100 + "def triton_user(t):\n" + "    pass\n" * 20)
     modules = {"user_kernels.py": [["user_kernels", str(user)]],
                "writers.py": [["other.writers", str(other)],
-                              ["workbook.hooks.writers", str(mine)]],
+                              ["workbook.hooks.watch.writers", str(mine)]],
                "driver.py": [["triton.backends.nvidia.driver", "/x/triton/backends/nvidia/"
                                                                "driver.py"],
                              ["triton.runtime.driver", "/x/triton/runtime/driver.py"]]}
@@ -125,7 +126,7 @@ def test_user_module_kernel_is_named_by_its_wrapper_through_the_module_table(tmp
     judged = [writerframes.frame_module(f, modules) for f in
               sanitizer.parse(USER_LOG)["errors"][0]["python_frames"]]
     assert judged[0]["machinery"] and judged[0]["module"].startswith("triton")
-    assert judged[4]["module"] == "workbook.hooks.writers"
+    assert judged[4]["module"] == "workbook.hooks.watch.writers"
     # without a module table the library frames still place the launcher
     bare = sanitizer.tie(sanitizer.parse(USER_LOG), _watch(STARTUP), None, 6)["first_writer"]
     assert bare["frame"] == "clear_ids in user_kernels.py:19" and bare["module"] == "user_kernels"

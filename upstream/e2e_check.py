@@ -23,7 +23,8 @@ import time
 def main() -> int:
     t0 = time.perf_counter()
     from workbook.core.config import RunConfig
-    from workbook.run import experiments, request
+    from workbook.run import request
+    from workbook.run.budget import experiments
     from workbook.vllm import engine
 
     eng = engine.start(RunConfig(spec_method="mtp", num_spec_tokens=4))

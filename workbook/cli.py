@@ -7,7 +7,7 @@
     workbook run constraints [--only NAME] [--methods M ...] [--constraints C ...]
                      [--batches B ...] [--set KEY=VALUE ...] [--out outputs] [--no-report]
                                                     # a constraints grid (an environment
-                                                    # with study: constraints; workbook.run.grid)
+                                                    # with study: constraints; workbook.run.constraints.grid)
     workbook validate ENV [--only NAME ...] [--set KEY=VALUE ...] [--platform cpu|gpu]
                                                     # the run's rules; start nothing
     workbook verify RUN_DIR                          # SHA256SUMS; exit 1 on any mismatch
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render each executed notebook to HTML without its code cells")
     r.add_argument("--no-notebook-html", action="store_true",
                    help="do not render the executed notebooks to HTML")
-    from workbook.run import grid
+    from workbook.run.constraints import grid
 
     grid.add_arguments(r)
     v = sub.add_parser("validate", help="validate an environment's runs with the rules the run "
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     n = sub.add_parser("params", help="show a notebook's parameters (papermill --help-notebook)")
     n.add_argument("notebook", help="a notebook (.py percent or .ipynb)")
     w = sub.add_parser("watch", help="start-up watch of the budget state + writer localization "
-                                     "(workbook.run.watchcmd)")
+                                     "(workbook.run.writer.command)")
     w.add_argument("--env", help="take the configuration from an environment file's defaults "
                                  "(and --run's entry)")
     w.add_argument("--run", help="the environment's run to take (default: its 'integrity' run, "
@@ -142,7 +142,7 @@ def cmd_run(args) -> int:
     from workbook import batch
     from workbook import report as rep
     from workbook.core import rundir
-    from workbook.run import grid
+    from workbook.run.constraints import grid
 
     overrides = dict(args.overrides)
     chosen = [o for o in ("methods", "constraints", "batches", "axes", "vary")
@@ -206,7 +206,7 @@ def cmd_validate(args) -> int:
     from workbook import batch
 
     on_cpu = None if args.platform is None else args.platform == "cpu"
-    from workbook.run import grid
+    from workbook.run.constraints import grid
 
     if grid.is_grid(args.env):  # the grid's own plan: what `workbook run constraints` applies
         for name in args.only or grid.entries(args.env):
@@ -256,7 +256,7 @@ def _batch_folders(path: str) -> tuple[list[str], list[str]]:
 
 
 def _study(folder: str) -> str | None:
-    """The study a run folder holds (``constraints``: a grid, ``workbook.run.grid``), else None
+    """The study a run folder holds (``constraints``: a grid, ``workbook.run.constraints.grid``), else None
     (a batch of notebook runs)."""
     from workbook.core import rundir
 
@@ -345,7 +345,7 @@ def cmd_watch(args) -> int:
     import time
 
     from workbook.core.config import RunConfig, validate
-    from workbook.run import watchcmd
+    from workbook.run.writer import command as watchcmd
     from workbook.vllm import env as wenv
 
     _known_keys(args.overrides)
@@ -382,7 +382,7 @@ def _known_keys(overrides) -> None:
                           f"{', '.join(fields)}")
 
 
-# --- serve (workbook.run.serve) ----------------------------------------------------------------
+# --- serve (workbook.run.servers.serve) ----------------------------------------------------------------
 
 SERVE_PORT = 8000  # vllm serve's own default
 SERVE_LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
@@ -410,7 +410,7 @@ def _serve_parser(sub) -> None:
 
 def cmd_serve(args) -> int:
     from workbook import batch
-    from workbook.run import serve
+    from workbook.run.servers import serve
 
     _known_keys(args.overrides)
     if not 0 <= args.port <= 65535:
@@ -425,12 +425,12 @@ def cmd_serve(args) -> int:
                        label=f"{env.name} run {spec.name!r} ({cfg.model}{extra})")
 
 
-# --- check-server (workbook.run.servercheck) -------------------------------------------------
+# --- check-server (workbook.run.servers.check) -------------------------------------------------
 
 def _check_server_parser(sub) -> None:
     s = sub.add_parser("check-server", help="send the reported request to a running vLLM "
                                             "server and judge its budget per position "
-                                            "(installs nothing; workbook.run.servercheck)")
+                                            "(installs nothing; workbook.run.servers.check)")
     s.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
     s.add_argument("--model", help="served model name (default: the first one served)")
     s.add_argument("--budget", type=int, default=1, help="thinking_token_budget (default 1)")
@@ -451,7 +451,7 @@ def _check_server_parser(sub) -> None:
     s.add_argument("--json", dest="json_out", help="also write the full result as JSON here")
     s.add_argument("--constraints", nargs="?", const="all", metavar="NAMES",
                    help="check every per-request constraint instead of the budget alone (all, "
-                        "or comma-separated case names; workbook.run.serverconstraints)")
+                        "or comma-separated case names; workbook.run.servers.constraints)")
 
 
 def cmd_check_server(args) -> int:
@@ -459,7 +459,7 @@ def cmd_check_server(args) -> int:
     import json
 
     from workbook.core.budget import Markers
-    from workbook.run import servercheck
+    from workbook.run.servers import check as servercheck
 
     markers = None
     if args.marker_ids:
@@ -493,7 +493,8 @@ def _check_server_constraints(args, markers) -> int:
     3 a request failed otherwise."""
     import json
 
-    from workbook.run import servercheck, serverconstraints as sck
+    from workbook.run.servers import check as servercheck
+    from workbook.run.servers import constraints as sck
 
     try:
         names = sck.parse_names(args.constraints)

@@ -1,6 +1,6 @@
 """A user's own Triton kernel and its wrapper, outside the workbook (the writer the sanitizer
 stage must name by this module's frame, not Triton's launcher): ``clear_ids(t)`` zeroes an
-int32 tensor through ``_clear_kernel``. Loaded by file path (``workbook.hooks.writers``)."""
+int32 tensor through ``_clear_kernel``. Loaded by file path (``workbook.hooks.watch.writers``)."""
 
 import triton
 import triton.language as tl

@@ -4,7 +4,7 @@ An environment file holds::
 
     hardware: cpu                      # outputs/<hardware>/...; default: the file's stem
     study: constraints                 # optional: the runs are constraints grids
-                                       # (workbook.run.grid), not notebooks
+                                       # (workbook.run.constraints.grid), not notebooks
     notebook: notebooks/01_reproduce.py
     checks: [A]                        # deterministic checks (workbook.run.request), default none
     timeout: 600                       # seconds per run (papermill cell timeout + a hard kill)

@@ -56,7 +56,7 @@ prefix before the binding position, a forced string with tokens after the natura
 forced string without the natural end — is a finding (``docs/reasoning-config.md``).
 
 Used by the client-side verdict (``workbook.run.request``), the trace diagnosis
-(``workbook.run.diagnose``), the tracer's own host-side count (``workbook.hooks.tracer``) and the
+(``workbook.run.budget.diagnose``), the tracer's own host-side count (``workbook.hooks.observe.tracer``) and the
 guard's host side (``workbook.hooks.guard``); the guard's Triton kernel is tested against it on
 random histories (``tests/test_budget.py``, ``tests/test_guard.py``).
 

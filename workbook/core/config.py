@@ -32,8 +32,8 @@ LOCALIZE = ("none", "module", "op")
 # the constraint faults (``workbook.core.constraint_fault_catalogue``)
 CONSTRAINT_FAULTS = ("none", *constraint_fault_catalogue.FAULTS)
 from workbook.core.contracts.base import LOGPROBS_MODES  # the logprobs contract's modes
-ARRIVALS = ("step0", "staggered")  # how a batch's requests reach the engine (workbook.run.constraints)
-DRAFTER_STEERS = ("none", "allowed", "greedy", "forbidden")  # workbook.hooks.steer
+ARRIVALS = ("step0", "staggered")  # how a batch's requests reach the engine (workbook.run.constraints.cases)
+DRAFTER_STEERS = ("none", "allowed", "greedy", "forbidden")  # workbook.hooks.observe.steer
 CHECK_NAMES = ("A", "B")  # the deterministic checks (workbook.run.request, docs/facts.md)
 
 
@@ -80,15 +80,15 @@ class RunConfig:
     preserve_thinking: bool = True
     prompt: str = "What is 1+1?"
     arrival: str = "step0"  # step0: every request of a batch added at once | staggered: request i added at step 2*i
-    drafter_steer: str = "none"  # none | allowed | greedy | forbidden: the drafter's proposals replaced (workbook.hooks.steer)
+    drafter_steer: str = "none"  # none | allowed | greedy | forbidden: the drafter's proposals replaced (workbook.hooks.observe.steer)
     # workbook
     mode: str = "in-process"  # in-process | server
     zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process)
-    fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults)
+    fault: str = "none"  # inject one hypothesis' fault (workbook.hooks.faults.budget)
     guard: bool = False  # apply the commit-time budget guard (workbook.hooks.guard)
-    trace: bool = True  # record the per-step trace (workbook.hooks.tracer)
-    row_check: bool = False  # keep every logits row's contract columns, raw and processed (workbook.hooks.rowcheck; the constraints grid)
-    constraint_fault: str = "none"  # inject one constraint fault (workbook.hooks.constraint_faults)
+    trace: bool = True  # record the per-step trace (workbook.hooks.observe.tracer)
+    row_check: bool = False  # keep every logits row's contract columns, raw and processed (workbook.hooks.observe.rowcheck; the constraints grid)
+    constraint_fault: str = "none"  # inject one constraint fault (workbook.hooks.faults.constraints)
     probes: bool = False  # after a violation, re-run the request with one switch per remaining cause (batch of 1, markers re-uploaded, guard on ...; in-process) and feed the results back into the verdict
     # start-up watch (issue #13: workbook.hooks.watch)
     watch: bool = False  # snapshot ThinkingBudgetState's device tensors at every start-up phase and step
@@ -96,7 +96,7 @@ class RunConfig:
     localize_within: str = ""  # op level only inside modules whose name starts with this (e.g. target.model.layers.0)
     localize_timeout_s: float = 600.0  # localization stops here and keeps what it narrowed down
     cpu_profile_run: bool = False  # CPU: run the worker's profiling run as the GPU worker always does
-    sanitize: str = "none"  # none | auto | nvtx | page | api (CUPTI only): the budget state's markers read-only so a write names its writer (workbook.hooks.protect; implies watch)
+    sanitize: str = "none"  # none | auto | nvtx | page | api (CUPTI only): the budget state's markers read-only so a write names its writer (workbook.hooks.watch.protect; implies watch)
     sampler_warmup: bool = False  # profiling run's dummy sampler with SamplingParams.for_sampler_warmup() registered (vLLM PR #57926's window)
 
     @property

@@ -1,6 +1,6 @@
 """The constraint fault catalogue: each fault's name, what it breaks, and the contract and
 MRV2 stage the evidence must name when it is injected (the implementations, which patch vLLM,
-are ``workbook.hooks.constraint_faults``; what each does there is in its docstring).
+are ``workbook.hooks.faults.constraints``; what each does there is in its docstring).
 
 Here, not in the hooks, so a run's ``constraint_fault`` is validated (``workbook.core.config``)
 without importing vLLM. A new fault: one entry in each dictionary here + its ``inject`` branch.
@@ -31,7 +31,7 @@ FAULTS = {
     "allowed-mask-every-row": "one request's allowed_token_ids mask is applied to every row "
                               "of the batch",
     # distribution faults (temperature > 0 only; greedy output unchanged): the distribution
-    # oracle's (workbook.run.distribution)
+    # oracle's (workbook.run.constraints.distribution)
     "rejection-tempered-twice": "the rejection sampler divides the processed (already "
                                 "tempered) target rows by the temperature again",
     "draft-rows-untempered": "the temperature is not applied to draft rows (local position "
@@ -53,7 +53,7 @@ EXPECTED = {
     "stop-string-not-trimmed": ("stop_strings", "host-side post-processing"),
     "max-tokens-step-end": ("max_tokens", "host-side post-processing"),
     "penalties-next-column": ("penalties", "apply"),
-    # the source request's contract, on a neighbour's rows (``workbook.run.rowjudge``)
+    # the source request's contract, on a neighbour's rows (``workbook.run.constraints.rowjudge``)
     "allowed-mask-every-row": ("allowed_token_ids", ("apply", "apply on draft rows")),
     "rejection-tempered-twice": ("temperature", "rejection"),
     "draft-rows-untempered": ("temperature", "apply on draft rows"),

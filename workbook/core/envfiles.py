@@ -1,7 +1,7 @@
 """Where an environment name points: ``cpu`` -> ``environments/cpu.yaml`` (the working folder
 first, then the repository), or a path; the names that resolve. One place for the lookup that
 the batch layer and the constraints grid both use. Deliberately not here: reading or validating
-an environment (``workbook.batch.environment``, ``workbook.run.grid``).
+an environment (``workbook.batch.environment``, ``workbook.run.constraints.grid``).
 """
 
 from __future__ import annotations

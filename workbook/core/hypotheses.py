@@ -2,10 +2,10 @@
 
 One entry per hypothesis: its id, the pipeline stage it lives in (``STAGES``, in pipeline order,
 each with what it must do), a title, what it means, the evidence in the trace that confirms it
-(what ``workbook.run.diagnose`` looks for), the A/B check or probe that would confirm it
-independently, and what each automatic probe (``workbook.run.probes``) must show if it is the
+(what ``workbook.run.budget.diagnose`` looks for), the A/B check or probe that would confirm it
+independently, and what each automatic probe (``workbook.run.budget.probes``) must show if it is the
 cause. ``FAULTS`` lists the removable faults of
-``workbook.hooks.faults``, each tied to the hypothesis it reproduces in healthy vLLM.
+``workbook.hooks.faults.budget``, each tied to the hypothesis it reproduces in healthy vLLM.
 
 Read by validation (``RunConfig.fault``), the faults, the diagnosis, the notebooks and the
 report. Deliberately not here: how a fault is built or how a rule decides (their modules).
@@ -26,7 +26,7 @@ class Hypothesis:
     meaning: str
     evidence: str  # what in the trace / effective configuration confirms it
     confirm: str  # the A/B check or probe that separates it from the others
-    # the verdict of the violating request each probe (workbook.run.probes.PROBES) must give
+    # the verdict of the violating request each probe (workbook.run.budget.probes.PROBES) must give
     # if this hypothesis is the cause: "honored" / "violated"; absent: no prediction
     predicts: dict = field(default_factory=dict)
 
@@ -217,7 +217,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "request without a budget", side="unbudgeted"),
     Fault("H-d-twice", "H-d-kernel", "the budget kernel forces the end again in every row of a "
           "budgeted request whose reasoning already ended", side="twice"),
-    # -- issue #13: out-of-band writers (workbook.hooks.faults, end of _BUILDERS) ------------
+    # -- issue #13: out-of-band writers (workbook.hooks.faults.budget, end of _BUILDERS) ------------
     Fault("H-i-profile", "H-i", "a writer hidden in the target's first MLP zeroes the budget "
           "state's markers and marker caches through a raw alias of their storage, only during "
           "the profiling run", before_start=True),

@@ -8,13 +8,17 @@ tables ``trace/*.parquet`` (``workbook.core.tracefiles``) and, per executor, the
 notebook, ``papermill.log``, ``server.log``, ``failure.json``.
 
 Run ids are a timestamp plus a random suffix, created with ``mkdir`` (never an existing one):
-nothing is ever overwritten. Deliberately not here: producing the evidence (``workbook.run``)
+nothing is ever overwritten. Committed evidence is kept lean (``scripts/lean_outputs.py``): a
+bulky file ``x`` may be stored as ``x.gz`` (``read_json`` and ``verify`` read it as ``x``:
+``SHA256SUMS`` keeps the digest of the original bytes), and rendered pages are left out
+(``workbook report FOLDER`` renders them again). Deliberately not here: producing the evidence (``workbook.run``)
 or running batches (``workbook.batch``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import hashlib
 import json
 import os
@@ -51,10 +55,15 @@ def write_json(path: str, obj: Any) -> None:
 
 
 def read_json(path: str, default=None):
-    if not os.path.exists(path):
-        return default
-    with open(path) as f:
-        return json.load(f)
+    """The JSON at ``path`` (or at ``path.gz``, as committed evidence keeps a bulky file);
+    ``default`` when neither exists."""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    if os.path.exists(path + ".gz"):
+        with gzip.open(path + ".gz", "rt", encoding="utf-8") as f:
+            return json.load(f)
+    return default
 
 
 def now() -> str:
@@ -113,8 +122,9 @@ def latest_runs(out: str = "outputs") -> list[str]:
 # ---------------------------------------------------------------- checksums
 
 def file_sha256(path: str) -> str:
+    """The file's digest; of a ``.gz`` kept for a listed file, the original bytes' (``verify``)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -154,9 +164,12 @@ def verify(run_dir: str) -> list[str]:
     problems = []
     for rel, digest in sorted(listed.items()):
         p = os.path.join(run_dir, rel)
+        if not os.path.exists(p) and os.path.exists(p + ".gz") and not rel.endswith(".gz"):
+            p += ".gz"  # kept compressed (lean evidence): the digest is of the original bytes
         if not os.path.exists(p):
             problems.append(f"missing: {rel}")
         elif file_sha256(p) != digest:
             problems.append(f"changed: {rel}")
-    problems += [f"not listed: {rel}" for rel in list_files(run_dir) if rel not in listed]
+    problems += [f"not listed: {rel}" for rel in list_files(run_dir)
+                 if rel not in listed and rel.removesuffix(".gz") not in listed]
     return problems

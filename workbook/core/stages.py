@@ -3,8 +3,8 @@
 Each ``Stage`` is one thing Model Runner V2 does to a request's logits rows or output between
 ``add_request`` and what the user reads, and what it must do there (``does``); ``budget`` says
 the same for the thinking budget where its evidence reads it more precisely (the catalogue
-``workbook.core.hypotheses`` shows it). The budget's cause chain (``workbook.run.stages``), the
-contracts' ``stages`` (``workbook.core.contracts``), the row judge (``workbook.run.rowjudge``)
+``workbook.core.hypotheses`` shows it). The budget's cause chain (``workbook.run.budget.stages``), the
+contracts' ``stages`` (``workbook.core.contracts``), the row judge (``workbook.run.constraints.rowjudge``)
 and the trace-wide contract checks name a stage only from ``NAMES``; a verdict's ``stage``
 (``workbook.run.verdicts.Verdict``) is one of them, or ``UNLOCATED`` where only the
 differential against the healthy reference saw the change (no stage named).

@@ -1,4 +1,4 @@
-"""The trace schema (``workbook.hooks.tracer`` writes it): tables as pandas DataFrames and parquet files; merging files of several processes.
+"""The trace schema (``workbook.hooks.observe.tracer`` writes it): tables as pandas DataFrames and parquet files; merging files of several processes.
 
 Columns are fixed (``*_COLUMNS``) so an empty trace still has the schema the diagnosis reads.
 ``save(frames, dir)`` writes ``<name>.parquet`` per table (object columns holding dicts are stored
@@ -20,7 +20,7 @@ REQUEST_COLUMNS = [
     "budget_device", "gate", "fast_path", "apply_called", "kernels_launched", "last_start",
     "last_end", "scan_pos", "num_sampled_vllm", "num_sampled", "num_rejected", "sampled_vllm",
     "emitted", "total_len_after", "proposed",
-    # evidence vs the host truth (workbook.hooks.tracer docstring)
+    # evidence vs the host truth (workbook.hooks.observe.tracer docstring)
     "batch_pos", "batch_size", "truth_start", "kernel_substituted", "last_start_before",
     "last_end_before", "scan_pos_before", "cache_ref_start", "cache_before_ok",
     "cache_scan_ok", "cache_after_ok", "markers_dev", "markers_ok", "markers_version", "markers_moved",

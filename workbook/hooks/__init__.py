@@ -11,13 +11,11 @@ environment variables of ``workbook.vllm.env``.
 
 Layering (``workbook.vllm.patching``): vLLM's original < fault < guard < trace, so the tracer
 always observes what the guard finally emits and the guard what a (simulated) broken vLLM
-produced. Modules: ``observer`` (one patch set, one wrapper per hook point, calling each
-collector), ``tracer`` (per-step evidence; its thinking-budget part: ``budget_trace``),
-``outputs`` (the step's sampled / accepted / emitted tokens and logprobs, which the tracer
-and the row check both read), ``rowcheck`` (every logits row, the prompt rows),
-``faults`` (one per catalogue entry), ``guard`` (the fix), ``plugin`` (the
-``vllm.general_plugins`` entry point), ``served_rows`` (the row check and constraint fault of
-a served constraints grid, driven by files).
+produced. Rooms, one folder per concern: ``observe/`` (the observer and its collectors: tracer,
+outputs, row check, served rows, preemption counter, steer), ``guard/`` (the fix), ``watch/``
+(the start-up watch and everything that names a writer), ``faults/`` (budget and constraint
+faults; the lowest room, which ``observe`` and ``watch`` build on); ``plugin`` (the
+``vllm.general_plugins`` entry point) at the root beside this front door.
 """
 
 from __future__ import annotations
@@ -33,11 +31,11 @@ def install(cfg, engine=None, *, trace_dir: str | None = None):
     hooks = []
     tracer = None
     if cfg.fault and cfg.fault != "none" and not FAULTS[cfg.fault].before_start:
-        from workbook.hooks import faults
+        from workbook.hooks.faults import budget as faults
 
         hooks.append(faults.inject(cfg.fault, engine=engine))
     if getattr(cfg, "constraint_fault", "none") != "none":
-        from workbook.hooks import constraint_faults
+        from workbook.hooks.faults import constraints as constraint_faults
 
         hooks.append(constraint_faults.inject(cfg.constraint_fault))
     if cfg.guard:
@@ -46,20 +44,20 @@ def install(cfg, engine=None, *, trace_dir: str | None = None):
         hooks.append(guard.install())
     collectors = []  # one observer: every collector on the same hook points
     if cfg.trace or getattr(cfg, "row_check", False):  # the outputs both read, recorded once
-        from workbook.hooks.outputs import Outputs
+        from workbook.hooks.observe.outputs import Outputs
 
         collectors.append(Outputs())
     if getattr(cfg, "row_check", False):
-        from workbook.hooks.rowcheck import RowCheck
+        from workbook.hooks.observe.rowcheck import RowCheck
 
         collectors.append(RowCheck())
     if cfg.trace:
-        from workbook.hooks.tracer import Tracer
+        from workbook.hooks.observe.tracer import Tracer
 
         tracer = Tracer(flush_dir=trace_dir)
         collectors.append(tracer)
     if collectors:
-        from workbook.hooks.observer import Observer
+        from workbook.hooks.observe.observer import Observer
 
         hooks.append(Observer(collectors).install())
     return hooks, tracer
@@ -67,8 +65,8 @@ def install(cfg, engine=None, *, trace_dir: str | None = None):
 
 def row_check(hooks):
     """The row check among ``install``'s patch sets (None when the run asked for none)."""
-    from workbook.hooks.observer import Observer
-    from workbook.hooks.rowcheck import RowCheck
+    from workbook.hooks.observe.observer import Observer
+    from workbook.hooks.observe.rowcheck import RowCheck
 
     return next((h.collector(RowCheck) for h in hooks if isinstance(h, Observer)
                  and h.collector(RowCheck) is not None), None)
@@ -107,7 +105,7 @@ def pre_start(cfg, *, watch_dir: str | None = None):
         if ps is not None:
             startup_only.append(ps)
     if cfg.sampler_warmup:
-        from workbook.hooks import window
+        from workbook.hooks.watch import window
 
         startup_only.append(window.sampler_warmup().install())
     if cfg.watched:
@@ -116,7 +114,7 @@ def pre_start(cfg, *, watch_dir: str | None = None):
         w = wmod.install(watch_options(cfg, watch_dir))
     f = FAULTS.get(cfg.fault)
     if f is not None and f.before_start:
-        from workbook.hooks import faults
+        from workbook.hooks.faults import budget as faults
 
         sets.append(faults.inject(cfg.fault))
 

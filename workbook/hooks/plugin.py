@@ -4,7 +4,7 @@ vLLM loads ``vllm.general_plugins`` entry points in the front-end, the engine co
 worker process. ``register()`` reads the variables of ``workbook.vllm.env`` (``HOOK_VARS``)
 and installs, in that process, what they ask for:
 
-- ``WORKBOOK_FAULT=H-x``      inject that fault (``workbook.hooks.faults``)
+- ``WORKBOOK_FAULT=H-x``      inject that fault (``workbook.hooks.faults.budget``)
 - ``WORKBOOK_GUARD=1``        apply the budget guard (``workbook.hooks.guard``)
 - ``WORKBOOK_TRACE_DIR=path`` trace into ``path/<pid>/``; flushed at exit and every
   ``WORKBOOK_TRACE_FLUSH_EVERY`` steps (``workbook.run.server`` asks for every step: the
@@ -17,7 +17,7 @@ and installs, in that process, what they ask for:
   when the runner is built (their modules are still importing when this hook runs)
 - ``WORKBOOK_CPU_PROFILE_RUN=1`` the CPU worker runs ``profile_run`` as the GPU worker does
 - ``WORKBOOK_ROW_CHECK_DIR=path`` the served constraints grid's row check and constraint fault
-  (``workbook.hooks.served_rows``: ``path/control.json`` in, ``path/<pid>/rows.jsonl`` out)
+  (``workbook.hooks.observe.served_rows``: ``path/control.json`` in, ``path/<pid>/rows.jsonl`` out)
 
 With tensor or pipeline parallelism every worker process (one per rank) loads the plugin and
 installs the same hooks; when its runner is built it writes ``<dir>/<pid>/rank.json`` (tp / pp
@@ -78,7 +78,7 @@ def _install_hooks_from_env() -> None:
         watch.install_from_dir(watch_dir)
     fault = os.environ.get(wenv.FAULT)
     if fault and fault != "none":
-        from workbook.hooks import faults
+        from workbook.hooks.faults import budget as faults
 
         only = wenv.fault_ranks()
         if only is None:
@@ -93,14 +93,14 @@ def _install_hooks_from_env() -> None:
         _when_runner_built(_RUNNERS.append, with_runner=True)
     rows_dir = os.environ.get(wenv.ROW_CHECK_DIR)
     if rows_dir:
-        from workbook.hooks import served_rows
+        from workbook.hooks.observe import served_rows
 
         served_rows.install_from_dir(rows_dir)
     trace_dir = os.environ.get(wenv.TRACE_DIR)
     if trace_dir:
         import atexit
 
-        from workbook.hooks.tracer import Tracer
+        from workbook.hooks.observe.tracer import Tracer
 
         every = int(os.environ.get(wenv.TRACE_FLUSH_EVERY) or 64)
         tracer = Tracer(flush_dir=os.path.join(trace_dir, str(os.getpid())),

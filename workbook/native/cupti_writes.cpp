@@ -3,9 +3,9 @@
 // hold copies and memsets through the CUDA API to NVTX permissions, so a PyTorch `copy_` into
 // an alias of a marker (cudaMemcpyAsync) or a raw cudaMemsetAsync is invisible to it; here the
 // call's destination range is compared with the watched ranges at the call's entry, on the
-// calling thread, and a hit is handed to a Python callback (workbook.hooks.apiwrites), which
+// calling thread, and a hit is handed to a Python callback (workbook.hooks.watch.apiwrites), which
 // reads the Python stack and the watch's position at that moment.
-// Built at run time by workbook.hooks.apiwrites with the host's C++ compiler against CUPTI's
+// Built at run time by workbook.hooks.watch.apiwrites with the host's C++ compiler against CUPTI's
 // headers; linked against the host's libcupti; loaded with ctypes.
 //
 // C ABI:

@@ -1,7 +1,7 @@
 // NVTX memory permissions for compute-sanitizer (brief §9.2): the workbook marks the budget
 // state's device tensors read-only process-wide, so memcheck reports every write to them, in
 // bounds or not, by any kernel (PyTorch, Triton, FlashInfer's FFI, a raw cudaMemsetAsync).
-// Built at run time by workbook.hooks.protect with the host's g++ against the CUDA toolkit's
+// Built at run time by workbook.hooks.watch.protect with the host's g++ against the CUDA toolkit's
 // nvtx3 headers; loaded with ctypes. NVTX v3 is header-only: outside compute-sanitizer (no
 // injection library) every call is a no-op, so the shim is harmless in a plain run.
 //

@@ -1,6 +1,6 @@
 """The constraints grid's axes as a picture: constraint x method x axis value, per vLLM version.
 
-``axes_html(grid)`` renders one ``grid.json`` that ran axis points (``workbook.run.axes``):
+``axes_html(grid)`` renders one ``grid.json`` that ran axis points (``workbook.run.constraints.axes``):
 per axis, a table whose rows are the constraints and whose columns are method x value (the
 other axes at their defaults — a ``vary: one`` grid — or every combination's first match).
 Each cell is one symbol: ✓ held, ✗ violated (a link to its reproducer and upstream status

@@ -1,6 +1,6 @@
 """The constraints section of the report: the constraint × method grid as HTML (and as text).
 
-``section_html(grids)`` renders one or more ``grid.json`` dicts (``workbook.run.constraints``;
+``section_html(grids)`` renders one or more ``grid.json`` dicts (``workbook.run.constraints.cases``;
 one per vLLM version) as a self-contained HTML fragment: per version a table, constraints down,
 method × batch across; each cell says ``holds`` (rows checked, draft rows, accepted drafts;
 for a structured output how many tokens its grammar accepted from where), ``not judged`` (why:
@@ -253,29 +253,39 @@ def _notes_html(grid: dict) -> str:
                    f"{html.escape(str(n.get('what', '')))}</p>" for n in notes)
 
 
+def find(folder_pattern: str) -> list[str]:
+    """The ``grid.json`` paths of the folders matching ``folder_pattern`` (a glob), each named
+    ``grid.json`` whether it is kept plain or as ``grid.json.gz`` (lean committed evidence)."""
+    import glob
+    import os
+
+    return sorted({f.removesuffix(".gz") for f in glob.glob(os.path.join(folder_pattern, GRID))
+                   + glob.glob(os.path.join(folder_pattern, GRID + ".gz"))})
+
+
 def load(paths: list[str]) -> list[dict]:
     """The ``grid.json`` files under ``paths`` (a grid.json itself, a folder holding one, or a
     folder whose ``constraints-*`` subfolders hold one), oldest vLLM version first."""
-    import glob
-    import json
     import os
+
+    from workbook.core import rundir
 
     files: list[str] = []
     for p in paths:
-        if os.path.isfile(p) and p.endswith(".json"):
-            files.append(p)
-        elif os.path.isfile(os.path.join(p, GRID)):
+        q = p.removesuffix(".gz")
+        if q.endswith(".json") and (os.path.isfile(q) or os.path.isfile(q + ".gz")):
+            files.append(q)
+        elif os.path.isfile(os.path.join(p, GRID)) or os.path.isfile(os.path.join(p, GRID + ".gz")):
             files.append(os.path.join(p, GRID))
         else:
-            files += sorted(glob.glob(os.path.join(p, "constraints-*", GRID)))
+            files += find(os.path.join(p, "constraints-*"))
     seen, grids = set(), []
     for f in files:
         f = os.path.abspath(f)
         if f in seen:
             continue
         seen.add(f)
-        with open(f, encoding="utf-8") as fh:
-            g = json.load(fh)
+        g = rundir.read_json(f)  # grid.json, or grid.json.gz as committed evidence keeps it
         if isinstance(g, dict) and "cells" in g:
             grids.append(g)
     return sorted(grids, key=lambda g: _version_key(g.get("vllm_version")))

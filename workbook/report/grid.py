@@ -16,7 +16,7 @@ the logits handed to sampling, the step's gate, fast path, host / device budget,
   buttons or a slider, an overview strip of every step, the selected cell's details — readable
   for a 32-token answer and for a 500-step trace.
 
-Not here: judging (``workbook.run.diagnose``); this module only draws what the trace holds.
+Not here: judging (``workbook.run.budget.diagnose``); this module only draws what the trace holds.
 """
 
 from __future__ import annotations

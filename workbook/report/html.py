@@ -31,7 +31,7 @@ The runs and what each did are ``workbook.report.runs``'s, the finding's counts 
 ``workbook.report.plots``'; this module lays out the sections; absent values are worded by ``workbook.report.wording`` (one
 wording per fact; an empty table is a sentence). Images are ``data:`` URIs. The page loads
 nothing from the network. Not here: running anything, judging a run (the verdicts are
-``workbook.run.diagnose``'s, read from ``verdict.json``).
+``workbook.run.budget.diagnose``'s, read from ``verdict.json``).
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
         except findings_section.BadRegistry as e:  # the report still shows the grids
             registry_error = f"The findings registry could not be read: {e}."
     findings_section.attach(grids or [], found, base)
-    if not runs and grids:  # a constraints grid's run folder (workbook.run.grid): its grid
+    if not runs and grids:  # a constraints grid's run folder (workbook.run.constraints.grid): its grid
         page = Page(constraints_section.TITLE)
         page.h(1, page.title)
         page.p(f"Generated {dt.datetime.now().astimezone().isoformat(timespec='seconds')} from "
@@ -362,9 +362,7 @@ REPO_OUTPUTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 def committed_grids(root: str = REPO_OUTPUTS) -> tuple[list[str], str | None]:
     """The constraints grids committed with the workbook (``outputs/<hardware>/constraints-*``)
     and the sentence that says so; ([], None) when there are none."""
-    import glob
-
-    found = sorted(glob.glob(os.path.join(root, "*", "constraints-*", constraints_section.GRID)))
+    found = constraints_section.find(os.path.join(root, "*", "constraints-*"))
     if not found:
         return [], None
     rel = sorted({os.path.relpath(os.path.dirname(os.path.dirname(p)), os.path.dirname(root))

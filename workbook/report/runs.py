@@ -241,11 +241,11 @@ def verdict_records(r: Run) -> list[dict]:
     contract, held / violated / not judged, step, row, local_pos, column, output index, stage,
     cause, evidence), one per judged request: the diagnosis' own ``verdicts``; for a folder
     written before the diagnosis kept them, the same records built from its verdict
-    (``workbook.run.diagnose.budget_verdicts``)."""
+    (``workbook.run.budget.diagnose.budget_verdicts``)."""
     v = r.verdict
     recs = v.get("verdicts")
     if recs is None and v.get("requests"):
-        from workbook.run.diagnose import budget_verdicts
+        from workbook.run.budget.diagnose import budget_verdicts
 
         fv = v.get("first_violation")
         if not v.get("violations") and isinstance(fv, dict):  # older still: one violation

@@ -25,7 +25,7 @@ sentence where a table would be empty — never ``None``, ``NaN``, ``null`` or a
   ``said_verdict(v)`` applies it to every sentence of a verdict (summary, reason, causes,
   chain, anomalies).
 
-Not here: judging anything (``workbook.run.diagnose``), HTML (``workbook.report.page``).
+Not here: judging anything (``workbook.run.budget.diagnose``), HTML (``workbook.report.page``).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def verdict_from_watch(watch: dict | None, stopped: str | None = None,
                        rc=None) -> dict[str, Any]:
     """The watch's reading: was the budget state changed by something not allowed to?
 
-    ``stopped`` / ``rc``: how the pass that wrote ``watch`` ended (``workbook.run.watchcmd``);
+    ``stopped`` / ``rc``: how the pass that wrote ``watch`` ended (``workbook.run.writer.command``);
     a start-up that did not finish and saw no change reads ``incomplete``, never ``intact``."""
     if not watch:
         return {"hypothesis": None, "verdict": "not watched", "saw": "no watch evidence"}
@@ -280,7 +280,7 @@ def culprit_text(c: dict | None) -> str:
     return "no verdict (no pass left watch evidence)"
 
 
-# ---- the sanitizer stage's writer (workbook.run.sanistage) ------------------------------------
+# ---- the sanitizer stage's writer (workbook.run.writer.stage) ------------------------------------
 
 def with_writer(section: dict, writer: dict | None) -> dict:
     """The ``integrity`` section with the writer the sanitizer stage named: a protected write
@@ -386,7 +386,7 @@ def layout_ab(caching_on: dict | None, caching_off: dict | None) -> dict:
     only when the clean pass got past the phase where the other saw the change; no symptom in
     either only when both start-ups finished. Otherwise the reading is ``inconclusive: <which
     pass> stopped in <phase> before <phase of the change>``. Either summary missing →
-    undecided. The writer's access range (``workbook.run.overrun``: memcheck's faulting
+    undecided. The writer's access range (``workbook.run.writer.overrun``: memcheck's faulting
     accesses against the markers' red zones) decides between the two ways a writer reaches a
     marker: ``overrun`` when in either layout an access lies outside the marker on the way into
     it (or in its red zone), ``a pointer write`` only when in both layouts every faulting

@@ -17,21 +17,24 @@ dies half-way still leaves what it had):
    repaired — ``workbook.core.tracefiles.GUARD_COLUMNS``)
 6. ``watch``     with ``cfg.watch`` / ``cfg.localize``: the start-up watch's evidence
    (``workbook.hooks.watch``); ``watch.json`` (+ ``watch/`` as it was written during start-up)
-7. ``diagnose``  verdict, first violation, causes and hypothesis (``workbook.run.diagnose``), and
+7. ``diagnose``  the study's verdict (the study chosen by name from ``STUDIES``: the budget's
+   ``workbook.run.budget`` — first violation, causes and hypothesis), and
    the watch's reading of the state's integrity (``workbook.run.integrity``); with the guard on,
    ``verdict["guard"]`` (``guard_section``: tokens it replaced, fields of its own state it
    repaired); ``verdict.json``
 8. ``probes``    only with ``cfg.probes`` and a violated verdict: the checks that separate the
    remaining causes, each a re-run of the violating request with one switch on the in-process
-   engine (``workbook.run.probes``); ``probes.json``, and ``verdict.json`` re-saved with the
-   results fed back (``diagnose.with_probes``)
+   engine (the study's ``probes``); ``probes.json``, and ``verdict.json`` re-saved with the
+   results fed back (the study's ``with_probes``)
 8. ``finish``    hooks removed / server stopped; ``timings.json`` and the backend's own files
 
 Adding an evidence file is one edit: a step here that calls ``self.save(name, obj)``.
 ``on_stage(name, elapsed_s)`` is called as each step starts (progress displays), and with an
 ``outdir`` the step is written to ``stage.json`` there (a batch polls it across processes).
 
-Not here: papermill and batches (``workbook.batch``), reports (``workbook.report``).
+Not here: papermill and batches (``workbook.batch``), reports (``workbook.report``), any study's
+own rules: the pipeline is the spine of ``workbook.run`` and imports no study; the diagnosis
+and probe steps call the study named in ``STUDIES`` (as papermill picks an engine by name).
 """
 
 from __future__ import annotations
@@ -46,6 +49,17 @@ from workbook.core.config import (CHECK_NAMES, ConfigError, RunConfig,  # noqa: 
                                   check_checks, validate)
 
 STAGE_FILE = "stage.json"  # the step now running, rewritten as each starts (batch progress)
+# the studies whose diagnosis and probes the pipeline's last steps run: name -> module with
+# ``verdict(frames, effective, outcomes, cfg)``, ``with_probes``, ``probe_plan``, ``run_probes``,
+# ``PROBES`` (the budget investigation is the one study that walks these steps today)
+STUDIES = {"budget": "workbook.run.budget"}
+
+
+def study(name: str = "budget"):
+    """The study module registered under ``name`` (``STUDIES``)."""
+    import importlib
+
+    return importlib.import_module(STUDIES[name])
 
 
 @dataclass
@@ -182,10 +196,10 @@ class Run:
         return res.watch
 
     def diagnose(self) -> dict:
-        from workbook.run import diagnose, integrity
+        from workbook.run import integrity
 
         res = self.result
-        res.verdict = self._timed("diagnose", lambda: diagnose.diagnose(
+        res.verdict = self._timed("diagnose", lambda: study().verdict(
             res.frames, res.effective, res.outcomes, self.cfg))
         if res.watch is not None:
             res.verdict["integrity"] = integrity.verdict_from_watches(res.watch)
@@ -232,21 +246,20 @@ class Run:
 
     def probes(self) -> dict:
         """Confirm the cause: run the probes the verdict calls for and feed them back."""
-        from workbook.run import diagnose, probes
-
         res = self.result
         if not self.cfg.probes or res.verdict.get("verdict") != "violated":
             return res.probes
+        st = study()
         eng = getattr(self.backend, "engine", None)
         if self.cfg.mode != "in-process" or eng is None:
-            res.probes = {name: {"switch": probes.PROBES[name].switch, "ran": False,
+            res.probes = {name: {"switch": st.PROBES[name].switch, "ran": False,
                                  "why": "probes re-send the request on the in-process engine; "
                                         f"this run is mode={self.cfg.mode!r}"}
-                          for name in probes.plan(res.verdict, self.cfg)}
+                          for name in st.probe_plan(res.verdict, self.cfg)}
         else:
-            res.probes = self._timed("probes", lambda: probes.run(eng, self.cfg, res.verdict))
+            res.probes = self._timed("probes", lambda: st.run_probes(eng, self.cfg, res.verdict))
         self.save("probes", res.probes)
-        res.verdict = diagnose.with_probes(res.verdict, res.probes)
+        res.verdict = st.with_probes(res.verdict, res.probes)
         self.save("verdict", res.verdict)
         return res.probes
 

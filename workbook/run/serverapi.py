@@ -8,9 +8,9 @@ model to ask from ``GET /v1/models`` (the one named, refused when not served; el
 ``server_markers`` reads the reasoning markers' ids as the server's own tokenizer splits their
 texts (``POST /tokenize``, no special tokens added).
 
-Used by ``workbook check-server`` (``workbook.run.servercheck``, which keeps these names
-importable from it), its ``--constraints`` cases (``workbook.run.serverconstraints``) and the grid
-over ``vllm serve`` (``workbook.run.gridserve``).
+Used by ``workbook check-server`` (``workbook.run.servers.check``, which keeps these names
+importable from it), its ``--constraints`` cases (``workbook.run.servers.constraints``) and the grid
+over ``vllm serve`` (``workbook.run.constraints.served``).
 
 Deliberately not here: which request to send, judging any answer (``servercheck``,
 ``serverconstraints``), starting or stopping a server (``workbook.run.server``), streaming.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from typing import Any, Sequence
 
 from workbook.core.budget import Markers
 
@@ -104,3 +105,85 @@ def server_markers(ep: Endpoint, model: str, start: str, end: str,
         return [int(t) for t in out]
 
     return Markers(ids(start), ids(end), ids(natural_end) if natural_end else ())
+
+
+# --- the wire format of a completion: the body sent, the logprobs read back ---------------------
+
+def entry_token_id(entry: dict, fallback: int | None = None) -> int | None:
+    tok = entry.get("token")
+    if isinstance(tok, str) and tok.startswith("token_id:"):
+        try:
+            return int(tok.split(":", 1)[1])
+        except ValueError:
+            return fallback
+    return fallback
+
+
+def completion_body(model: str, prompt: list[int], kw: dict, *, max_tokens: int,
+                    logprobs: int, token_ids: Sequence[int] = ()) -> dict:
+    """``/v1/completions`` for the case keywords ``kw`` (``SamplingParams`` names; the grid's
+    base: greedy, ``ignore_eos``), with logprobs (``token_ids``: the columns to return at every
+    position, vLLM's ``logprob_token_ids``)."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "temperature": 0.0,
+                            "max_tokens": max_tokens, "ignore_eos": True, "seed": 0,
+                            "return_token_ids": True, "return_tokens_as_token_ids": True,
+                            "logprobs": logprobs, "skip_special_tokens": True}
+    for k, v in kw.items():
+        if k == "logit_bias":
+            body[k] = {str(t): float(b) for t, b in v.items()}
+        elif k == "logprobs":
+            body[k] = max(int(v), 0)
+        else:
+            body[k] = v
+    if token_ids:
+        body["logprob_token_ids"] = sorted({int(t) for t in token_ids})
+    return body
+
+
+def choice_top_logprobs(choice: dict) -> list[dict[int, float]]:
+    """Per output position ``{token id: value}`` from a completion's ``logprobs``."""
+    lp = choice.get("logprobs") or {}
+    out = []
+    for i, d in enumerate(lp.get("top_logprobs") or []):
+        row: dict[int, float] = {}
+        for tok, v in (d or {}).items():
+            t = entry_token_id({"token": tok})
+            if t is not None and v is not None:
+                row[t] = float(v)
+        out.append(row)
+    return out
+
+
+def position_logprobs(choice: dict) -> list[dict[int, float]]:
+    """Per output position ``{token id: logprob}``: the top logprobs and the emitted token's own
+    (``token_logprobs``), as ``RequestOutput.logprobs`` holds them (the served grid's cells)."""
+    tops = choice_top_logprobs(choice)
+    own = choice_token_logprobs(choice) or []
+    ids = [int(t) for t in choice.get("token_ids") or []]
+    out = []
+    for i, t in enumerate(ids):
+        row = dict(tops[i]) if i < len(tops) else {}
+        if i < len(own) and own[i] is not None:
+            row[t] = own[i]
+        out.append(row)
+    return out
+
+
+def returnedchoice_prompt_logprobs(resp: dict, choice: dict) -> list[dict | None] | None:
+    """The prompt logprobs a completion returned, per prompt position ``{id: logprob}``."""
+    return choice_prompt_logprobs(resp, choice)
+
+
+def choice_token_logprobs(choice: dict) -> list[float | None] | None:
+    lp = choice.get("logprobs")
+    if not lp or lp.get("token_logprobs") is None:
+        return None
+    return [None if v is None else float(v) for v in lp["token_logprobs"]]
+
+
+def choice_prompt_logprobs(resp: dict, choice: dict) -> list[dict | None] | None:
+    pl = choice.get("prompt_logprobs", resp.get("prompt_logprobs"))
+    if pl is None:
+        return None
+    return [None if d is None else {int(t): float(v["logprob"] if isinstance(v, dict) else v)
+                                    for t, v in d.items()} for d in pl]

@@ -1,6 +1,6 @@
 """A per-request verdict from its causes, independent of which sampling constraint it judges.
 
-The generic part of a diagnosis (``workbook.run.diagnose`` is the thinking budget's): reading
+The generic part of a diagnosis (``workbook.run.budget.diagnose`` is the thinking budget's): reading
 the trace tables back (``records``: integers stay integers, JSON columns decoded), a cause
 from the catalogue (``cause``), one name from several causes (``single``: the cause, or
 ``ambiguous`` / ``unclassified`` — never a name by elimination), the automatic probes fed back
@@ -10,14 +10,14 @@ catalogue's predictions, ``pointed_by``; a cause that ``awaits`` a probe says it
 sentence: ``say`` / ``markers_text`` (never None, NaN or a Python repr).
 
 ``Verdict``: the ONE record of one contract of one request, judged — what the thinking
-budget's diagnosis (``workbook.run.diagnose``: ``verdicts``) and the constraints' row judge
-(``workbook.run.rowjudge``: each request's ``verdicts``) both produce and the report reads: the
+budget's diagnosis (``workbook.run.budget.diagnose``: ``verdicts``) and the constraints' row judge
+(``workbook.run.constraints.rowjudge``: each request's ``verdicts``) both produce and the report reads: the
 contract, held / violated / not judged, the first violating step, row and column, the stage
 (``workbook.core.stages``), the cause, the evidence sentence and ``affected_by`` (another
 request's constraint found on this request's rows, although its own contracts held).
 
 Deliberately not here: any rule about what a stage must do (the constraint's module), the
-probes themselves (``workbook.run.probes``).
+probes themselves (``workbook.run.budget.probes``).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def touched_by(affected_by: list) -> list[dict]:
 
 
 def of_cell(cell: dict) -> dict | None:
-    """A constraints grid cell (``workbook.run.constraints.Cell.to_dict()``) as the one
+    """A constraints grid cell (``workbook.run.constraints.cases.Cell.to_dict()``) as the one
     verdict record of its request's contract; None for a cell that judged nothing (refused,
     method refused, error, not run)."""
     verdict = CELL_VERDICT.get(cell.get("status"))
@@ -294,7 +294,7 @@ def pointed_by(probe: str, outcome: str = "honored") -> list[str]:
 
 
 def with_probes(verdict: dict, probes: dict, namer=None) -> dict:
-    """The verdict with the probes' results fed back (``probes``: ``workbook.run.probes.run``'s
+    """The verdict with the probes' results fed back (``probes``: ``workbook.run.budget.probes.run``'s
     result, name -> {verdict, recorrupted, ...}):
 
     - a result that matches a cause's prediction confirms it (``confirmed_by``);

@@ -71,7 +71,7 @@ def vllm_env(cfg, *, multiprocess: bool = False, cpu: bool | None = None) -> dic
         "VLLM_TRITON_FORCE_FIRST_CONFIG": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0",
         "VLLM_USE_V2_MODEL_RUNNER": {"v2": "1", "v1": "0", "auto": None}[cfg.runner]}
-    if cfg.fault == "H-h":  # workbook.hooks.faults: a V2 run silently served by V1
+    if cfg.fault == "H-h":  # workbook.hooks.faults.budget: a V2 run silently served by V1
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if on_cpu() if cpu is None else cpu:
         env[TRITON_CPU] = "1"

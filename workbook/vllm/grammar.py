@@ -34,7 +34,7 @@ valid output is rejected; a whitespace breach of that setting is not seen).
 
 ``allowed(prefix, token)``: whether the grammar, advanced through ``prefix`` (the grammar's part
 of the output as a row sees it: committed output + the row's earlier drafts), allows ``token``
-next — the row evidence's check (``workbook.run.constraints``).
+next — the row evidence's check (``workbook.run.constraints.cases``).
 
 Deliberately not here: the contract (``workbook.core.contracts``), other structured output
 kinds (regex, choice, grammar, structural tags: ``for_request`` returns None for them), the

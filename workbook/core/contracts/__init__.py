@@ -16,7 +16,7 @@ the order ``expected`` folds the contracts' ``row`` steps in (``ROW_ORDER``):
 The functions below are thin compositions over the family (``check_output``: each active
 contract's output check in catalogue order; ``validate``: each contract's; ``CONSTRAINTS``: the
 catalogue's names). Deliberately not here: any contract's rule (its module), the evidence
-(``workbook.hooks.rowcheck``; the grammar's: ``workbook.vllm.grammar``), judging a run.
+(``workbook.hooks.observe.rowcheck``; the grammar's: ``workbook.vllm.grammar``), judging a run.
 """
 
 from __future__ import annotations

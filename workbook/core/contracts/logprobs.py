@@ -8,7 +8,7 @@ values) is built by the caller; here the returned values are compared with it to
 ``RTOL``/``ATOL`` and the entry count with the output's length.
 
 Deliberately not here: the top-k alternatives' ids (a near tie may order them differently),
-prompt logprobs (``prompt_logprobs``), gathering the rows (``workbook.hooks.rowcheck``).
+prompt logprobs (``prompt_logprobs``), gathering the rows (``workbook.hooks.observe.rowcheck``).
 """
 
 from __future__ import annotations

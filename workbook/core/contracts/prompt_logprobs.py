@@ -7,7 +7,7 @@ difference (``prompt_logprobs_divergence``, the differential).
 
 ``unjudged`` says when it could not be checked: no prompt logprobs were returned.
 
-Deliberately not here: gathering the prompt rows (``workbook.hooks.rowcheck``'s prompt-logprob
+Deliberately not here: gathering the prompt rows (``workbook.hooks.observe.rowcheck``'s prompt-logprob
 evidence), the differential's reference run (``workbook.run``).
 """
 

@@ -8,7 +8,7 @@ only a finished output's JSON check remains. ``unjudged`` says why nothing could
 token under the grammar, or no evidence and no finished output) — never counted as held.
 
 Deliberately not here: regex, choice and grammar constraints (``Params`` keeps only ``json``),
-xgrammar itself, the grammar's per-row check (``workbook.run.constraints`` over the row
+xgrammar itself, the grammar's per-row check (``workbook.run.constraints.cases`` over the row
 evidence), decoding.
 """
 
