@@ -142,20 +142,21 @@ def test_set_applies_to_the_selected_runs_only(tmp_path):
     (True, True, True), (False, True, False), (True, False, False), (False, False, False)])
 def test_progress_bar_only_on_a_terminal(monkeypatch, stdout_tty, stderr_tty, expected):
     from workbook import cli
+    from workbook.core import progress
 
     monkeypatch.setattr(sys.stdout, "isatty", lambda: stdout_tty, raising=False)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: stderr_tty, raising=False)
-    assert cli._terminal() is expected
+    assert progress.enabled(None) is expected
     args = cli.build_parser().parse_args(["run", "cpu"])
-    assert args.progress is None  # auto: _terminal() decides
+    assert args.progress is None  # auto: progress.enabled decides
     assert cli.build_parser().parse_args(["run", "cpu", "--no-progress"]).progress is False
     assert cli.build_parser().parse_args(["run", "cpu", "--progress"]).progress is True
 
 
 def test_without_progress_a_log_gets_one_line_per_run(capsys):
-    from workbook.batch.execute import _Progress
+    from workbook.core.progress import Progress
 
-    bar = _Progress(2, "cpu", enabled=False)
+    bar = Progress(2, "cpu", enabled=False)
     bar.set_postfix_str("first")
     bar.stage("start", "first: engine start (3 s)")
     bar.stage("request", "first: request (9 s)")

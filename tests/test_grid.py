@@ -2,8 +2,10 @@
 its engines' configurations come from ``environments/constraints.yaml`` (defaults honored, the
 entry's cells, ``--set``), bad input fails before any engine starts with one line naming it
 (rc 2, no traceback), the differential's reference is the healthy configuration, and
-``workbook report DIR`` renders a grid's run folder. The engine path: tests/test_constraints.py
-(its engines are ``grid.config_for``'s)."""
+``workbook report DIR`` renders a grid's run folder; ``--help`` lists every choice. The engine
+path: tests/test_constraints.py (its engines are ``grid.config_for``'s) — and here one real
+grid of one engine, a planted fault caught: exit 1, a line per engine in a log
+(``--no-progress``), the steps with ``--progress``."""
 
 from __future__ import annotations
 
@@ -22,9 +24,54 @@ from workbook.run.constraints import grid as G
 REPO = Path(__file__).resolve().parents[1]
 
 
-def workbook(*args) -> subprocess.CompletedProcess:
+def workbook(*args, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "workbook.cli", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_lists_every_choice():
+    """Constraints, methods, batches, axes with their values, entries, constraint faults,
+    modes, the exit codes: in ``--help``, not only in the error after a mistake."""
+    text = " ".join(workbook("run", "--help").stdout.split())
+    text = text.replace("- ", "-")  # argparse wraps at hyphens
+    for name in (*C.METHODS, *C.CONSTRAINTS, *C.BATCHES, *G.entries(), "in-process", "server",
+                 "constraints"):
+        assert name in text, name
+    for axis, values in yaml.safe_load((REPO / "environments" / "constraints.yaml")
+                                       .read_text())["axes"].items():
+        assert f"{axis}: {', '.join(map(str, values['values']))}" in text, axis
+    assert "1 a cell was violated" in text and "0 every judged cell held" in text
+    for args in (["python", "-m", "workbook.run.constraints.grid"],
+                 ["python", "-m", "workbook.run.constraints.distribution"]):
+        res = subprocess.run([sys.executable, *args[1:], "--help"], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        flat = " ".join(res.stdout.split()).replace("- ", "-")
+        assert res.returncode == 0 and "rejection-tempered-twice" in flat, args
+        assert "1 a cell was violated" in flat
+    dist = subprocess.run([sys.executable, "-m", "workbook.run.constraints.distribution",
+                           "--help"], cwd=REPO, capture_output=True, text=True).stdout
+    import re
+
+    for opt in re.findall(r"^  (--[a-z-]+)", dist, flags=re.M):  # every option described
+        assert re.search(rf"^  {opt}(?: [A-Z_]+)?\s*\n?\s+\S", dist, flags=re.M), opt
+    check = " ".join(workbook("check-server", "--help").stdout.split()).replace("- ", "-")
+    assert all(c in check for c in C.CONSTRAINTS) and "exit codes: 0" in check
+
+
+def test_a_violated_grid_exits_1_with_a_line_per_engine(tmp_path):
+    """One real engine (method none), a planted fault that breaks min_tokens there: exit 1;
+    without progress (a log) one line for the engine; with ``--progress`` its steps too."""
+    args = ("run", "constraints", "--methods", "none", "--constraints", "min_tokens",
+            "--batches", "single", "--set", "constraint_fault=gate-off", "--out", tmp_path)
+    res = workbook(*args, "--progress", timeout=600)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "none: starting the engine" in res.stderr and "none: batch single" in res.stderr
+    assert "none: ok, 1 violated in " in res.stderr and "Traceback" not in res.stderr
+    assert "violated: min_tokens / none / single" in res.stdout
+    assert G.exit_code("ok", [{"status": "holds"}, {"status": "refused"}]) == 0
+    assert G.exit_code("ok", [{"status": "holds"}, {"status": "error"}]) == 3
+    assert G.exit_code("failed", [{"status": "violated"}]) == 1
+    assert G.exit_code("failed", []) == 3
 
 
 def test_constraint_fault_names_are_the_hooks():

@@ -107,7 +107,7 @@ def test_served_grid_smoke(tmp_path):
                           "mixed-natural", "mixed",
                           "--set", "constraint_fault=gate-off", "--out", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 1, res.stderr[-3000:]  # the planted fault: violated cells
     run_dir = Path(res.stdout.strip().splitlines()[-1])
     grid = json.loads((run_dir / "grid.json").read_text())
     assert grid["config"]["mode"] == "server"

@@ -38,6 +38,7 @@ import functools
 import os
 import sys
 
+from workbook.core import progress
 from workbook.core.config import ConfigError, RunConfig
 
 
@@ -60,20 +61,26 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="workbook", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run an environment's parameter matrix with papermill")
-    r.add_argument("env", help="environment name (environments/<ENV>.yaml) or a yaml path")
-    r.add_argument("--only", nargs="+", metavar="NAME", help="run only these runs")
+    from workbook.core import envfiles
+    from workbook.run.constraints import grid
+
+    envs = ", ".join(envfiles.environment_names())
+    r = sub.add_parser("run", help="run an environment's parameter matrix with papermill",
+                       epilog="exit codes: a batch — 0 every run finished, 1 a run failed, 2 "
+                              "bad input (one line, before anything starts), 128 + N stopped "
+                              "by signal N (130 Ctrl-C); a constraints grid — "
+                              + grid.EXIT_CODES.removeprefix("exit codes: "))
+    r.add_argument("env", help=f"environment name (environments/<ENV>.yaml: {envs}) or a yaml "
+                               "path; 'constraints' is the constraints grid")
+    r.add_argument("--only", nargs="+", metavar="NAME",
+                   help="run only these runs (`workbook validate ENV` lists them; the "
+                        f"constraints grid's entries: {grid.help_choices()['entries']})")
     r.add_argument("--timeout", type=float, help="per-run timeout in seconds (overrides yaml)")
     r.add_argument("--out", default="outputs", help="output root (default: outputs)")
     r.add_argument("--set", dest="overrides", action="append", type=_set_pair, default=[],
                    metavar="KEY=VALUE", help="override a RunConfig field for every selected "
                                              "run (YAML)")
-    bar = r.add_mutually_exclusive_group()
-    bar.add_argument("--no-progress", dest="progress", action="store_false", default=None,
-                     help="no progress bar (default: drawn only when stdout and stderr are "
-                          "terminals)")
-    bar.add_argument("--progress", dest="progress", action="store_true",
-                     help="progress even when not on a terminal (one line per step)")
+    progress.add_arguments(r)
     r.add_argument("--no-report", action="store_true", help="no report.html in the run folder")
     r.add_argument("--probes", action="store_true",
                    help="after a violation, run the probes that confirm its cause (sets "
@@ -88,8 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render each executed notebook to HTML without its code cells")
     r.add_argument("--no-notebook-html", action="store_true",
                    help="do not render the executed notebooks to HTML")
-    from workbook.run.constraints import grid
-
     grid.add_arguments(r)
     v = sub.add_parser("validate", help="validate an environment's runs with the rules the run "
                                         "applies; start nothing")
@@ -133,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "api: CUPTI's callbacks alone, copies and memsets through the CUDA API)")
     w.add_argument("--caching", choices=["on", "off"], default=None,
                    help="GPU layout: PyTorch's caching allocator on or off for the passes")
+    progress.add_arguments(w)
     _check_server_parser(sub)
     _serve_parser(sub)
     return p
@@ -154,7 +160,8 @@ def cmd_run(args) -> int:
         return grid.command(args.env, overrides, only=args.only, methods=args.methods,
                             constraints=args.constraints, batches=args.batches, out=args.out,
                             axes=getattr(args, "axes", None), vary=getattr(args, "vary", None),
-                            report=None if args.no_report else rep.write)
+                            report=None if args.no_report else rep.write,
+                            progress=args.progress)
     if chosen:
         raise ConfigError(f"--{chosen[0]} is for a constraints grid (an environment with "
                           f"study: constraints); {args.env} is not one")
@@ -163,7 +170,7 @@ def cmd_run(args) -> int:
     env = batch.load_environment(args.env, overrides, notebooks=not args.in_process,
                                  only=args.only)
     run_dir = batch.execute(env, out=args.out, only=args.only, timeout=args.timeout,
-                            progress=_terminal() if args.progress is None else args.progress,
+                            progress=progress.enabled(args.progress),
                             report=None if args.no_report else functools.partial(
                                 rep.write, committed=True),
                             executor="in-process" if args.in_process else (
@@ -183,11 +190,6 @@ def cmd_run(args) -> int:
         return 128 + int(getattr(signal, intr["signal"], signal.SIGINT))
     print(run_dir)  # last line: the run folder
     return 0 if manifest["status"] == "ok" else 1
-
-
-def _terminal() -> bool:
-    """Progress output only for a person watching: stdout and stderr both terminals."""
-    return sys.stdout.isatty() and sys.stderr.isatty()
 
 
 def _print_finding(run_dir: str) -> None:
@@ -367,8 +369,10 @@ def cmd_watch(args) -> int:
              on_cpu=wenv.on_cpu())
     out = os.path.abspath(args.out or os.path.join("outputs", "watch",
                                                    time.strftime("%Y%m%d-%H%M%S")))
-    result = watchcmd.run_passes(cfg, out, args.localize, timeout_s=args.timeout, checks=checks,
-                                 caching=args.caching)
+    with progress.Progress(2 if args.localize == "auto" else 1, "watch",
+                           progress.enabled(args.progress), unit="pass") as bar:
+        result = watchcmd.run_passes(cfg, out, args.localize, timeout_s=args.timeout,
+                                     checks=checks, caching=args.caching, progress=bar)
     watchcmd.print_summary(result, out)
     return 0 if all(p.get("rc") == 0 or p.get("writer") for p in result["passes"]) else 1
 
@@ -428,9 +432,15 @@ def cmd_serve(args) -> int:
 # --- check-server (workbook.run.servers.check) -------------------------------------------------
 
 def _check_server_parser(sub) -> None:
+    from workbook.run.constraints.cases import CONSTRAINTS
+
     s = sub.add_parser("check-server", help="send the reported request to a running vLLM "
                                             "server and judge its budget per position "
-                                            "(installs nothing; workbook.run.servers.check)")
+                                            "(installs nothing; workbook.run.servers.check)",
+                       epilog="exit codes: 0 honored (--constraints: nothing violated), 1 "
+                              "violated, 2 the check could not be made or a wrong setting "
+                              "(markers that are not the server's), 3 inconclusive "
+                              "(--constraints: a request failed otherwise)")
     s.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
     s.add_argument("--model", help="served model name (default: the first one served)")
     s.add_argument("--budget", type=int, default=1, help="thinking_token_budget (default 1)")
@@ -451,7 +461,9 @@ def _check_server_parser(sub) -> None:
     s.add_argument("--json", dest="json_out", help="also write the full result as JSON here")
     s.add_argument("--constraints", nargs="?", const="all", metavar="NAMES",
                    help="check every per-request constraint instead of the budget alone (all, "
-                        "or comma-separated case names; workbook.run.servers.constraints)")
+                        "or comma-separated case names of: " + ", ".join(CONSTRAINTS)
+                        + "; workbook.run.servers.constraints)")
+    progress.add_arguments(s)
 
 
 def cmd_check_server(args) -> int:
@@ -498,8 +510,11 @@ def _check_server_constraints(args, markers) -> int:
 
     try:
         names = sck.parse_names(args.constraints)
-        res = sck.check_constraints(args.url, args.model, names, mode=args.logprobs_mode,
-                                    markers=markers, timeout=args.timeout, api_key=args.api_key)
+        with progress.Progress(len(names), "check-server --constraints",
+                               progress.enabled(args.progress), unit="case") as bar:
+            res = sck.check_constraints(args.url, args.model, names, mode=args.logprobs_mode,
+                                        markers=markers, timeout=args.timeout,
+                                        api_key=args.api_key, progress=bar)
     except servercheck.ServerCheckError as e:
         print(f"workbook check-server: {e}", file=sys.stderr)
         return 2

@@ -14,8 +14,8 @@ processes, record its failure row (status ``interrupted``), close the manifest (
 the report and ``SHA256SUMS``; the caller reads the manifest for the exit code (128 + signal).
 A second signal forces an exit, leaving the folder unfinished.
 
-The progress bar shows the current run's pipeline step and its time (``executors``) when
-``progress`` is on (``workbook run`` turns it on for a terminal only); either way each finished
+The progress bar (``workbook.core.progress``, the one every long command draws) shows the
+current run's pipeline step and its time (``executors``) when ``progress`` is on (``workbook run`` turns it on for a terminal only); either way each finished
 run gets one line on stderr. Not
 here: loading the environment (``environment``), running one run (``executors``), argument
 parsing (``cli``).
@@ -30,6 +30,7 @@ from typing import Any, Callable
 from workbook.batch import signals
 from workbook.batch.environment import REPO, Environment, select
 from workbook.batch.registry import EXECUTORS
+from workbook.core.progress import Progress
 from workbook.core.rundir import (MANIFEST, REPORT, file_sha256, new_run_dir, now, write_json,
                                   write_sums)
 
@@ -164,43 +165,8 @@ def _close_manifest(manifest, run_dir) -> None:
     write_json(os.path.join(run_dir, MANIFEST), manifest)
 
 
-class _Progress:
-    """The batch's progress: a tqdm bar over runs whose postfix is the current run's step and
-    time (refreshed every second on a terminal; one line per new step otherwise)."""
-
-    def __init__(self, total: int, desc: str, enabled: bool):
-        from tqdm import tqdm
-
-        self.enabled = enabled
-        self.bar = tqdm(total=total, desc=desc, unit="run", disable=not enabled,
-                        file=sys.stderr, dynamic_ncols=True)
-        self.tty = enabled and sys.stderr.isatty()
-        self._last_stage: str | None = None
-
-    def set_postfix_str(self, text: str) -> None:
-        self.bar.set_postfix_str(text)
-
-    def stage(self, key: str, text: str) -> None:
-        if not self.enabled:
-            return
-        if self.tty:
-            self.bar.set_postfix_str(text)
-            return
-        if key != self._last_stage:
-            self._last_stage = key
-            self.bar.write(f"  {text}", file=sys.stderr)
-
-    def done(self, line: str) -> None:
-        self.bar.write(line, file=sys.stderr)
-        self.bar.update(1)
-        self._last_stage = None
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def _progress(total: int, desc: str, enabled: bool) -> _Progress:
-    return _Progress(total, desc, enabled)
+def _progress(total: int, desc: str, enabled: bool) -> Progress:
+    return Progress(total, desc, enabled, unit="run")
 
 
 def _line(row: dict) -> str:

@@ -383,12 +383,24 @@ class Cell:
     spec: dict = field(default_factory=dict)  # vLLM's spec-decoding counters over the cell
 
 
-def run(p: Plan, out: str, log=print) -> dict:
+def n_cells(p: Plan) -> int:
+    """The cells ``p`` runs: cases per method (and fault cases on the spec methods), repeated."""
+    return p.repeats * sum(len(p.cases) + (len(p.faults) * len(p.fault_cases)
+                                           if m != "none" else 0) for m in p.methods)
+
+
+def run(p: Plan, out: str, log=print, progress=None) -> dict:
     """Every cell of ``p``, one engine per method (``none`` first: the reference samples,
-    seeds disjoint from the spec cells'); writes ``out/distribution.json`` after each cell."""
+    seeds disjoint from the spec cells'); writes ``out/distribution.json`` after each cell.
+    ``progress`` (``workbook.core.progress.Progress`` over the cells): each step (engine start,
+    calibration, sampling) and each cell's line (else the line goes to ``log``)."""
     import json
 
     from workbook.vllm import engine as vengine
+
+    def step(text):
+        if progress is not None:
+            progress.step(text)
 
     os.makedirs(out, exist_ok=True)
     res: dict = {"plan": asdict(p), "alpha": ALPHA, "cells": [], "engines": {}}
@@ -402,6 +414,7 @@ def run(p: Plan, out: str, log=print) -> dict:
 
     for method in p.methods:
         t0 = time.perf_counter()
+        step(f"{method}: starting the engine")
         eng = vengine.start(engine_config(method, p.max_num_seqs),
                             log=os.path.join(out, f"engine-{method}.log"))
         res["engines"][method] = {"start_s": round(time.perf_counter() - t0, 1)}
@@ -413,6 +426,7 @@ def run(p: Plan, out: str, log=print) -> dict:
 
             markers = budget.Markers.of(eng.effective)
             with known_model(eng) as km:
+                step(f"{method}: calibration (the raw row read back)")
                 cal = calibration(eng)
                 res["engines"][method].update(premise=km.premise, calibration_spread=cal[
                     "spread"], calibration_vs_designed=cal["vs_designed"])
@@ -424,6 +438,7 @@ def run(p: Plan, out: str, log=print) -> dict:
                         seed0 = p.seed + r * p.samples + (10 ** 6 if method == "none" else 0)
                         ps = constraint_faults.inject(fault) if fault != "none" else None
                         c0 = spec_counters(eng) if method != "none" else {}
+                        step(f"{method} {case} fault={fault} rep {r}: {p.samples} samples")
                         try:
                             prompt = prompt_of(case, markers)
                             outs, wall, msg = sample(eng, case, n=p.samples, seed0=seed0,
@@ -452,9 +467,13 @@ def run(p: Plan, out: str, log=print) -> dict:
                         acc = cell.spec.get("accepted_per_pos")
                         reach = (f"; drafts {cell.spec.get('drafts', 0)}, accepted per position "
                                  f"{acc}") if acc is not None else ""
-                        log(f"{method:5s} {case:18s} fault={fault:24s} rep {r}: {cell.status}"
-                            f" ({cell.message}); {cell.samples} samples, "
-                            f"{cell.samples_per_s} samples/s{reach}", flush=True)
+                        line = (f"{method:5s} {case:18s} fault={fault:24s} rep {r}: "
+                                f"{cell.status} ({cell.message}); {cell.samples} samples, "
+                                f"{cell.samples_per_s} samples/s{reach}")
+                        if progress is not None:
+                            progress.done(line)
+                        else:
+                            log(line, flush=True)
                         save()
         finally:
             eng.shutdown()
@@ -464,21 +483,46 @@ def run(p: Plan, out: str, log=print) -> dict:
 
 
 def main(argv=None) -> int:
+    """The command; exit codes as the grid's (``grid.EXIT_CODES``): 0 every cell held, 1 a
+    cell violated, 2 bad input (one line, before any engine), 3 no violation but a cell
+    errored, 130 Ctrl-C (one line; ``distribution.json`` keeps the cells finished)."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m workbook.run.constraints.distribution",
-                                 description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="a new folder for distribution.json")
-    ap.add_argument("--methods", default="none,mtp")
-    ap.add_argument("--cases", default="unconstrained")
-    ap.add_argument("--faults", default="", help="distribution faults run on the spec methods")
-    ap.add_argument("--fault-cases", default="unconstrained")
-    ap.add_argument("--samples", type=int, default=256)
-    ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--positions", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-num-seqs", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=1)
+    from workbook.core import constraint_fault_catalogue as cat
+    from workbook.core import progress as wprogress
+    from workbook.run.constraints.grid import EXIT_CODES, exit_code
+
+    ap = argparse.ArgumentParser(
+        prog="python -m workbook.run.constraints.distribution",
+        description="The distribution oracle: under temperature > 0, each constraint and each "
+                    "speculative method must leave every sampled token's distribution as "
+                    "vLLM promises (chi-square vs the contracts' rows, and spec vs none; Holm "
+                    "per cell at alpha 0.01). docs/distribution.md", epilog=EXIT_CODES)
+    ap.add_argument("--out", required=True, help="a new folder for distribution.json "
+                                                 "(never overwritten)")
+    ap.add_argument("--methods", default="none,mtp",
+                    help=f"comma-separated, of {', '.join(METHODS)} (none always runs: the "
+                         "reference; default none,mtp)")
+    ap.add_argument("--cases", default="unconstrained",
+                    help=f"comma-separated, of {', '.join(CASES)} (default unconstrained)")
+    ap.add_argument("--faults", default="",
+                    help="distribution faults run on the spec methods, comma-separated, of "
+                         f"{', '.join(cat.FAULTS)} (default: none)")
+    ap.add_argument("--fault-cases", default="unconstrained",
+                    help="the cases the faults run on (same names as --cases; default "
+                         "unconstrained)")
+    ap.add_argument("--samples", type=int, default=256,
+                    help="samples per cell, each with its own seed (>= 20; default 256)")
+    ap.add_argument("--temperature", type=float, default=0.8,
+                    help="0 < T <= 2 (default 0.8; at 1.0 vLLM skips the temperature step)")
+    ap.add_argument("--positions", type=int, default=4,
+                    help="output positions tested per sample (>= 1; default 4)")
+    ap.add_argument("--seed", type=int, default=0, help="the first seed (default 0)")
+    ap.add_argument("--max-num-seqs", type=int, default=128,
+                    help="the engine's max_num_seqs: samples sent at once (default 128)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="each cell repeated with fresh seeds (false-alarm rate; default 1)")
+    wprogress.add_arguments(ap)
     a = ap.parse_args(argv)
     try:
         if os.path.exists(os.path.join(a.out, "distribution.json")):
@@ -489,8 +533,15 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    run(p, a.out)
-    return 0
+    try:
+        with wprogress.Progress(n_cells(p), "distribution", wprogress.enabled(a.progress),
+                                unit="cell") as bar:
+            res = run(p, a.out, progress=bar)
+    except KeyboardInterrupt:
+        print(f"\nworkbook: interrupted (Ctrl-C); {os.path.join(a.out, 'distribution.json')} "
+              "keeps the cells finished so far", file=sys.stderr)
+        return 130
+    return exit_code("ok", res["cells"])
 
 
 if __name__ == "__main__":

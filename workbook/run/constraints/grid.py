@@ -89,15 +89,18 @@ def steer_plans(eng, cfg: RunConfig, cases: dict, batch: str, point: dict | None
 
 
 def run_batches(eng, cfg: RunConfig, method: str, constraints, batches, baseline: dict,
-                point: dict | None = None, refs: list | None = None, spec_only=()
-                ) -> tuple[list, dict]:
+                point: dict | None = None, refs: list | None = None, spec_only=(),
+                on_step=None) -> tuple[list, dict]:
     """Every batch of one method at one grid point on its engine: ``single`` one request per
     constraint, the others one batch of every constraint ``single`` did not see refused.
-    Evidence keys: ``constraints.evidence_key(batch, point)``."""
+    Evidence keys: ``constraints.evidence_key(batch, point)``. ``on_step(text)``: each batch
+    as it starts (progress)."""
     decode = lambda ids: eng.tokenizer.decode(ids)
     cells: list = []
     evidence: dict = {}
     for batch in batches:
+        if on_step:
+            on_step(f"batch {batch}")
         zero = batch in ("single", "mixed")
         scale = C.SCALE if batch == "mixed-scaled" else None
         base = baseline["zero" if zero else "scaled" if scale else "natural"]
@@ -213,12 +216,18 @@ def benchmark(grid: dict) -> dict:
             "wall_seconds": grid.get("seconds")}
 
 
-def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
+def grid_of(p: Plan, out: str | None = None, *, on_method=None, progress=None) -> dict:
     """Run plan ``p``; ``grid.json`` and ``evidence/`` under ``out`` after every engine.
     One engine per method and engine configuration serves every point that shares it
     (``engine_groups``). ``on_method(row)``: each engine's row (method, points, status,
-    start and total seconds, cells, message) as it ends."""
+    start and total seconds, cells, message) as it ends. ``progress``
+    (``workbook.core.progress.Progress`` over the engines): each engine's steps (start,
+    point, batch) and one line as it ends."""
     from workbook.vllm import async_shim
+
+    def step(text):
+        if progress is not None:
+            progress.step(text)
 
     cells: list = []
     ref_cells: list = []
@@ -274,6 +283,8 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
                 log = os.path.join(out, "logs", m + suffix.replace("/", "_")) if out else None
                 done: list = []
                 n0 = len(cells)
+                step(f"{m}: starting the engine"
+                     + (f" ({len(pts)} point(s) share it)" if pts[0] else ""))
                 try:
                     with Engine(cfg0, log) as eng:
                         row["start_s"] = round(time.time() - t1, 1)
@@ -283,12 +294,16 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
                                      eng, "PREEMPTION_COUNTER", "Request.num_preemptions")}
                         row["async_scheduling"] = facts["async"]
                         if baseline is None:
+                            step(f"{m}: the unconstrained baselines")
                             baseline = baselines(eng)
-                        for pt in pts:
+                        for i, pt in enumerate(pts):
                             cfg = p.config(m, pt)
+                            at = (f" @ {A.label(pt)} (point {i + 1}/{len(pts)})" if pt
+                                  else "")
                             got, ev = run_batches(eng, cfg, m, p.constraints, p.batches,
                                                   baseline, point=pt, refs=cells,
-                                                  spec_only=p.spec_only)
+                                                  spec_only=p.spec_only,
+                                                  on_step=lambda b: step(f"{m}{at}: {b}"))
                             A.verify(got, p.axes, pt, facts)
                             if m == "none" and p.fault:  # the healthy configuration
                                 ref, rev = run_batches(
@@ -316,10 +331,31 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
                 assemble("running")
                 if on_method:
                     on_method(row)
+                if progress is not None:
+                    progress.done(engine_line(row, cells[n0:]))
     except BaseException:  # a signal, Ctrl-C: the grid keeps what it had
         assemble("stopped")
         raise
     return assemble("complete")
+
+
+def engine_line(row: dict, cells: list) -> str:
+    """One line per engine as it ends: method, points, status, cells by status, seconds."""
+    n = Counter(c.status for c in cells)
+    named = [x for x in row.get("points") or [] if x and x != A.label({})]
+    pts = f" ({len(row['points'])} points)" if len(row.get("points") or []) > 1 else \
+        f" @ {named[0]}" if named else ""
+    said = ", ".join(f"{k} {st}" for st, k in sorted(n.items())) or "no cell"
+    start = f", engine start {row['start_s']} s" if row.get("start_s") is not None else ""
+    msg = f" — {str(row.get('message'))[:160]}" if row.get("status") != "ok" and \
+        row.get("message") else ""
+    return (f"{row['method']}{pts}: {row['status']}, {said} in {row.get('seconds', 0.0)} s"
+            f"{start}{msg}")
+
+
+def n_engines(p: Plan) -> int:
+    """Engine starts the plan asks for (one per method and engine configuration)."""
+    return sum(len(engine_groups(p, m)[0]) for m in p.methods)
 
 
 def run(methods=C.METHODS, constraints=C.CONSTRAINTS, *, out: str | None = None,
@@ -342,10 +378,11 @@ class Interrupted(BaseException):  # not an Exception: no per-method handler swa
         self.signum = signum
 
 
-def execute(p: Plan, out: str = "outputs", *, report=None) -> tuple[str, dict]:
+def execute(p: Plan, out: str = "outputs", *, report=None, progress=None
+            ) -> tuple[str, dict]:
     """Plan ``p`` into a fresh run folder under ``out``; returns (folder, manifest).
     ``report(run_dirs, path)`` (the layer above passes ``workbook.report.write``) writes
-    ``report.html`` before ``SHA256SUMS``."""
+    ``report.html`` before ``SHA256SUMS``; ``progress``: ``grid_of``'s."""
     run_id, run_dir = rundir.new_run_dir(os.path.abspath(out), p.hardware)
     rel = os.path.relpath(p.env_path, REPO)
     manifest = {"study": "constraints", "environment": os.path.splitext(
@@ -367,7 +404,7 @@ def execute(p: Plan, out: str = "outputs", *, report=None) -> tuple[str, dict]:
 
     old = signal.signal(signal.SIGTERM, stop)
     try:
-        grid = grid_of(p, run_dir, on_method=on_method)
+        grid = grid_of(p, run_dir, on_method=on_method, progress=progress)
         manifest["status"] = "ok"
         manifest["counts"] = dict(Counter(c["status"] for c in grid["cells"]))
     except (KeyboardInterrupt, Interrupted) as e:
@@ -422,12 +459,29 @@ def summary_lines(grid: dict) -> list[str]:
     return lines
 
 
+EXIT_CODES = ("exit codes: 0 every judged cell held; 1 a cell was violated; 2 bad input "
+              "(one line, before any engine starts); 3 no violation, but the grid failed or a "
+              "cell errored (as check-server --constraints: 3 a request failed); 128 + N "
+              "stopped by signal N (130 Ctrl-C), the run folder keeping what it had")
+
+
+def exit_code(status: str, cells: list[dict]) -> int:
+    """``EXIT_CODES`` from the manifest's status and the grid's cells (signals: the caller)."""
+    st = {c.get("status") for c in cells}
+    if "violated" in st:
+        return 1
+    return 3 if status != "ok" or "error" in st else 0
+
+
 def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods=None,
             constraints=None, batches=None, out: str = "outputs", report=None, axes=None,
-            vary=None) -> int:
-    """``workbook run constraints``: plan (bad input: ``ConfigError``, nothing started), run,
-    print the counts, the violations, the report and — last — the run folder. Exit 0 when the
-    grid ran (violations are findings), 1 when it failed, 128 + N when signal N stopped it."""
+            vary=None, progress: bool | None = None) -> int:
+    """``workbook run constraints``: plan (bad input: ``ConfigError``, nothing started), run
+    (the engines' progress: ``workbook.core.progress``, a line per engine as it ends), print
+    the counts, the violations, the report and — last — the run folder. Exit codes:
+    ``EXIT_CODES``."""
+    from workbook.core import progress as wprogress
+
     p = plan(env, overrides, only=only, methods=methods, constraints=constraints,
              batches=batches, axes=axes, vary=vary)
     entry = "" if p.name == "grid" else f" {p.name}"
@@ -436,7 +490,9 @@ def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods
           + (f"; {len(p.points)} axis point(s): " + " | ".join(A.label(x) for x in p.points)
              if p.points != [{}] else "")
           + (f"; constraint fault {p.fault}" if p.fault else ""), flush=True)
-    run_dir, manifest = execute(p, out, report=report)
+    with wprogress.Progress(n_engines(p), "constraints grid", wprogress.enabled(progress),
+                            unit="engine") as bar:
+        run_dir, manifest = execute(p, out, report=report, progress=bar)
     grid = rundir.read_json(os.path.join(run_dir, "grid.json"), {}) or {}
     print("\n".join(summary_lines(grid)))
     if os.path.exists(os.path.join(run_dir, rundir.REPORT)):
@@ -452,21 +508,46 @@ def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods
         f = manifest["failure"]
         print(f"workbook: the grid failed: {f['ename']}: {f['evalue'][:300]}", file=sys.stderr)
     print(run_dir)
-    return 0 if st == "ok" else 1
+    return exit_code(st, grid.get("cells") or [])
+
+
+def help_choices(env: str = ENV) -> dict[str, str]:
+    """Every choice the grid's options take, as help text: the environment's entries, the
+    axes with their values (the default first), the constraint faults, the modes."""
+    import yaml
+
+    from workbook.core.config import MODES
+    from workbook.core.constraint_fault_catalogue import FAULTS
+
+    out = {"entries": "", "axes": "", "faults": ", ".join(FAULTS), "modes": ", ".join(MODES)}
+    try:
+        with open(find(env)) as f:
+            raw = yaml.safe_load(f) or {}
+        out["entries"] = ", ".join(r.get("name", "?") for r in raw.get("runs") or []
+                                   if isinstance(r, dict))
+        out["axes"] = "; ".join(f"{n}: {', '.join(a.values)}"
+                                for n, a in A.parse(raw.get("axes")).items())
+    except (OSError, ConfigError, yaml.YAMLError) as e:  # help never fails
+        out["entries"] = out["axes"] = f"(environments/{env}.yaml unreadable: {e})"
+    return out
 
 
 def add_arguments(ap) -> None:
-    """The grid's own options (``workbook run constraints`` and ``python -m``)."""
+    """The grid's own options (``workbook run constraints`` and ``python -m``), each with its
+    choices (``help_choices``)."""
+    ch = help_choices()
     ap.add_argument("--methods", nargs="+", metavar="METHOD",
                     help=f"constraints grid: the methods ({', '.join(C.METHODS)}; none always "
                          "runs: the reference)")
     ap.add_argument("--constraints", nargs="+", metavar="NAME",
-                    help="constraints grid: the constraints (default: the entry's, else all)")
+                    help="constraints grid: the constraints (default: the entry's, else all: "
+                         f"{', '.join(C.CONSTRAINTS)})")
     ap.add_argument("--batches", nargs="+", metavar="BATCH",
                     help=f"constraints grid: the batches ({', '.join(C.BATCHES)})")
     ap.add_argument("--axis", dest="axes", action="append", metavar="NAME[=V1,V2]",
                     help="constraints grid: an axis of the environment's 'axes' (all its "
-                         "values, or those named); repeat for several")
+                         "values, or those named); repeat for several. Axes and values "
+                         f"(default first): {ch['axes']}")
     ap.add_argument("--vary", choices=A.VARY,
                     help="constraints grid: the axes' product (default) or one at a time")
 
@@ -482,23 +563,32 @@ def main(argv=None) -> int:
             raise argparse.ArgumentTypeError(f"--set wants KEY=VALUE, got {text!r}")
         return key.strip(), yaml.safe_load(value)
 
+    from workbook.core import progress as wprogress
+
     ap = argparse.ArgumentParser(prog="python -m workbook.run.constraints.grid",
-                                 description="the constraints grid (= workbook run constraints)")
+                                 description="the constraints grid (= workbook run constraints)",
+                                 epilog=EXIT_CODES)
     ap.add_argument("env", nargs="?", default=ENV)
-    ap.add_argument("--only", nargs="+", metavar="NAME", help="the environment's entry")
+    ch = help_choices()
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help=f"the environment's entry ({ch['entries']})")
     ap.add_argument("--set", dest="overrides", action="append", type=pair, default=[],
-                    metavar="KEY=VALUE")
-    ap.add_argument("--fault", help="constraint_fault (= --set constraint_fault=NAME)")
+                    metavar="KEY=VALUE", help="a RunConfig field (YAML), e.g. mode=MODE "
+                                              f"({ch['modes']})")
+    ap.add_argument("--fault", help="constraint_fault (= --set constraint_fault=NAME): "
+                                    f"{ch['faults']}")
     ap.add_argument("-k", type=int, help="num_spec_tokens (= --set num_spec_tokens=K)")
     ap.add_argument("--out", default="outputs", help="output root (default: outputs)")
     add_arguments(ap)
+    wprogress.add_arguments(ap)
     a = ap.parse_args(argv)
     over = dict(a.overrides)
     over.update({k: v for k, v in (("constraint_fault", a.fault), ("num_spec_tokens", a.k))
                  if v is not None})
     try:
         return command(a.env, over, only=a.only, methods=a.methods, constraints=a.constraints,
-                       batches=a.batches, out=a.out, axes=a.axes, vary=a.vary)
+                       batches=a.batches, out=a.out, axes=a.axes, vary=a.vary,
+                       progress=a.progress)
     except ConfigError as e:
         print(f"workbook: configuration error: {e}", file=sys.stderr)
         return 2

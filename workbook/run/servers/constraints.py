@@ -296,11 +296,20 @@ class Result:
 def check_constraints(url: str, model: str | None = None, names: Sequence[str] | None = None,
                       *, mode: str = "auto", markers: Markers | None = None,
                       timeout: float = sc.TIMEOUT_S, api_key: str | None = None,
-                      max_tokens: int = MAX_TOKENS) -> Result:
+                      max_tokens: int = MAX_TOKENS, progress=None) -> Result:
+    """Every case of ``names`` through the server's /v1/completions, judged host-side.
+    ``progress`` (``workbook.core.progress.Progress`` over the cases): the set-up steps
+    (markers, logprobs mode, baseline) and each case's request, a line per case as it is
+    judged."""
+    def step(text):
+        if progress is not None:
+            progress.step(text)
+
     if mode not in sc.MODES:
         raise sc.ServerCheckError(f"mode={mode!r} is unknown; choose one of {sc.MODES}")
     names = list(names or C.CONSTRAINTS)
     ep = sc.Endpoint(url, timeout, api_key)
+    step("the served model and its markers")
     model = sc.served_model(ep, model)
     try:
         own = sc.server_markers(ep, model, sc.START_TEXT, sc.END_TEXT)
@@ -311,10 +320,12 @@ def check_constraints(url: str, model: str | None = None, names: Sequence[str] |
     use = given or own or Markers()
     evidence: dict = {}
     if mode == "auto":
+        step("the server's logprobs mode (a two-request temperature control)")
         mode, evidence = sc.infer_mode(ep, model, sc.Request())
         evidence["from"] = "temperature control (two one-token requests, no budget)"
         if mode == "unknown":
             mode, evidence["note"] = "raw", "the control could not tell the mode (flat logits)"
+    step("the unconstrained baseline")
     base_prompt = prompt_ids(ep, model, "nothing")
     baseline = send(ep, completion_body(model, base_prompt, {}, max_tokens=max_tokens,
                                         logprobs=0)).output
@@ -328,7 +339,8 @@ def check_constraints(url: str, model: str | None = None, names: Sequence[str] |
         return decode_cache[key]
 
     verdicts = []
-    for name in names:
+    for i, name in enumerate(names):
+        step(f"{name} ({i + 1}/{len(names)}): case, control and judging")
         kw = C.case_kwargs(name, baseline, decode)
         try:
             verdicts.append(_one(ep, model, name, kw, use, given, own, mode, decode,
@@ -338,6 +350,8 @@ def check_constraints(url: str, model: str | None = None, names: Sequence[str] |
                 raise
             verdicts.append(Verdict(name, "refused", str(e).split(": ", 1)[-1],
                                     kwargs=json.loads(json.dumps(kw, default=str))))
+        if progress is not None:
+            progress.done(f"{name}: {verdicts[-1].status}")
     return Result(ep.base, model, mode, evidence, use.to_dict(), baseline,
                   [v.to_dict() for v in verdicts])
 

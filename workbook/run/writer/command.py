@@ -146,29 +146,43 @@ def _end_group(proc, grace_s: float = 10.0) -> None:
 
 def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
                timeout_s: float | None = None, checks=(), caching: str | None = None,
-               writer: str | None = None) -> dict:
+               writer: str | None = None, progress=None) -> dict:
     """The watch command's work; returns (and writes) ``watch-summary.json``. ``checks``
-    (A, B) run in the first pass, after the reported request."""
+    (A, B) run in the first pass, after the reported request. ``progress``
+    (``workbook.core.progress.Progress`` over the passes): each pass's start-up, timed, and a
+    line as it ends."""
     from workbook.run import integrity
+
+    def timed_pass(c, outdir, *a, **kw):  # run_pass, with its progress
+        what = f"pass {len(passes) + 1} ({c.localize or 'no localization'}): a watched start-up"
+        if progress is not None:
+            progress.step(what)
+        got = run_pass(c, outdir, *a, **kw)
+        if progress is not None:
+            i = got["info"]
+            progress.done(f"{what}: rc {i.get('rc')}, {i.get('seconds')} s"
+                          + (f" ({i['stopped']})" if i.get("stopped") else ""))
+        return got
 
     base = cfg.replace(watch=True)
     passes = []
     if localize == "auto":
-        first = run_pass(base.replace(localize="module", localize_within=""),
-                         _pass_dir(out, 1, "module"), timeout_s, checks, caching, writer)
+        first = timed_pass(base.replace(localize="module", localize_within=""),
+                           _pass_dir(out, 1, "module"), timeout_s, checks, caching, writer)
         passes.append(first)
         v = integrity.verdict_from_watch(first["watch"], first["info"]["stopped"],
                                          first["info"]["rc"])
         module = v.get("module")
         if v.get("verdict") == "corrupted" and module and not v.get("op"):
-            passes.append(run_pass(base.replace(localize="op", localize_within=module),
-                                   _pass_dir(out, 2, "op"), timeout_s, caching=caching,
-                                   writer=writer))
+            passes.append(timed_pass(base.replace(localize="op", localize_within=module),
+                                     _pass_dir(out, 2, "op"), timeout_s, caching=caching,
+                                     writer=writer))
     else:
-        passes.append(run_pass(base.replace(localize=localize,
-                                            localize_within=base.localize_within
-                                            if localize == "op" else ""),
-                               _pass_dir(out, 1, localize), timeout_s, checks, caching, writer))
+        passes.append(timed_pass(base.replace(localize=localize,
+                                              localize_within=base.localize_within
+                                              if localize == "op" else ""),
+                                 _pass_dir(out, 1, localize), timeout_s, checks, caching,
+                                 writer))
     verdicts = [integrity.with_writer(
         integrity.verdict_from_watch(p["watch"], p["info"].get("stopped"), p["info"].get("rc")),
         p["info"].get("writer")) for p in passes]
