@@ -194,6 +194,18 @@ def run_papermill_warm(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str]
     level = pm_log.level
     pm_log.setLevel(logging.INFO)
 
+    lock = threading.Lock()
+
+    def release():
+        """papermill's log handler off, the log closed: once, by whoever is last (the batch,
+        or a papermill thread that outlived its run: a killed kernel's DeadKernelError)."""
+        with lock:
+            if log.closed:
+                return
+            pm_log.removeHandler(handler)
+            pm_log.setLevel(level)
+            log.close()
+
     def work():
         try:
             papermill.execute_notebook(
@@ -202,8 +214,22 @@ def run_papermill_warm(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str]
                 km=k.km, run_cwd=folder)
         except BaseException as e:  # recorded in papermill.log, as papermill's CLI would
             box["error"] = e
-            log.write(traceback.format_exc())
-            log.flush()
+            with lock:
+                if not log.closed:
+                    log.write(traceback.format_exc())
+                    log.flush()
+        finally:  # never a traceback on the terminal from this thread
+            with lock:
+                box["done"] = True
+                mine = box.get("detached", False)
+            ended.set()
+            if mine:
+                release()
+
+    # the thread's end as an Event: Thread.join interrupted by a signal (Ctrl-C) can leave
+    # is_alive() False while the thread still runs (CPython's join), then the log was closed
+    # under a papermill thread still writing into it
+    ended = threading.Event()
 
     thread = threading.Thread(target=work, name=f"papermill-{spec.name}", daemon=True)
     if guard is not None and k.pid is not None:
@@ -212,27 +238,28 @@ def run_papermill_warm(spec: RunSpec, run_dir: str, *, extra_env: dict[str, str]
     try:
         thread.start()
         deadline = time.monotonic() + limit + ex.KILL_GRACE_S
-        while thread.is_alive():
-            thread.join(ex.POLL_S)
-            if on_progress is not None and thread.is_alive():
+        while not ended.is_set():
+            ended.wait(ex.POLL_S)
+            if on_progress is not None and not ended.is_set():
                 on_progress(*ex.progress_text(spec.name, folder, time.perf_counter() - t0))
-            if thread.is_alive() and time.monotonic() >= deadline:
+            if not ended.is_set() and time.monotonic() >= deadline:
                 killed = True
                 close()
-                thread.join(JOIN_S)
+                ended.wait(JOIN_S)
                 break
     except Interrupted as e:
         close()
-        thread.join(JOIN_S)
+        ended.wait(JOIN_S)
         e.row = ex.manifest_row(spec, folder, 1, False, time.perf_counter() - t0, started,
                         interrupted=e)
         raise
     finally:
         if guard is not None:
             guard.child = None
-        pm_log.removeHandler(handler)
-        pm_log.setLevel(level)
-        log.close()
+        with lock:  # a thread still running releases the log itself when it ends
+            box["detached"] = not box.get("done")
+        if not box["detached"]:
+            release()
     rc = 0 if "error" not in box and not killed else 1
     if rc:
         close()  # a failed run's kernel may hold a half-done cell or a broken engine
