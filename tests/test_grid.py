@@ -207,3 +207,64 @@ def test_hooks_install_the_row_check_and_the_constraint_fault_from_the_configura
         for h in reversed(installed):
             h.remove()
     assert hooks.row_check(hooks.install(RunConfig(trace=False))[0]) is None
+
+
+def test_ctrl_c_stops_a_grid_in_one_line(tmp_path):
+    """Ctrl-C while the engine starts: exit 130, one line on stderr naming the signal and the
+    run folder, which is closed (manifest interrupted, SHA256SUMS) — no traceback."""
+    import json
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "workbook.cli", "run", "constraints",
+                             "--methods", "none", "--constraints", "min_tokens", "--batches",
+                             "single", "--out", str(tmp_path)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("*/*/logs")) and time.time() < deadline:
+        time.sleep(0.5)  # the engine's log folder: it is starting
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-3000:]
+    (run_dir,) = tmp_path.glob("*/*/manifest.json")
+    assert err.strip().splitlines() == [
+        "workbook: interrupted by SIGINT; the run folder keeps what it had (manifest, "
+        f"grid.json, SHA256SUMS): {run_dir.parent}"], err
+    assert json.loads(run_dir.read_text())["status"] == "interrupted"
+    assert (run_dir.parent / "SHA256SUMS").exists()
+
+
+def test_ctrl_c_during_check_server_is_one_line(tmp_path):
+    """check-server --constraints waiting on a server that does not answer: Ctrl-C is one
+    line saying what was interrupted and that nothing was recorded, exit 130."""
+    import http.server
+    import os
+    import signal
+    import threading
+    import time
+
+    class Silent(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(30)
+
+        do_POST = do_GET
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Silent)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "workbook.cli", "check-server",
+                                 f"http://127.0.0.1:{srv.server_port}", "--constraints"],
+                                cwd=REPO, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        time.sleep(4)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        srv.shutdown()
+    assert proc.returncode == 130 and not out
+    assert err.strip().splitlines() == [
+        "workbook check-server: interrupted (Ctrl-C); nothing was recorded (check-server "
+        "writes --json only at its end); the server keeps running"], err

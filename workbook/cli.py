@@ -369,6 +369,7 @@ def cmd_watch(args) -> int:
              on_cpu=wenv.on_cpu())
     out = os.path.abspath(args.out or os.path.join("outputs", "watch",
                                                    time.strftime("%Y%m%d-%H%M%S")))
+    args.record = f"the passes' evidence so far is under {out}"
     with progress.Progress(2 if args.localize == "auto" else 1, "watch",
                            progress.enabled(args.progress), unit="pass") as bar:
         result = watchcmd.run_passes(cfg, out, args.localize, timeout_s=args.timeout,
@@ -485,6 +486,8 @@ def cmd_check_server(args) -> int:
         markers = Markers(start, end)
     if args.constraints is not None:
         return _check_server_constraints(args, markers)
+    args.record = ("nothing was recorded (check-server writes --json only at its end); the "
+                   "server keeps running")
     req = servercheck.Request(prompt=args.prompt, budget=args.budget, max_tokens=args.max_tokens)
     try:
         res = servercheck.check(args.url, args.model, req=req, mode=args.logprobs_mode,
@@ -508,6 +511,8 @@ def _check_server_constraints(args, markers) -> int:
     from workbook.run.servers import check as servercheck
     from workbook.run.servers import constraints as sck
 
+    args.record = ("nothing was recorded (check-server writes --json only at its end); the "
+                   "server keeps running")
     try:
         names = sck.parse_names(args.constraints)
         with progress.Progress(len(names), "check-server --constraints",
@@ -537,8 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"workbook: configuration error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # before a batch folder exists (loading, validating)
-        print("workbook: interrupted; nothing was started", file=sys.stderr)
+    except KeyboardInterrupt:  # one line: what was interrupted, where its record is
+        said = getattr(args, "record", None) or "nothing was started"
+        print(f"\nworkbook {args.command}: interrupted (Ctrl-C); {said}", file=sys.stderr)
         return 130
 
 

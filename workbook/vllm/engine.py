@@ -266,6 +266,8 @@ def start(cfg: RunConfig, log: str | None = None, before_start=None) -> Engine:
     except hookpoints.HookPointError:
         raise
     except BaseException as e:
+        if not isinstance(e, Exception):  # Ctrl-C, a signal: the caller says it in one line
+            raise
         n, _ = _summary(path)
         tail: list = []
         with contextlib.suppress(OSError), open(path, errors="replace") as f:
