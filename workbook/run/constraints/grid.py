@@ -40,7 +40,8 @@ def jsonable(x):
 
 
 def send_batch(eng, cfg: RunConfig, cases: dict[str, dict], *, batch: str, zero_head: bool,
-               scale: float | None = None, steer_plans: dict | None = None) -> tuple[dict, dict]:
+               scale: float | None = None, steer_plans: dict | None = None,
+               victim: dict | None = None) -> tuple[dict, dict]:
     """``cases`` as one batch on engine ``eng`` under the hooks ``cfg`` asks for (the row
     check on; ``constraint_fault``; ``cfg.arrival``; the drafter steered by ``steer_plans``):
     ``constraints.run_batch``, the one sender (over a server ``gridserve.run_batch``)."""
@@ -51,7 +52,7 @@ def send_batch(eng, cfg: RunConfig, cases: dict[str, dict], *, batch: str, zero_
         return gridserve.run_batch(eng, cfg, cases, batch=batch, head=head, factor=scale,
                                    steer_plans=steer_plans)
     return C.run_batch(eng, cases, zero_head=zero_head, batch=batch, scale=scale, cfg=cfg,
-                       steer_plans=steer_plans)
+                       steer_plans=steer_plans, victim=victim)
 
 
 def baselines(eng) -> dict[str, list[int]]:
@@ -104,22 +105,30 @@ def run_batches(eng, cfg: RunConfig, method: str, constraints, batches, baseline
         cases = {c: C.case_kwargs(c, base, decode) for c in constraints}
         plans = steer_plans(eng, cfg, cases, batch, point, refs, spec_only)
         ek = C.evidence_key(batch, point)
+        victim = None
+        if cfg.abort != "none":  # axis abort: the aborted neighbour's constraints
+            victim = A.victim_kwargs({c: C.case_kwargs(c, base, decode)
+                                      for c in A.VICTIM_CASES})
         if batch == "single":
             for c in constraints:
                 got, ev = send_batch(eng, cfg, {c: cases[c]}, batch=batch, zero_head=zero,
-                                     steer_plans=plans)
+                                     steer_plans=plans, victim=victim)
                 cells += _fill(got, method, point)
                 evidence.setdefault(ek, {}).update(ev)
             continue
         refused = {cl.constraint: cl.message for cl in cells if cl.status == "refused"
                    and cl.batch == "single"}
         ok = {c: kw for c, kw in cases.items() if c not in refused}
-        got, ev = send_batch(eng, cfg, ok, batch=batch, zero_head=zero, scale=scale,
-                             steer_plans=plans)
-        cells += _fill(got, method, point)
+        size = cfg.mixed_size or len(ok) or 1  # axis cudagraphs: batches of mixed_size
+        names = list(ok)
+        for i in range(0, max(len(names), 1), size):
+            part = {c: ok[c] for c in names[i:i + size]}
+            got, ev = send_batch(eng, cfg, part, batch=batch, zero_head=zero, scale=scale,
+                                 steer_plans=plans, victim=victim)
+            cells += _fill(got, method, point)
+            evidence.setdefault(ek, {}).update(ev)
         cells += [C.Cell(c, method, batch, "refused", refused[c], axes=dict(point or {}))
                   for c in cases if c in refused]
-        evidence[ek] = ev
     return cells, evidence
 
 
@@ -230,6 +239,7 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
     def assemble(status: str) -> dict:
         ref = ref_cells if p.fault else None
         C.differential(cells, evidence, reference=ref, spec_only=p.spec_only)
+        A.invariance(cells, p.axes, evidence)
         grid = {"vllm_version": _version(), "methods": p.methods, "batches": p.batches,
                 "constraints": p.constraints, "fault": p.fault, "run": p.name,
                 "config": p.base.to_dict(), "status": status,
