@@ -6,7 +6,7 @@
 # be. From the repository root, with .bundle/ carried (install.sh + parts, install-flashinfer.sh
 # + part), one call per STEPS value, each within WALL_S seconds (default 530, under 9 minutes):
 #
-#   STEPS=bench                         bash scripts/gpu_writer_034.sh   # call 1
+#   STEPS="bench warm"                  bash scripts/gpu_writer_034.sh   # call 1
 #   STEPS=r27 KINDS="alias_fill copy"   bash scripts/gpu_writer_034.sh   # call 2
 #   STEPS=r27 KINDS="triton_store memset" bash scripts/gpu_writer_034.sh # call 3
 #   STEPS=r27 KINDS="overrun"           bash scripts/gpu_writer_034.sh   # call 4
@@ -17,6 +17,9 @@
 #          (default none,guard,trace,rowcheck,watch), greedy and {"temperature": 0.8, "seed": 1}
 #          on the same engine, every arm interleaved (ratios side by side), BENCH_ROUNDS rounds
 #          (default 3); limit BENCH_S (default 480).
+#   warm   the r27 start-up below watched without sanitizer or writer (`workbook watch
+#          --localize none`): FlashInfer's JIT cache filled before the memcheck passes, and the
+#          healthy 27B shape on 0.34 (INTACT expected); limit WARM_S (default 330).
 #   r27    for each KIND of KINDS (alias_fill: PyTorch fill_ on an alias; triton_store: a Triton
 #          kernel; copy: copy_ -> cudaMemcpyAsync; memset: cudaMemsetAsync; overrun: a user's
 #          Triton kernel from WORKBOOK_OVERRUN_BYTES (default 1024) below the marker into it;
@@ -131,6 +134,22 @@ for step in $STEPS; do
           --set gpu_memory_utilization="${R27_GPU_UTIL:-0.6}" "${r27_set[@]}"
       fi
     done ;;
+  warm)  # the r27 start-up watched without sanitizer and writer: FlashInfer's JIT cache warm
+         # for the memcheck passes, and the healthy 27B shape on 0.34 (no false alarm)
+    lim=${WARM_S:-330}; [ "$lim" -gt "$(( $(left) - 10 ))" ] && lim=$(( $(left) - 10 ))
+    if [ "$lim" -lt 60 ]; then say "warm: not started ($(left) s of the wall left)"; continue; fi
+    t0=$(date +%s)
+    if [ -n "${REHEARSE:-}" ]; then
+      wargs=(--env cpu --set max_tokens=4)
+    else
+      wargs=(--env h200 --run "${R27_RUN:-r27-nvfp4-mtp-flashinfer}" --set max_tokens=4
+             --set gpu_memory_utilization="${R27_GPU_UTIL:-0.6}" "${r27_set[@]}")
+    fi
+    timeout -s INT -k 20 "$lim" "$PY" -m workbook.cli watch --localize none --caching "${CACHING:-on}" \
+      --timeout "$(( lim - 15 ))" --out "$WORK/warm-healthy" "${wargs[@]}" > "$WORK/warm-healthy.log" 2>&1
+    say "warm rc=$? $(( $(date +%s) - t0 ))s (limit ${lim}s)"
+    grep -E "^(== |INTACT|WATCHED|budget:|CORRUPTED|INCOMPLETE)" "$WORK/warm-healthy.log" | cut -c1-400 | tee -a "$SUM"
+    pack ;;
   tiny)
     for spec in ${KINDS:-alias_fill copy}; do
       if [ -n "${REHEARSE:-}" ]; then
@@ -140,7 +159,7 @@ for step in $STEPS; do
           --set gpu_memory_utilization=0.3
       fi
     done ;;
-  *) say "unknown step $step (bench, r27, tiny)" ;;
+  *) say "unknown step $step (bench, warm, r27, tiny)" ;;
   esac
 done
 pack

@@ -236,6 +236,9 @@ def test_the_phase_of_a_write_is_the_window_narrowed_by_the_stack(log, position,
     ("step 3", "a real step", ("step 3", "window and stack")),
     ("profiling run › drafter propose", "profiling run", ("profiling run", "window and stack")),
     ("step 2", "profiling run › drafter propose", ("profiling run › drafter propose", "stack")),
+    # no top-phase frame on the stack (the CPU runner's execute_model): the window's top
+    ("step 2 › drafter propose", "start-up › drafter propose",
+     ("step 2 › drafter propose", "window and stack")),
     (None, "a real step › sampling", ("a real step › sampling", "stack"))])
 def test_narrow_never_names_a_sub_phase_the_stack_does_not_show(window, stack, want):
     assert sanitizer.narrow(window, stack) == want

@@ -308,8 +308,10 @@ def narrow(window_phase: str | None, stack_phase: str | None) -> tuple[str | Non
     w_top, _w_sub = _split_phase(window_phase)
     if w_top is None:
         return stack_phase, "stack"
+    # "start-up" / "between phases": the stack shows no top phase frame (classify's fallback),
+    # so it cannot disagree with the window's
     same = w_top == s_top or (s_top == "a real step" and w_top.startswith("step ")) or \
-        (s_top in ("start-up", "between phases") and not w_top.startswith("step "))
+        s_top in ("start-up", "between phases")
     if not same:
         return stack_phase, "stack"
     return (f"{w_top} › {s_sub}" if s_sub and s_sub != w_top else w_top), "window and stack"
