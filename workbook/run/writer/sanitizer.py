@@ -57,6 +57,9 @@ _SUMMARY = re.compile(r"ERROR SUMMARY:\s*(?P<n>\d+) error")
 # the tool refusing an NVTX call (the permission it carried was never applied):
 # "========= Warning: Call to nvtxMemPermissionsAssign failed: One or more of the parameters is
 # invalid"
+# memcheck stopped a faulting kernel: the launch failed after the records it printed
+_LAUNCH_FAILED = re.compile(r"^=+\s+Program hit \S*(?:LAUNCH_FAILED|LaunchFailure)|"
+                            r"unspecified launch failure")
 _REFUSED = re.compile(r"^=+\s+Warning: Call to (?P<call>nvtx\w+) failed:\s*(?P<why>.*?)\s*$")
 
 
@@ -67,6 +70,7 @@ def parse(text: str) -> dict:
     cur: dict | None = None
     summary = None
     refused: dict[str, dict] = {}
+    launch_failed = False
     for raw in text.splitlines():
         line = raw.rstrip()
         m = _REFUSED.match(line)
@@ -81,6 +85,10 @@ def parse(text: str) -> dict:
         m = _SUMMARY.search(line)
         if m:
             summary = int(m.group("n"))
+            continue
+        if _LAUNCH_FAILED.search(line):
+            launch_failed = True
+            cur = None
             continue
         m = _HDR.match(line)
         if m and not line.strip("= ").startswith(("at ", "by ", "Address", "Host Frame",
@@ -132,7 +140,7 @@ def parse(text: str) -> dict:
             elif len(cur["host_frames"]) < 24:
                 cur["host_frames"].append(frame)
     return {"errors": errors, "error_summary": summary, "lines": len(text.splitlines()),
-            "nvtx_refused": list(refused.values())}
+            "nvtx_refused": list(refused.values()), "launch_failed": launch_failed}
 
 
 _FAULT_HDR = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ .*most recent call first")
