@@ -22,7 +22,8 @@
 #          healthy 27B shape on 0.34 (INTACT expected); limit WARM_S (default 330).
 #   r27    for each KIND of KINDS (alias_fill: PyTorch fill_ on an alias; triton_store: a Triton
 #          kernel; copy: copy_ -> cudaMemcpyAsync; memset: cudaMemsetAsync; overrun: a user's
-#          Triton kernel from WORKBOOK_OVERRUN_BYTES (default 1024) below the marker into it;
+#          Triton kernel from WORKBOOK_OVERRUN_BYTES (default 6000: past the 4 KiB red zone) below
+#          the marker into it;
 #          KIND@N writes in real step N): `python -m workbook.run.writer.command --probe KIND
 #          --sanitize auto` (what a bare `workbook watch --sanitize` runs) on R27_RUN (default
 #          r27-nvfp4-mtp-flashinfer) with R27_LAYERS (default 8) decoder layers, caching
@@ -69,7 +70,7 @@ else  # CPU: the same entry points on the tiny shape, the page twin
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 export WORKBOOK_CACHE=${WORKBOOK_CACHE:-/tmp/workbook-cache} VLLM_TRITON_FORCE_FIRST_CONFIG=1
-export VLLM_USE_FLASHINFER_SAMPLER=0 WORKBOOK_OVERRUN_BYTES=${WORKBOOK_OVERRUN_BYTES:-1024}
+export VLLM_USE_FLASHINFER_SAMPLER=0 WORKBOOK_OVERRUN_BYTES=${WORKBOOK_OVERRUN_BYTES:-6000}
 { date -u; [ -z "${REHEARSE:-}" ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   [ -z "${REHEARSE:-}" ] && "$COMPUTE_SANITIZER" --version 2>&1 | tail -1
   "$PY" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
