@@ -14,7 +14,7 @@
     workbook report [RUN_DIR ...] [-o FILE] [--out outputs]
     workbook params NOTEBOOK                         # the notebook's parameters (papermill)
     workbook watch [--env ENV [--run NAME]] [--set KEY=VALUE ...] [--localize auto|none|module|op]
-                   [--sanitize [auto|nvtx|page]] [--caching on|off]
+                   [--sanitize [auto|nvtx|api|page]] [--caching on|off]
                    [--out DIR]                      # who overwrites the budget state (#54906)
     workbook check-server URL [--model NAME] [--json FILE]  # a running server, nothing installed
     workbook serve [ENV] [--only RUN] [--set KEY=VALUE ...] [--port N]
@@ -128,9 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deterministic checks after the request (default: the run's)")
     w.add_argument("--sanitize", nargs="?", const="auto", default="none",
                    choices=["none", "auto", "nvtx", "page", "api"],
-                   help="the budget state's markers read-only so a write names its writer "
-                        "(GPU: NVTX permissions under compute-sanitizer; CPU: read-only pages; "
-                        "api: CUPTI's callbacks alone, copies and memsets through the CUDA API)")
+                   help="name any writer into the budget state. A bare --sanitize (auto): "
+                        "on a GPU a pass under compute-sanitizer with the markers read-only "
+                        "(NVTX permissions: kernels of any library), then, since CUPTI cannot "
+                        "subscribe beside it, a second start-up with CUPTI's callbacks (copies "
+                        "and memsets through the CUDA API) unless the first settled it; on a "
+                        "CPU read-only pages (every store). nvtx / api / page: one form alone")
     w.add_argument("--caching", choices=["on", "off"], default=None,
                    help="GPU layout: PyTorch's caching allocator on or off for the passes")
     _check_server_parser(sub)
