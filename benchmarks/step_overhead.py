@@ -109,7 +109,8 @@ def label(sp: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cfg", default="{}", help="RunConfig fields (JSON)")
+    ap.add_argument("--cfg", default="{}", help="RunConfig fields (JSON; with --env: overrides "
+                    "of that run's, e.g. a shorter max_model_len for a card with less memory)")
     ap.add_argument("--env", help="take the engine configuration from environments/ENV.yaml's")
     ap.add_argument("--run", help="... named RUN (with --env)")
     ap.add_argument("--matrix", nargs="*", default=[],
@@ -140,7 +141,8 @@ def main() -> None:
 
         env = batch.load_environment(a.env, notebooks=False)
         (spec,) = batch.select(env, [a.run])
-        cfg = RunConfig.from_params(spec.params).replace(fault="none", guard=False)
+        cfg = RunConfig.from_params(spec.params).replace(fault="none", guard=False,
+                                                         **json.loads(a.cfg))
     else:
         cfg = RunConfig(**{"spec_method": "mtp", "num_spec_tokens": 4, "max_num_seqs": 8,
                            **json.loads(a.cfg)})

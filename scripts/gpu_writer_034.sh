@@ -120,7 +120,7 @@ for step in $STEPS; do
     timeout -s INT -k 20 "$lim" "$PY" benchmarks/step_overhead.py "${benv[@]}" --watch \
       --arms "${BENCH_ARMS:-none,guard,trace,rowcheck,watch}" --batch 4 \
       --max-tokens "${BENCH_TOKENS:-32}" --rounds "${BENCH_ROUNDS:-3}" \
-      --sampling '{}' --sampling '{"temperature": 0.8, "seed": 1}' \
+      --sampling '{}' --sampling '{"temperature": 0.8, "seed": 1}' --cfg "${BENCH_CFG:-{\}}" \
       --json-out "$OUT/step_overhead.json" > "$WORK/step_overhead.log" 2>&1
     say "bench rc=$? $(( $(date +%s) - t0 ))s (limit ${lim}s)"
     grep -E "ms/step|^-- sampling" "$WORK/step_overhead.log" | tee -a "$SUM"
