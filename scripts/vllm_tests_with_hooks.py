@@ -102,6 +102,7 @@ def run_arm(arm: str, a, out: Path) -> dict:
         try:
             for line in proc.stdout:
                 log.write(line)
+                log.flush()
                 if line.startswith(("tests/", "[", ".", "s", "F", "E")) and "%]" in line:
                     print(f"  [{arm}] {line.rstrip()[-60:]}", flush=True)  # pytest's progress
             proc.wait(timeout=a.timeout)
