@@ -30,6 +30,7 @@ from workbook.core import rundir
 from workbook.core.config import ConfigError, RunConfig, installed_vllm_version
 from workbook.run.constraints import axes as A
 from workbook.run.constraints import cases as C
+from workbook.run.verdicts import cell_key, report_lines
 from workbook.run.constraints.plan import (ENTRY_KEYS, ENV, REPO, UNUSED, Plan, check_engine_kwargs,  # noqa: F401
                                    config_for, engine_arg_names, entries, find, is_grid, plan)
 
@@ -402,7 +403,9 @@ def execute(p: Plan, out: str = "outputs", *, report=None) -> tuple[str, dict]:
     return run_dir, manifest
 
 
-def summary_lines(grid: dict) -> list[str]:
+def summary_lines(grid: dict, run_dir: str | None = None) -> list[str]:
+    """The grid's counts, then one line per violated / failed cell (with ``run_dir``: under a
+    violation, the commands for its plain-vLLM reproducer and its upstream report)."""
     cells = grid.get("cells", [])
     counts = Counter(c["status"] for c in cells)
     if not cells:
@@ -429,6 +432,8 @@ def summary_lines(grid: dict) -> list[str]:
             at = f" [{A.label(c['axes'])}]" if c.get("axes") else ""
             lines.append(f"  {c['status']}: {c['constraint']} / {c['method']} / "
                          f"{c['batch']}{at}{where}")
+            if run_dir and c["status"] == "violated":
+                lines += report_lines(run_dir, cell_key(c))
     return lines
 
 
@@ -448,7 +453,7 @@ def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods
           + (f"; constraint fault {p.fault}" if p.fault else ""), flush=True)
     run_dir, manifest = execute(p, out, report=report)
     grid = rundir.read_json(os.path.join(run_dir, "grid.json"), {}) or {}
-    print("\n".join(summary_lines(grid)))
+    print("\n".join(summary_lines(grid, run_dir)))
     if os.path.exists(os.path.join(run_dir, rundir.REPORT)):
         print(f"report: {os.path.join(run_dir, rundir.REPORT)}")
     st = manifest["status"]
