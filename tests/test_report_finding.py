@@ -201,7 +201,10 @@ def test_run_config_is_what_the_run_ran(tmp_path):
 
 
 def _page_text(page: str) -> str:
-    body = re.sub(r"<script.*?</script>|<style.*?</style>", "", page, flags=re.S)
+    """The page's sentences: no scripts, styles, images — nor quoted code and recorded program
+    output (``<pre>``: a finding's reproducer and its output, where Python's None is code)."""
+    body = re.sub(r"<script.*?</script>|<style.*?</style>|<pre>.*?</pre>", "", page,
+                  flags=re.S)
     body = re.sub(r'src="data:[^"]*"', "", body)
     return html.unescape(re.sub(r"<[^>]+>", " ", body))
 
@@ -578,8 +581,9 @@ def test_the_report_leads_with_what_the_constraints_grids_found():
         cell("thinking_token_budget", "mtp", "holds", axes={"reasoning": "default"})],
         "axis_defaults": {"reasoning": "default"}}
     finding = {"id": "end-str-cut", "constraint": "thinking_token_budget",
-               "axes": {"reasoning": "after-end"}, "upstream": "known: vLLM PR #54467 (open)",
-               "triage": {"status": "known"}}
+               "axes": {"reasoning": "after-end"}, "triage": "known",
+               "evidence": [{"kind": "pull request", "state": "open", "says": "…",
+                             "url": "https://github.com/vllm-project/vllm/pull/54467"}]}
     groups = answer.violated_groups([bad, clean], [finding])
     by = {(g.constraint, g.finding["id"] if g.finding else None): g for g in groups}
     assert set(by) == {("stop_strings", None), ("thinking_token_budget", "end-str-cut")}
@@ -591,7 +595,7 @@ def test_the_report_leads_with_what_the_constraints_grids_found():
                                         "method none held at the same points")
     box = answer.constraints_html([bad, clean], groups)
     assert "finding <a href=\"#findings\"><b>end-str-cut</b></a> — known upstream: " \
-           '<a href="https://github.com/vllm-project/vllm/pull/54467">vLLM #54467</a>' in box
+           '<a href="https://github.com/vllm-project/vllm/pull/54467">vLLM PR #54467</a>' in box
     assert "no finding in outputs/findings/findings.yaml covers it: not triaged" in box
     assert "2 of 6 constraints violated in some configuration" in box
     assert 'class="finding alarm cbox"' in box and "None" not in box

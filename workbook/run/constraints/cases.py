@@ -153,6 +153,9 @@ class Cell:
     preemptions: int | None = None  # vLLM's Request.num_preemptions when freed (hooks.preempt)
     steered: int = 0  # draft rows whose proposals the drafter steer replaced (hooks.steer)
     unreached: list = field(default_factory=list)  # an axis value vLLM did not run (axes.verify)
+    cached_tokens: int | None = None  # vLLM's RequestOutput.num_cached_tokens (prefix caching)
+    samples: list = field(default_factory=list)  # n > 1: each output's request id and verdict
+    invariance: dict | None = None  # vs the same cell at its axis value's reference (axes)
 
     def to_dict(self) -> dict:
         from workbook.run import verdicts
@@ -174,9 +177,18 @@ def prompt_for(tokenizer, name: str) -> list[int]:
     return [int(t) for t in ids]
 
 
+def prompt_of(tokenizer, name: str, cfg=None) -> list[int]:
+    """The case's prompt in the grid at ``cfg``'s point: ``prompt_for``, after the shared
+    reasoning prefix when ``cfg.prompt_prefix`` asks for one (``axes.with_prefix``)."""
+    from workbook.run.constraints import axes
+
+    return axes.with_prefix(tokenizer, prompt_for(tokenizer, name),
+                            int(getattr(cfg, "prompt_prefix", 0) or 0))
+
+
 def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
               fault: str | None = None, scale: float | None = None, cfg=None,
-              steer_plans: dict[str, list[int]] | None = None
+              steer_plans: dict[str, list[int]] | None = None, victim: dict | None = None
               ) -> tuple[dict[str, Cell], dict]:
     """Send ``cases`` (name -> SamplingParams keywords) as one batch on ``engine`` under the
     hooks of ``cfg`` (default: the grid's plain configuration) with the row check on and
@@ -186,7 +198,11 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     caller) and the evidence, judged by ``workbook.run.constraints.rowjudge``. ``cfg.arrival``: how the
     requests reach the engine (``generate``); ``steer_plans`` (case -> token per output index,
     ``steer_plan``): the drafter's proposals replaced for those requests (``hooks.steer``);
-    every request's preemptions are read from vLLM's own counter (``hooks.preempt``)."""
+    every request's preemptions are read from vLLM's own counter (``hooks.preempt``).
+    The grid's request-level axes (``workbook.run.constraints.axes``): ``cfg.n`` outputs per
+    request, each judged (``samples``); ``cfg.prompt_prefix`` (every prompt after one shared
+    reasoning prefix, computed once before the batch so its blocks are cached);
+    ``cfg.priority``; ``victim`` (keywords: a request aborted after step 2, ``cfg.abort``)."""
     from workbook import hooks
     from workbook.run import request as rq
     from workbook.run.backends import BACKENDS
@@ -198,11 +214,13 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     prompts, sps, names = [], [], []
     for name, kw in cases.items():
         try:
-            sps.append(sampling_params(kw, cfg.max_tokens))
+            sps.append(sampling_params(kw, cfg.max_tokens, n=cfg.n,
+                                       temperature=cfg.temperature if cfg.n > 1 else 0.0,
+                                       seed=cfg.seed))
         except Exception as e:  # vLLM refused the parameter itself
             cells[name] = Cell(name, "", batch, "refused", _msg(e))
             continue
-        prompts.append({"prompt_token_ids": prompt_for(tok, name)})
+        prompts.append({"prompt_token_ids": prompt_of(tok, name, cfg)})
         names.append(name)
     evidence: dict = {}
     if not names:
@@ -216,6 +234,9 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
 
     plans = {tuple(prompts[names.index(n)]["prompt_token_ids"]): v
              for n, v in (steer_plans or {}).items() if n in names and v}
+    if cfg.prompt_prefix:  # the shared prefix computed once, unobserved: its blocks cached
+        llm.generate([{"prompt_token_ids": prompt_of(tok, "prefix", cfg)}],
+                     sampling_params({}, 1), use_tqdm=False)
     with head:
         backend.start()
         pc = preempt.PreemptionCount().install()
@@ -228,10 +249,14 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
                     del prompts[i], sps[i], names[i]
                 if not names:
                     return cells, evidence
-            filler = {"prompt_token_ids": prompt_for(tok, "nothing")} \
+            filler = {"prompt_token_ids": prompt_of(tok, "nothing", cfg)} \
                 if getattr(cfg, "arrival", "step0") == "staggered" and len(prompts) == 1 else None
+            abort = None if victim is None else (
+                {"prompt_token_ids": prompt_of(tok, "abort", cfg)},
+                sampling_params(victim, cfg.max_tokens), 2)
             outs = axes.generate(llm, prompts, sps, getattr(cfg, "arrival", "step0"),
-                                 filler=filler)
+                                 filler=filler, abort=abort,
+                                 priorities=axes.priorities(len(prompts), cfg.priority))
         except Exception as e:
             msg = _msg(e)
             status = "refused" if _is_refusal(e) else "error"
@@ -244,13 +269,15 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
             pc.remove()
             backend.stop()
     judge_batch(rc, names, outs, cases, batch, engine, tok, sps, cells, evidence)
+    for name, o in zip(names, outs):
+        cells[name].cached_tokens = getattr(o, "num_cached_tokens", None)
     for name in names:
-        cells[name].preemptions = pc.of(prompt_for(tok, name))
+        cells[name].preemptions = pc.of(prompt_of(tok, name, cfg))
         if cells[name].status == "error" and cells[name].preemptions:
             cells[name].message += (f" (vLLM preempted it {cells[name].preemptions} time(s); "
                                      "its rows were not observed)")
         if st is not None:
-            cells[name].steered = st.of(prompt_for(tok, name))
+            cells[name].steered = st.of(prompt_of(tok, name, cfg))
             if st.errors:
                 cells[name].message = "; ".join(x for x in (cells[name].message,
                                                              *st.errors[:2]) if x)
@@ -266,20 +293,33 @@ def judge_batch(rc, names: list[str], outs: list, cases: dict, batch: str, engin
     here."""
     from workbook.run.constraints import rowjudge
 
-    by_prompt = {tuple(p): r for r, p in rc.prompts.items()}
-    labels = {by_prompt.get(tuple(o.prompt_token_ids or ())): n for n, o in zip(names, outs)}
+    from workbook.run.constraints import samples
+
+    reqs = samples.request_ids(rc, outs)  # per output, per sample: the engine's request id
+    labels = {r: n for n, rs in zip(names, reqs) for r in rs if r is not None}
     verdicts = rowjudge.judge(rc, {r: f"{r} ({n})" for r, n in labels.items()})
-    for name, o in zip(names, outs):
-        req = by_prompt.get(tuple(o.prompt_token_ids or ()))
-        cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req), engine,
-                                    tok=tok, sp=sps[names.index(name)])
+    for name, o, rs in zip(names, outs, reqs):
+        got = []
+        for i, req in enumerate(rs):
+            got.append(judge_request(name, batch, samples.view(o, i), rc, req,
+                                     verdicts.get(req), engine, tok=tok,
+                                     sp=sps[names.index(name)]))
+            if i:  # the other samples' evidence beside the first's
+                evidence[samples.key(name, i)] = request_evidence(rc, req, verdicts.get(req))
+        req = rs[0]
+        cells[name] = samples.pick(got, rs)
         cells[name].kwargs = _jsonable(cases[name])
-        evidence[name] = {"req_id": req, "registration": next(
-            (r for r in rc.registrations if r["req_id"] == req), None),
-            "params": _jsonable(asdict(rc.params[req])) if req in rc.params else None,
-            "steps": [s for s in rc.steps if s["req_id"] == req],
-            "verdict": verdicts.get(req), "errors": rc.errors,
-            "prompt_rows": rc.prompt_rows(req) if req is not None else {}}
+        evidence[name] = request_evidence(rc, req, verdicts.get(req))
+
+
+def request_evidence(rc, req: str | None, verdict: dict | None) -> dict:
+    """One request's row evidence (``evidence/<method>/<batch>.json``, per case)."""
+    return {"req_id": req, "registration": next(
+        (r for r in rc.registrations if r["req_id"] == req), None),
+        "params": _jsonable(asdict(rc.params[req])) if req in rc.params else None,
+        "steps": [s for s in rc.steps if s["req_id"] == req],
+        "verdict": verdict, "errors": rc.errors,
+        "prompt_rows": rc.prompt_rows(req) if req is not None else {}}
 
 
 def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict | None,
@@ -538,6 +578,11 @@ def differential(cells: list[Cell], evidence: dict, reference: list[Cell] | None
         r = ref.get((c.constraint, c.batch, point(c)))
         if c.method == "none" or r is None or not c.output or not r.output:
             continue
+        if c.samples or r.samples:  # sampled (the n axis): no greedy equality to compare
+            c.differential = {"vs": "none", "unavailable": "sampled outputs (n > 1 at "
+                              "temperature > 0): speculative decoding keeps the distribution, "
+                              "not the draws"}
+            continue
         if r.status == "error":  # the reference went unobserved: no differential claimed
             c.differential = {"vs": "none", "unavailable": f"the reference cell: {r.message}"}
             continue
@@ -575,6 +620,12 @@ def _prompt_differential(c: Cell, r: Cell) -> None:
         c.first = {"step": None, "row": None, "local_pos": None, "stage": "differential vs none",
                    "contract": "prompt_logprobs", "what": d["what"], "column": d.get("token"),
                    "out_index": None, "position": d.get("position")}
+
+
+def emitted_at(ev: dict, i: int) -> dict:
+    """Where output index ``i`` was emitted in one request's row evidence: step, row, local
+    position and that row's top-1/top-2 margin ({} when not recorded)."""
+    return _emitted_at(ev, i)
 
 
 def _emitted_at(ev: dict, i: int) -> dict:

@@ -483,14 +483,14 @@ def run(p: Plan, out: str, log=print, progress=None) -> dict:
 
 
 def main(argv=None) -> int:
-    """The command; exit codes as the grid's (``grid.EXIT_CODES``): 0 every cell held, 1 a
+    """The command; exit codes as the grid's (``commandline.EXIT_CODES``): 0 every cell held, 1 a
     cell violated, 2 bad input (one line, before any engine), 3 no violation but a cell
     errored, 130 Ctrl-C (one line; ``distribution.json`` keeps the cells finished)."""
     import argparse
 
     from workbook.core import constraint_fault_catalogue as cat
     from workbook.core import progress as wprogress
-    from workbook.run.constraints.grid import EXIT_CODES, exit_code
+    from workbook.run.constraints.commandline import EXIT_CODES, exit_code
 
     ap = argparse.ArgumentParser(
         prog="python -m workbook.run.constraints.distribution",

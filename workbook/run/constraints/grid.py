@@ -30,6 +30,9 @@ from workbook.core import rundir
 from workbook.core.config import ConfigError, RunConfig, installed_vllm_version
 from workbook.run.constraints import axes as A
 from workbook.run.constraints import cases as C
+from workbook.run.constraints.commandline import (EXIT_CODES, engine_line, exit_code,  # noqa: F401
+                                                  help_choices)
+from workbook.run.verdicts import cell_key, report_lines
 from workbook.run.constraints.plan import (ENTRY_KEYS, ENV, REPO, UNUSED, Plan, check_engine_kwargs,  # noqa: F401
                                    config_for, engine_arg_names, entries, find, is_grid, plan)
 
@@ -40,7 +43,8 @@ def jsonable(x):
 
 
 def send_batch(eng, cfg: RunConfig, cases: dict[str, dict], *, batch: str, zero_head: bool,
-               scale: float | None = None, steer_plans: dict | None = None) -> tuple[dict, dict]:
+               scale: float | None = None, steer_plans: dict | None = None,
+               victim: dict | None = None) -> tuple[dict, dict]:
     """``cases`` as one batch on engine ``eng`` under the hooks ``cfg`` asks for (the row
     check on; ``constraint_fault``; ``cfg.arrival``; the drafter steered by ``steer_plans``):
     ``constraints.run_batch``, the one sender (over a server ``gridserve.run_batch``)."""
@@ -51,7 +55,7 @@ def send_batch(eng, cfg: RunConfig, cases: dict[str, dict], *, batch: str, zero_
         return gridserve.run_batch(eng, cfg, cases, batch=batch, head=head, factor=scale,
                                    steer_plans=steer_plans)
     return C.run_batch(eng, cases, zero_head=zero_head, batch=batch, scale=scale, cfg=cfg,
-                       steer_plans=steer_plans)
+                       steer_plans=steer_plans, victim=victim)
 
 
 def baselines(eng) -> dict[str, list[int]]:
@@ -107,22 +111,30 @@ def run_batches(eng, cfg: RunConfig, method: str, constraints, batches, baseline
         cases = {c: C.case_kwargs(c, base, decode) for c in constraints}
         plans = steer_plans(eng, cfg, cases, batch, point, refs, spec_only)
         ek = C.evidence_key(batch, point)
+        victim = None
+        if cfg.abort != "none":  # axis abort: the aborted neighbour's constraints
+            victim = A.victim_kwargs({c: C.case_kwargs(c, base, decode)
+                                      for c in A.VICTIM_CASES})
         if batch == "single":
             for c in constraints:
                 got, ev = send_batch(eng, cfg, {c: cases[c]}, batch=batch, zero_head=zero,
-                                     steer_plans=plans)
+                                     steer_plans=plans, victim=victim)
                 cells += _fill(got, method, point)
                 evidence.setdefault(ek, {}).update(ev)
             continue
         refused = {cl.constraint: cl.message for cl in cells if cl.status == "refused"
                    and cl.batch == "single"}
         ok = {c: kw for c, kw in cases.items() if c not in refused}
-        got, ev = send_batch(eng, cfg, ok, batch=batch, zero_head=zero, scale=scale,
-                             steer_plans=plans)
-        cells += _fill(got, method, point)
+        size = cfg.mixed_size or len(ok) or 1  # axis cudagraphs: batches of mixed_size
+        names = list(ok)
+        for i in range(0, max(len(names), 1), size):
+            part = {c: ok[c] for c in names[i:i + size]}
+            got, ev = send_batch(eng, cfg, part, batch=batch, zero_head=zero, scale=scale,
+                                 steer_plans=plans, victim=victim)
+            cells += _fill(got, method, point)
+            evidence.setdefault(ek, {}).update(ev)
         cells += [C.Cell(c, method, batch, "refused", refused[c], axes=dict(point or {}))
                   for c in cases if c in refused]
-        evidence[ek] = ev
     return cells, evidence
 
 
@@ -239,6 +251,7 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None, progress=None) -
     def assemble(status: str) -> dict:
         ref = ref_cells if p.fault else None
         C.differential(cells, evidence, reference=ref, spec_only=p.spec_only)
+        A.invariance(cells, p.axes, evidence)
         grid = {"vllm_version": _version(), "methods": p.methods, "batches": p.batches,
                 "constraints": p.constraints, "fault": p.fault, "run": p.name,
                 "config": p.base.to_dict(), "status": status,
@@ -339,20 +352,6 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None, progress=None) -
     return assemble("complete")
 
 
-def engine_line(row: dict, cells: list) -> str:
-    """One line per engine as it ends: method, points, status, cells by status, seconds."""
-    n = Counter(c.status for c in cells)
-    named = [x for x in row.get("points") or [] if x and x != A.label({})]
-    pts = f" ({len(row['points'])} points)" if len(row.get("points") or []) > 1 else \
-        f" @ {named[0]}" if named else ""
-    said = ", ".join(f"{k} {st}" for st, k in sorted(n.items())) or "no cell"
-    start = f", engine start {row['start_s']} s" if row.get("start_s") is not None else ""
-    msg = f" — {str(row.get('message'))[:160]}" if row.get("status") != "ok" and \
-        row.get("message") else ""
-    return (f"{row['method']}{pts}: {row['status']}, {said} in {row.get('seconds', 0.0)} s"
-            f"{start}{msg}")
-
-
 def n_engines(p: Plan) -> int:
     """Engine starts the plan asks for (one per method and engine configuration)."""
     return sum(len(engine_groups(p, m)[0]) for m in p.methods)
@@ -429,7 +428,9 @@ def execute(p: Plan, out: str = "outputs", *, report=None, progress=None
     return run_dir, manifest
 
 
-def summary_lines(grid: dict) -> list[str]:
+def summary_lines(grid: dict, run_dir: str | None = None) -> list[str]:
+    """The grid's counts, then one line per violated / failed cell (with ``run_dir``: under a
+    violation, the commands for its plain-vLLM reproducer and its upstream report)."""
     cells = grid.get("cells", [])
     counts = Counter(c["status"] for c in cells)
     if not cells:
@@ -456,21 +457,9 @@ def summary_lines(grid: dict) -> list[str]:
             at = f" [{A.label(c['axes'])}]" if c.get("axes") else ""
             lines.append(f"  {c['status']}: {c['constraint']} / {c['method']} / "
                          f"{c['batch']}{at}{where}")
+            if run_dir and c["status"] == "violated":
+                lines += report_lines(run_dir, cell_key(c))
     return lines
-
-
-EXIT_CODES = ("exit codes: 0 every judged cell held; 1 a cell was violated; 2 bad input "
-              "(one line, before any engine starts); 3 no violation, but the grid failed or a "
-              "cell errored (as check-server --constraints: 3 a request failed); 128 + N "
-              "stopped by signal N (130 Ctrl-C), the run folder keeping what it had")
-
-
-def exit_code(status: str, cells: list[dict]) -> int:
-    """``EXIT_CODES`` from the manifest's status and the grid's cells (signals: the caller)."""
-    st = {c.get("status") for c in cells}
-    if "violated" in st:
-        return 1
-    return 3 if status != "ok" or "error" in st else 0
 
 
 def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods=None,
@@ -494,7 +483,7 @@ def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods
                             unit="engine") as bar:
         run_dir, manifest = execute(p, out, report=report, progress=bar)
     grid = rundir.read_json(os.path.join(run_dir, "grid.json"), {}) or {}
-    print("\n".join(summary_lines(grid)))
+    print("\n".join(summary_lines(grid, run_dir)))
     if os.path.exists(os.path.join(run_dir, rundir.REPORT)):
         print(f"report: {os.path.join(run_dir, rundir.REPORT)}")
     st = manifest["status"]
@@ -509,27 +498,6 @@ def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods
         print(f"workbook: the grid failed: {f['ename']}: {f['evalue'][:300]}", file=sys.stderr)
     print(run_dir)
     return exit_code(st, grid.get("cells") or [])
-
-
-def help_choices(env: str = ENV) -> dict[str, str]:
-    """Every choice the grid's options take, as help text: the environment's entries, the
-    axes with their values (the default first), the constraint faults, the modes."""
-    import yaml
-
-    from workbook.core.config import MODES
-    from workbook.core.constraint_fault_catalogue import FAULTS
-
-    out = {"entries": "", "axes": "", "faults": ", ".join(FAULTS), "modes": ", ".join(MODES)}
-    try:
-        with open(find(env)) as f:
-            raw = yaml.safe_load(f) or {}
-        out["entries"] = ", ".join(r.get("name", "?") for r in raw.get("runs") or []
-                                   if isinstance(r, dict))
-        out["axes"] = "; ".join(f"{n}: {', '.join(a.values)}"
-                                for n, a in A.parse(raw.get("axes")).items())
-    except (OSError, ConfigError, yaml.YAMLError) as e:  # help never fails
-        out["entries"] = out["axes"] = f"(environments/{env}.yaml unreadable: {e})"
-    return out
 
 
 def add_arguments(ap) -> None:
