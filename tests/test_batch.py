@@ -166,6 +166,26 @@ def test_without_progress_a_log_gets_one_line_per_run(capsys):
     assert err == "first: ok in 40 s, verdict honored\n"
 
 
+def test_progress_off_a_terminal_is_a_line_per_step(capsys):
+    """``--progress`` in a log (workbook.core.progress, every long command's): one line per new
+    step, one per finished unit; the distribution oracle counts its cells up front."""
+    from workbook.core.progress import Progress
+    from workbook.run.constraints import distribution
+
+    with Progress(2, "grid", enabled=True, unit="engine") as bar:
+        bar.step("mtp: starting the engine")
+        bar.step("mtp: starting the engine")  # the same step: no second line
+        bar.step("mtp: batch single")
+        bar.done("mtp: ok, 13 holds in 60.0 s")
+    lines = [ln.strip() for ln in capsys.readouterr().err.replace("\r", "\n").splitlines()
+             if ln.strip() and not ln.strip().startswith("grid:")]
+    assert lines == ["mtp: starting the engine", "mtp: batch single",
+                     "mtp: ok, 13 holds in 60.0 s"], lines
+    p = distribution.plan("none,mtp", "unconstrained,bad_words", "draft-rows-untempered",
+                          "unconstrained", repeats=2)
+    assert distribution.n_cells(p) == 2 * (2 + 2 + 1)
+
+
 def test_reporter_templates_need_a_model_path(tmp_path):
     res = workbook("validate", "thor")
     assert res.returncode == 2
