@@ -424,6 +424,8 @@ def grammar_evidence(engine, rc, req: str, output: list[int]):
     rows: list[dict] = []
     committed: list[int] = []
     for rec in (r for r in rc.steps if r["req_id"] == req):
+        if not rec["emitted"] and all(r.get("emitted_token") is None for r in rec["rows"]):
+            continue  # a partial prefill chunk: vLLM discards its sample and fills no bitmask
         for row in rec["rows"]:
             j = row["local_pos"]
             seen = committed + [int(t) for t in row["drafts"][:j]]
