@@ -109,7 +109,8 @@ def test_hunt_smoke_abort_leaves_the_batch_as_it_was(engine, cases):
     from workbook.run.constraints import axes as A
 
     victim = A.victim_kwargs(cases)
-    plain, _ = C.run_batch(engine, sent, zero_head=True, batch="mixed")
+    plain, _ = C.run_batch(engine, sent, zero_head=True, batch="mixed",
+                           cfg=G.config_for("mtp"))
     cfg = G.config_for("mtp").replace(abort="mid-step")
     cells, ev = C.run_batch(engine, sent, zero_head=True, batch="mixed", cfg=cfg,
                             victim=victim)

@@ -453,17 +453,17 @@ def gpu_refusal(known: dict[str, Axis], pts: list[dict[str, str]], on_cpu: bool 
     return None
 
 
-def invariance(cells: list, known: dict[str, Axis], evidence: dict | None = None) -> None:
+def invariance(cells: list, known: dict[str, Axis], locate=None) -> None:
     """Each cell at a point whose axis value has a ``reference`` against the cell of the same
     constraint, method and batch at the point with the reference value: its output must be
     token for token the reference's (``contracts.first_divergence``). A divergence is located
-    in both cells' row evidence (``evidence[method][evidence_key]``: step, row, the row's
-    top-1/top-2 margin); where either row is a near tie (``contracts.close``: numerics of a
-    different batch, not a constraint) it is recorded (``near_tie``), else it is a violation at
+    in both cells' row evidence (``locate(cell, out_index)`` -> step, row, the row's
+    top-1/top-2 margin: the grid's ``cases.emitted_at``); where either row is a near tie
+    (``contracts.close``: numerics of a different batch, not a constraint) or neither is
+    located it is recorded (``near_tie``: no claim), else it is a violation at
     stage ``differential vs <axis>=<reference>``. Only judged cells; filled once per cell
     (``Cell.invariance``)."""
     from workbook.core import contracts
-    from workbook.run.constraints import cases as C
 
     refs = {n: a.reference for n, a in known.items() if a.reference}
     if not refs:
@@ -471,8 +471,7 @@ def invariance(cells: list, known: dict[str, Axis], evidence: dict | None = None
     judged = ("holds", "violated", "not judged")
     key = lambda c, pt: (c.constraint, c.method, c.batch, tuple(sorted(pt.items())))
     index = {key(c, c.axes or {}): c for c in cells}
-    where = lambda c, i: C.emitted_at((evidence or {}).get(c.method, {}).get(
-        C.evidence_key(c.batch, c.axes), {}).get(c.constraint, {}), i)
+    where = locate or (lambda c, i: {})
     for c in cells:
         if c.invariance is not None:
             continue
@@ -489,7 +488,7 @@ def invariance(cells: list, known: dict[str, Axis], evidence: dict | None = None
                 continue
             at, at_ref = where(c, i), where(ref, i)
             margins = [x["margin"] for x in (at, at_ref) if x.get("margin") is not None]
-            tie = not margins or any(contracts.close(m, 0.0) for m in margins)  # unlocated: no claim
+            tie = not margins or any(contracts.close(m, 0.0) for m in margins)
             c.invariance.update(out_index=i, token=c.output[i] if i < len(c.output) else None,
                                 reference_token=ref.output[i] if i < len(ref.output) else None,
                                 step=at.get("step"), row=at.get("row"), margins=margins,

@@ -305,21 +305,11 @@ def judge_batch(rc, names: list[str], outs: list, cases: dict, batch: str, engin
                                      verdicts.get(req), engine, tok=tok,
                                      sp=sps[names.index(name)]))
             if i:  # the other samples' evidence beside the first's
-                evidence[samples.key(name, i)] = request_evidence(rc, req, verdicts.get(req))
+                evidence[samples.key(name, i)] = samples.evidence(rc, req, verdicts.get(req))
         req = rs[0]
         cells[name] = samples.pick(got, rs)
         cells[name].kwargs = _jsonable(cases[name])
-        evidence[name] = request_evidence(rc, req, verdicts.get(req))
-
-
-def request_evidence(rc, req: str | None, verdict: dict | None) -> dict:
-    """One request's row evidence (``evidence/<method>/<batch>.json``, per case)."""
-    return {"req_id": req, "registration": next(
-        (r for r in rc.registrations if r["req_id"] == req), None),
-        "params": _jsonable(asdict(rc.params[req])) if req in rc.params else None,
-        "steps": [s for s in rc.steps if s["req_id"] == req],
-        "verdict": verdict, "errors": rc.errors,
-        "prompt_rows": rc.prompt_rows(req) if req is not None else {}}
+        evidence[name] = samples.evidence(rc, req, verdicts.get(req))
 
 
 def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict | None,
@@ -434,6 +424,8 @@ def grammar_evidence(engine, rc, req: str, output: list[int]):
     rows: list[dict] = []
     committed: list[int] = []
     for rec in (r for r in rc.steps if r["req_id"] == req):
+        if not rec["emitted"] and all(r.get("emitted_token") is None for r in rec["rows"]):
+            continue  # a partial prefill chunk: vLLM discards its sample and fills no bitmask
         for row in rec["rows"]:
             j = row["local_pos"]
             seen = committed + [int(t) for t in row["drafts"][:j]]
@@ -597,7 +589,7 @@ def differential(cells: list[Cell], evidence: dict, reference: list[Cell] | None
             continue
         ev = evidence.get(c.method, {}).get(evidence_key(c.batch, c.axes), {}).get(
             c.constraint, {})
-        at = _emitted_at(ev, i)
+        at = emitted_at(ev, i)
         c.differential = {"vs": "none", "identical": False, "out_index": i,
                           "token": c.output[i] if i < len(c.output) else None,
                           "reference_token": r.output[i] if i < len(r.output) else None, **at,
@@ -625,10 +617,6 @@ def _prompt_differential(c: Cell, r: Cell) -> None:
 def emitted_at(ev: dict, i: int) -> dict:
     """Where output index ``i`` was emitted in one request's row evidence: step, row, local
     position and that row's top-1/top-2 margin ({} when not recorded)."""
-    return _emitted_at(ev, i)
-
-
-def _emitted_at(ev: dict, i: int) -> dict:
     n = 0
     for s in ev.get("steps", []):
         for row in s["rows"]:

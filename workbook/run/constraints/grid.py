@@ -251,7 +251,8 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None, progress=None) -
     def assemble(status: str) -> dict:
         ref = ref_cells if p.fault else None
         C.differential(cells, evidence, reference=ref, spec_only=p.spec_only)
-        A.invariance(cells, p.axes, evidence)
+        A.invariance(cells, p.axes, lambda c, i: C.emitted_at(evidence.get(c.method, {}).get(
+            C.evidence_key(c.batch, c.axes), {}).get(c.constraint, {}), i))
         grid = {"vllm_version": _version(), "methods": p.methods, "batches": p.batches,
                 "constraints": p.constraints, "fault": p.fault, "run": p.name,
                 "config": p.base.to_dict(), "status": status,

@@ -16,7 +16,9 @@ tokens the row check saw it emit, in registration order. Every sample is judged
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import asdict
 from types import SimpleNamespace
 
 _CHILD = re.compile(r"^(\d+)_")
@@ -84,3 +86,16 @@ def pick(cells: list, reqs: list) -> object:
     if cell.status != "holds":
         cell.message = "; ".join(x for x in (f"sample {i} of {len(cells)}", cell.message) if x)
     return cell
+
+
+def evidence(rc, req: str | None, verdict: dict | None) -> dict:
+    """One request's row evidence (``evidence/<method>/<batch>.json``: per case, and per
+    sample ``key(name, i)`` beside it)."""
+    params = rc.params.get(req) if req is not None else None
+    return {"req_id": req, "registration": next(
+        (r for r in rc.registrations if r["req_id"] == req), None),
+        "params": None if params is None else json.loads(json.dumps(asdict(params),
+                                                                    default=str)),
+        "steps": [s for s in rc.steps if s["req_id"] == req],
+        "verdict": verdict, "errors": rc.errors,
+        "prompt_rows": rc.prompt_rows(req) if req is not None else {}}
