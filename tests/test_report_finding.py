@@ -578,7 +578,9 @@ def test_the_report_leads_with_what_the_constraints_grids_found():
              verdict={"contract": "thinking_token_budget", "verdict": "violated"}),
         cell("thinking_token_budget", "mtp", "violated", axes={"reasoning": "after-end"},
              verdict={"contract": "thinking_token_budget", "verdict": "violated"}),
-        cell("thinking_token_budget", "mtp", "holds", axes={"reasoning": "default"})],
+        cell("thinking_token_budget", "mtp", "holds", axes={"reasoning": "default"}),
+        cell("logprobs", "none", "violated", axes={"reasoning": "strings"}),
+        cell("logprobs", "mtp", "holds", axes={"reasoning": "strings"})],
         "axis_defaults": {"reasoning": "default"}}
     finding = {"id": "end-str-cut", "constraint": "thinking_token_budget",
                "axes": {"reasoning": "after-end"}, "triage": "known",
@@ -586,7 +588,11 @@ def test_the_report_leads_with_what_the_constraints_grids_found():
                              "url": "https://github.com/vllm-project/vllm/pull/54467"}]}
     groups = answer.violated_groups([bad, clean], [finding])
     by = {(g.constraint, g.finding["id"] if g.finding else None): g for g in groups}
-    assert set(by) == {("stop_strings", None), ("thinking_token_budget", "end-str-cut")}
+    assert set(by) == {("stop_strings", None), ("thinking_token_budget", "end-str-cut"),
+                       ("logprobs", None)}
+    assert answer.speculation(by["logprobs", None]) == (
+        "only without speculative decoding", "the speculative methods at the same points: "
+        "1 holds")  # never "with and without" for method none alone
     budget = by["thinking_token_budget", "end-str-cut"]
     assert answer.configuration_text(budget) == "reasoning=after-end"
     assert answer.speculation(budget)[0] == "with and without speculative decoding"
@@ -597,7 +603,7 @@ def test_the_report_leads_with_what_the_constraints_grids_found():
     assert "finding <a href=\"#findings\"><b>end-str-cut</b></a> — known upstream: " \
            '<a href="https://github.com/vllm-project/vllm/pull/54467">vLLM PR #54467</a>' in box
     assert "no finding in outputs/findings/findings.yaml covers it: not triaged" in box
-    assert "2 of 6 constraints violated in some configuration" in box
+    assert "3 of 7 constraints violated in some configuration" in box
     assert 'class="finding alarm cbox"' in box and "None" not in box
     lines = answer.grid_lines([bad, clean], groups)
     assert "thinking_token_budget held in 1 of 3 cells, and none of the default " \
@@ -623,7 +629,9 @@ def test_first_screen_of_the_committed_grids_never_contradicts_itself():
     for x in groups:
         head, _ = answer.speculation(x)
         if "none" in x.methods:
-            assert head == "with and without speculative decoding"
+            assert (head == "with and without speculative decoding" if len(x.methods) > 1
+                    else head.endswith("without speculative decoding")), (x.constraint, head)
+        assert "speculative decoding" in head
         if x.constraint == "thinking_token_budget":
             assert all(answer.non_default(g, c).get("reasoning") not in (None, "default")
                        for g, c in x.cells)

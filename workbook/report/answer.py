@@ -117,12 +117,24 @@ def _none_point(grid: dict, cell: dict) -> tuple:
 
 
 def speculation(group: Group) -> tuple[str, str]:
-    """(with and without speculative decoding | only under speculative decoding | under
-    speculative decoding, the evidence for it): "with and without" when method none's cells
-    are among the group's; "only under" when none held at every one of the group's points;
-    else what none's cells there were."""
-    if "none" in group.methods:
+    """(with and without speculative decoding | only under / under speculative decoding |
+    (only) without speculative decoding, the evidence for it): "with and without" when method
+    none's cells and a speculative method's are among the group's; "only under" when none held
+    at every one of the group's points (else what none's cells there were); for none alone,
+    what the speculative methods' cells at the same points were."""
+    if "none" in group.methods and len(group.methods) > 1:
         return "with and without speculative decoding", ""
+    if group.methods == ["none"]:  # what the speculative methods did at the same points
+        got = Counter()
+        for g, cell in group.cells:
+            key = (cell["batch"], tuple(sorted((cell.get("axes") or {}).items())))
+            got.update(c["status"] for c in g.get("cells", []) if c["method"] != "none"
+                       and c["constraint"] == group.constraint
+                       and (c["batch"], tuple(sorted((c.get("axes") or {}).items()))) == key)
+        said = ", ".join(f"{k} {v}" for v, k in sorted(got.items())) or "not run"
+        head = ("only without speculative decoding" if got and set(got) == {"holds"}
+                else "without speculative decoding")
+        return head, f"the speculative methods at the same points: {said}"
     seen = []
     for g, cell in group.cells:
         want = _none_point(g, cell)
