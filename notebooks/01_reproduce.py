@@ -50,6 +50,11 @@ async_on_cpu: bool = False  # CPU: keep async scheduling on where vLLM turns it 
 kv_blocks: int = None  # a KV cache this many blocks small (preemption; None: sized by kv_cache_bytes)
 arrival: str = "step0"  # step0: every request added at once | staggered: request i added at step 2*i
 drafter_steer: str = "none"  # none | allowed | greedy | forbidden: the drafter's proposals replaced (workbook.hooks.observe.steer)
+n: int = 1  # parallel sampling: outputs per request (SamplingParams.n)
+prompt_prefix: int = 0  # the constraints grid: a shared reasoning prefix this many tokens long (prefix caching, chunked prefill)
+abort: str = "none"  # none | mid-step: the constraints grid aborts a constrained request after step 2
+priority: str = "none"  # none | mixed: the constraints grid's requests get priorities (scheduling_policy='priority')
+mixed_size: int = 0  # the constraints grid's mixed batches: 0 one batch of every case, else batches of this many
 thinking_token_budget: int = 1  # reasoning-token budget (-1: none)
 max_tokens: int = 32  # completion length limit
 temperature: float = 0.0  # 0: greedy

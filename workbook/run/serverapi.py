@@ -169,12 +169,8 @@ def position_logprobs(choice: dict) -> list[dict[int, float]]:
     return out
 
 
-def returnedchoice_prompt_logprobs(resp: dict, choice: dict) -> list[dict | None] | None:
-    """The prompt logprobs a completion returned, per prompt position ``{id: logprob}``."""
-    return choice_prompt_logprobs(resp, choice)
-
-
 def choice_token_logprobs(choice: dict) -> list[float | None] | None:
+    """The logprob of each returned token (``token_logprobs``); None when none came back."""
     lp = choice.get("logprobs")
     if not lp or lp.get("token_logprobs") is None:
         return None
@@ -182,6 +178,7 @@ def choice_token_logprobs(choice: dict) -> list[float | None] | None:
 
 
 def choice_prompt_logprobs(resp: dict, choice: dict) -> list[dict | None] | None:
+    """The prompt logprobs a completion returned, per prompt position ``{id: logprob}``."""
     pl = choice.get("prompt_logprobs", resp.get("prompt_logprobs"))
     if pl is None:
         return None

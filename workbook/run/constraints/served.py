@@ -270,7 +270,7 @@ def output_of(resp: dict, prompt: list[int]):
                            finish_reason=ch.get("finish_reason"), text=ch.get("text"),
                            logprobs=lp)
     return SimpleNamespace(outputs=[comp], prompt_token_ids=list(prompt),
-                           prompt_logprobs=serverapi.returned_prompt_logprobs(resp, ch))
+                           prompt_logprobs=serverapi.choice_prompt_logprobs(resp, ch))
 
 
 def run_batch(eng: ServedEngine, cfg: RunConfig, cases: dict[str, dict], *, batch: str,

@@ -26,6 +26,7 @@ CONTROL_CONCURRENCY = 8  # one-token control requests in flight (workbook serve:
 # what the server's tokenizer must split as the local one does before the grammar is judged
 GRAMMAR_PROBE = '{"a": -1000000000, "b": [1.5e3, true, null]}\n</think>'
 
+
 def prompt_ids(ep: sc.Endpoint, model: str, name: str) -> list[int]:
     """The case's prompt (``constraints.PROMPT_TEXT`` or "Say <name>.") through the server's
     chat template, thinking on except for ``constraints.NO_THINKING``."""
