@@ -414,7 +414,8 @@ def grammar_evidence(engine, rc, req: str, output: list[int]):
     (``grammar.grammar_start``: after the reasoning) must allow the processed row's argmax,
     and the row may hold no more finite columns than the grammar allows (+1: the budget's
     forced column). Rows before the grammar starts, after it ended, or after a draft it
-    rejects are not judged by it (vLLM does not constrain them or never emits them)."""
+    rejects are not judged by it (vLLM does not constrain them or never emits them); nor are
+    rows vLLM samples nothing from or whose token it never returns (``contracts.grammar_rows``)."""
     p = rc.params[req]
     if p.json_schema is None:
         return None, None, []
@@ -433,8 +434,8 @@ def grammar_evidence(engine, rc, req: str, output: list[int]):
     truth = chk.truth(prompt, output, rc.markers, reasoning)
     rows: list[dict] = []
     committed: list[int] = []
-    for rec in (r for r in rc.steps if r["req_id"] == req):
-        for row in rec["rows"]:
+    for rec, bound in contracts.grammar_rows(rc.steps, req, len(output)):
+        for row in bound:
             j = row["local_pos"]
             seen = committed + [int(t) for t in row["drafts"][:j]]
             start = vgrammar.grammar_start(prompt, seen, rc.markers, reasoning)
