@@ -78,3 +78,28 @@ def test_grammar_fault_still_caught_under_chunked_prefill(setup):
     assert cell.first["stage"] == "grammar bitmask" and cell.first["out_index"] == 0
     step = next(s for s in ev["steps"] if s["step"] == cell.first["step"])
     assert step["emitted"], "judged on a step that sampled nothing"
+
+
+def test_rejudge_committed_cpu_runs(capsys):
+    """scripts/rejudge_grammar.py over the committed CPU runs made before the rule: the two
+    chunked-prefill cells and the two async cells past max_tokens held now, nothing else
+    changes; a folder that is not a run is one line, rc 2."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("rejudge_grammar", os.path.join(
+        "scripts", "rejudge_grammar.py"))
+    rj = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rj)
+    root = os.path.join("outputs", "cpu", "gputriage-0.32.0")
+    got = {d: rj.rejudge(os.path.join(root, d)) for d in (
+        "before-chunked-prefill", "before-structured-after-reasoning-async-on",
+        "before-structured-after-reasoning-async-off")}
+    assert got["before-chunked-prefill"] == {"cells": 2, "violated before": 2, "violated now": 0}
+    assert got["before-structured-after-reasoning-async-on"]["violated before"] == 2
+    assert got["before-structured-after-reasoning-async-on"]["violated now"] == 0
+    assert got["before-structured-after-reasoning-async-off"]["violated before"] == 0
+    assert got["before-structured-after-reasoning-async-off"]["violated now"] == 0
+    assert rj.main(["/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["rejudge_grammar: not a grid run folder: /nonexistent"]
