@@ -1,6 +1,6 @@
 """Re-judge a finished grid's structured-output cells by their grammar, without an engine: the
 committed row evidence (``evidence/<method>/<batch>.json``) through the grid's own judge
-(``constraints.grammar_evidence``, so the rows it binds are ``contracts.grammar_rows``'), the
+(``constraints.grammar_evidence``, so the rows it binds are ``contracts.grammar_bound_rows``'), the
 grammar compiled from the tiny model's folder as vLLM's xgrammar backend compiles it
 (``vllm.grammar.for_model``), each case's prompt rebuilt as the grid built it at the cell's
 point (``constraints.prompt_of``). One line per cell whose verdict this changes, then the

@@ -7,7 +7,7 @@ tokenizer (``workbook.vllm.grammar``): the output fed through the request's gram
 only a finished output's JSON check remains. ``unjudged`` says why nothing could be judged (no
 token under the grammar, or no evidence and no finished output) — never counted as held.
 
-Which rows the grammar binds (``grammar_rows``): those vLLM samples a token from that it
+Which rows the grammar binds (``grammar_bound_rows``): those vLLM samples a token from that it
 returns — not a prefill chunk short of the prompt's end, not a step vLLM ran for a request
 that had already finished.
 
@@ -59,7 +59,7 @@ class GrammarTruth:
         return asdict(self)
 
 
-def grammar_rows(steps: list[dict], req: str, returned: int):
+def grammar_bound_rows(steps: list[dict], req: str, returned: int):
     """``(step record, rows)`` of request ``req`` (the row check's records, in step order) for
     the rows the grammar bitmask binds: those of a step where vLLM sampled for the request
     (``emitted``, its ``num_sampled`` > 0), at an output index below ``returned`` (the tokens

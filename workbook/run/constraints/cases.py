@@ -345,9 +345,9 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
     emitted = rc.emitted_rows(req)
     cell.accepted_drafts = sum(1 for e in emitted if e["local_pos"] and e["local_pos"] > 0)
     p = rc.params[req]
-    grammar, no_grammar, grammar_rows = grammar_evidence(engine, rc, req, output)
+    grammar, no_grammar, grammar_bound_rows = grammar_evidence(engine, rc, req, output)
     cell.grammar = grammar.to_dict() if grammar is not None else None
-    row_breaches = sorted(list(verdict["breaches"]) + grammar_rows, key=_where)
+    row_breaches = sorted(list(verdict["breaches"]) + grammar_bound_rows, key=_where)
     breaches = list(row_breaches)
     breaches += _logprob_rows(p, emitted)
     returned, truth = _returned_logprobs(comp, output, emitted)
@@ -415,7 +415,8 @@ def grammar_evidence(engine, rc, req: str, output: list[int]):
     and the row may hold no more finite columns than the grammar allows (+1: the budget's
     forced column). Rows before the grammar starts, after it ended, or after a draft it
     rejects are not judged by it (vLLM does not constrain them or never emits them); nor are
-    rows vLLM samples nothing from or whose token it never returns (``contracts.grammar_rows``)."""
+    rows vLLM samples nothing from or whose token it never returns
+    (``contracts.grammar_bound_rows``)."""
     p = rc.params[req]
     if p.json_schema is None:
         return None, None, []
@@ -434,7 +435,7 @@ def grammar_evidence(engine, rc, req: str, output: list[int]):
     truth = chk.truth(prompt, output, rc.markers, reasoning)
     rows: list[dict] = []
     committed: list[int] = []
-    for rec, bound in contracts.grammar_rows(rc.steps, req, len(output)):
+    for rec, bound in contracts.grammar_bound_rows(rc.steps, req, len(output)):
         for row in bound:
             j = row["local_pos"]
             seen = committed + [int(t) for t in row["drafts"][:j]]

@@ -1,6 +1,6 @@
-"""Which rows the grammar binds (``contracts.grammar_rows``), on the real engine: MTP with chunked
-prefill (prompts of ~190 tokens, 64 tokens a step) and async scheduling kept on on the CPU — the
-two shapes the H100 run of vLLM 0.34.0 showed as false grammar violations
+"""Which rows the grammar binds (``contracts.grammar_bound_rows``), on the real engine: MTP with
+chunked prefill (prompts of ~190 tokens, 64 tokens a step) and async scheduling kept on on the
+CPU — the two shapes the H100 run of vLLM 0.34.0 showed as false grammar violations
 (outputs/h100/hunt-0.34.0-20261206/README.md):
 
 - a prefill chunk short of the prompt's end samples nothing, and vLLM leaves its request out of
@@ -56,7 +56,7 @@ def test_prefill_chunks_and_the_step_past_max_tokens_are_not_bound(setup):
     chunks = [s for s in ev["steps"] if not s["emitted"]]
     assert chunks and all(_unmasked(r) for s in chunks for r in s["rows"]), \
         "no prefill chunk ran unmasked: the shape was not exercised"
-    bound = list(contracts.grammar_rows(ev["steps"], ev["req_id"], len(cell.output)))
+    bound = list(contracts.grammar_bound_rows(ev["steps"], ev["req_id"], len(cell.output)))
     assert not {id(s) for s in chunks} & {id(s) for s, _ in bound}
 
     # drafts accepted: async scheduling runs a step past max_tokens, unmasked
@@ -66,7 +66,7 @@ def test_prefill_chunks_and_the_step_past_max_tokens_are_not_bound(setup):
     past = [s for s in ev2["steps"] if s["committed_before"] >= len(steered.output)]
     assert past and _unmasked(past[0]["rows"][0]), \
         "no step ran past max_tokens: async scheduling's extra step was not exercised"
-    kept = list(contracts.grammar_rows(ev2["steps"], ev2["req_id"], len(steered.output)))
+    kept = list(contracts.grammar_bound_rows(ev2["steps"], ev2["req_id"], len(steered.output)))
     assert sum(len(rows) for _, rows in kept) >= len(steered.output)
     assert all(s["committed_before"] < len(steered.output) for s, _ in kept)
 
