@@ -36,7 +36,7 @@ from workbook.core.contracts.penalties import penalised
 from workbook.core.contracts.prompt_logprobs import (check_prompt_logprobs,
                                                      prompt_logprobs_divergence)
 from workbook.core.contracts.stop_strings import check_stop_strings, stop_string_end
-from workbook.core.contracts.structured import JSON_SCHEMA, GrammarTruth
+from workbook.core.contracts.structured import JSON_SCHEMA, GrammarTruth, grammar_bound_rows
 
 for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):  # every contract module
     if _m != "base" and not _m.startswith("_"):
@@ -54,8 +54,8 @@ __all__ = ["ATOL", "CASES", "CASE_CONTRACTS", "CONSTRAINTS", "JSON_SCHEMA", "LOG
            "ContractError", "Expect", "GrammarTruth", "Outcome", "Params", "RowContext",
            "case_kwargs", "catalogue", "check_output", "check_prompt_logprobs", "check_row",
            "check_stop_strings", "close", "expected", "expected_logprob", "family",
-           "first_divergence", "gated", "get", "must_hold_token", "penalised",
-           "prompt_logprobs_divergence", "row_owner", "stop_string_end", "unjudged",
+           "first_divergence", "gated", "get", "grammar_bound_rows", "must_hold_token",
+           "penalised", "prompt_logprobs_divergence", "row_owner", "stop_string_end", "unjudged",
            "unjudged_host", "validate"]
 
 

@@ -202,7 +202,12 @@ class BadWords(Contract):
         ids_in_vocab(self.name, [t for w in p.bad_words for t in w], vocab_size)
 
     def case(self, baseline, decode):
-        b0, b1, _ = case_tokens(baseline)
+        # vLLM bans a bad word without its leading whitespace (SamplingParams
+        # .update_from_tokenizer: bad_word.lstrip()) and refuses one left empty: the case starts
+        # at the first unconstrained token with text of its own
+        base = [int(t) for t in baseline]
+        i = next((k for k, t in enumerate(base) if decode([t]).strip()), 0)
+        b0, b1, _ = case_tokens(base[i:])
         return {"bad_words": [decode([b0])] + ([decode([b1, b0])] if b1 != b0 else [])}
 
 

@@ -7,6 +7,10 @@ tokenizer (``workbook.vllm.grammar``): the output fed through the request's gram
 only a finished output's JSON check remains. ``unjudged`` says why nothing could be judged (no
 token under the grammar, or no evidence and no finished output) — never counted as held.
 
+Which rows the grammar binds (``grammar_bound_rows``): those vLLM samples a token from that it
+returns — not a prefill chunk short of the prompt's end, not a step vLLM ran for a request
+that had already finished.
+
 Deliberately not here: regex, choice and grammar constraints (``Params`` keeps only ``json``),
 xgrammar itself, the grammar's per-row check (``workbook.run.constraints.cases`` over the row
 evidence), decoding.
@@ -53,6 +57,27 @@ class GrammarTruth:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def grammar_bound_rows(steps: list[dict], req: str, returned: int):
+    """``(step record, rows)`` of request ``req`` (the row check's records, in step order) for
+    the rows the grammar bitmask binds: those of a step where vLLM sampled for the request
+    (``emitted``, its ``num_sampled`` > 0), at an output index below ``returned`` (the tokens
+    vLLM gave back). Not bound: a prefill chunk short of the prompt's end samples nothing, and
+    vLLM leaves its request out of that step's bitmask (``Scheduler.get_grammar_bitmask``:
+    ``not req.is_prefill_chunk``); a row at or past ``returned`` makes no token the user gets —
+    under async scheduling vLLM runs one more step when it cannot be sure the last one reached
+    ``max_tokens`` (``Scheduler.schedule``), computes that step's bitmask once the request has
+    finished (no longer among the scheduler's requests: no mask row) and discards what it
+    samples there (``Scheduler.update_from_output``: the request is gone)."""
+    n = 0
+    for rec in steps:
+        if rec["req_id"] != req or not rec["emitted"]:
+            continue
+        if n >= returned:
+            return
+        yield rec, [row for row in rec["rows"] if n + row["local_pos"] < returned]
+        n += len(rec["emitted"])
 
 
 class StructuredOutput(Contract):

@@ -335,9 +335,9 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
     emitted = rc.emitted_rows(req)
     cell.accepted_drafts = sum(1 for e in emitted if e["local_pos"] and e["local_pos"] > 0)
     p = rc.params[req]
-    grammar, no_grammar, grammar_rows = grammar_evidence(engine, rc, req, output)
+    grammar, no_grammar, grammar_bound_rows = grammar_evidence(engine, rc, req, output)
     cell.grammar = grammar.to_dict() if grammar is not None else None
-    row_breaches = sorted(list(verdict["breaches"]) + grammar_rows, key=_where)
+    row_breaches = sorted(list(verdict["breaches"]) + grammar_bound_rows, key=_where)
     breaches = list(row_breaches)
     breaches += _logprob_rows(p, emitted)
     returned, truth = _returned_logprobs(comp, output, emitted)
@@ -404,7 +404,9 @@ def grammar_evidence(engine, rc, req: str, output: list[int]):
     (``grammar.grammar_start``: after the reasoning) must allow the processed row's argmax,
     and the row may hold no more finite columns than the grammar allows (+1: the budget's
     forced column). Rows before the grammar starts, after it ended, or after a draft it
-    rejects are not judged by it (vLLM does not constrain them or never emits them)."""
+    rejects are not judged by it (vLLM does not constrain them or never emits them); nor are
+    rows vLLM samples nothing from or whose token it never returns
+    (``contracts.grammar_bound_rows``)."""
     p = rc.params[req]
     if p.json_schema is None:
         return None, None, []
@@ -423,10 +425,8 @@ def grammar_evidence(engine, rc, req: str, output: list[int]):
     truth = chk.truth(prompt, output, rc.markers, reasoning)
     rows: list[dict] = []
     committed: list[int] = []
-    for rec in (r for r in rc.steps if r["req_id"] == req):
-        if not rec["emitted"] and all(r.get("emitted_token") is None for r in rec["rows"]):
-            continue  # a partial prefill chunk: vLLM discards its sample and fills no bitmask
-        for row in rec["rows"]:
+    for rec, bound in contracts.grammar_bound_rows(rc.steps, req, len(output)):
+        for row in bound:
             j = row["local_pos"]
             seen = committed + [int(t) for t in row["drafts"][:j]]
             start = vgrammar.grammar_start(prompt, seen, rc.markers, reasoning)
