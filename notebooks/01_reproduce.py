@@ -53,7 +53,7 @@ drafter_steer: str = "none"  # none | allowed | greedy | forbidden: the drafter'
 n: int = 1  # parallel sampling: outputs per request (SamplingParams.n)
 prompt_prefix: int = 0  # the constraints grid: a shared reasoning prefix this many tokens long (prefix caching, chunked prefill)
 abort: str = "none"  # none | mid-step: the constraints grid aborts a constrained request after step 2
-priority: str = "none"  # none | mixed: the constraints grid's requests get priorities (scheduling_policy='priority')
+priority: str = "none"  # none | mixed: the constraints grid's requests get priorities (engine_kwargs scheduling_policy: priority)
 mixed_size: int = 0  # the constraints grid's mixed batches: 0 one batch of every case, else batches of this many
 thinking_token_budget: int = 1  # reasoning-token budget (-1: none)
 max_tokens: int = 32  # completion length limit
