@@ -153,6 +153,10 @@ class Cell:
     preemptions: int | None = None  # vLLM's Request.num_preemptions when freed (hooks.preempt)
     steered: int = 0  # draft rows whose proposals the drafter steer replaced (hooks.steer)
     unreached: list = field(default_factory=list)  # an axis value vLLM did not run (axes.verify)
+    # its own contracts held, its rows or output changed (by a neighbour, the slot's history or
+    # a cause no contract explains): reported at its first changed row, never among the holds
+    victim: bool = False
+    invariance: dict | None = None  # the request alone on a fresh slot vs in the batch
 
     def to_dict(self) -> dict:
         from workbook.run import verdicts
@@ -344,7 +348,16 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
     breaches.sort(key=_where)
     cell.breaches = len(breaches)
     if breaches:
-        cell.status, cell.first = "violated", breaches[0]
+        cell.status, cell.first = "violated", dict(breaches[0])
+        cell.victim = bool(verdict.get("victim")) and all(
+            b.get("source") not in (None, "own") for b in breaches)
+        c = cell.first.get("column")
+        if cell.first.get("source") == "unexplained" and c is not None and output:
+            k = sum(1 for t in output if t == c)
+            cell.first["what"] += (f"; its output holds {c} at {k} of its {len(output)} "
+                                   "token(s)" + (" (all of them)" if k == len(output) else ""))
+    if verdict.get("registration"):
+        cell.message = "; ".join(x for x in (cell.message, verdict["registration"]) if x)
     else:
         unj = {**contracts.unjudged(p, output, comp.finish_reason, comp.text, grammar=grammar,
                                     no_grammar=no_grammar),

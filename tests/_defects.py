@@ -1,0 +1,80 @@
+"""Defects written inside vLLM's own modules, as a real one would sit (a vLLM method replaced
+for the duration), and deliberately NOT in the workbook's fault catalogue
+(``workbook.hooks.faults``): the blame tests (tests/test_blame.py) judge them as faults nobody on
+the team wrote the rules for. Each is a context manager; leaving it restores vLLM exactly.
+
+- ``stale_allowed_mask``: ``LogitBiasState.add_request`` keeps the slot's allowed-ids count of
+  the request that held the slot before when the new request asks for none (the ids stay on the
+  device too); the kernel applies it whenever a neighbour in the batch needs it to run.
+- ``raised_column``: ``LogitBiasState.apply`` adds +3 at column 2777 of every row whose request
+  uses no bias (no constraint binds it) — only in batches where a neighbour's bias makes the
+  kernel run.
+- ``stale_penalty_counts``: ``PenaltiesState.apply_staged_writes`` skips the recount of a newly
+  registered request's prompt mask and output counts: it inherits the finished previous
+  occupant's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+COLUMN = 2777
+
+
+@contextlib.contextmanager
+def _replaced(cls, name, make):
+    orig = cls.__dict__[name]
+    setattr(cls, name, make(orig))
+    try:
+        yield
+    finally:
+        setattr(cls, name, orig)
+
+
+def stale_allowed_mask():
+    from vllm.v1.worker.gpu.sample.logit_bias import LogitBiasState
+
+    def make(orig):
+        def add_request(self, req_idx, sampling_params):
+            left = int(self.num_allowed_token_ids.np[req_idx])
+            out = orig(self, req_idx, sampling_params)
+            if not sampling_params.allowed_token_ids:
+                self.num_allowed_token_ids.np[req_idx] = left  # not cleared
+            return out
+        return add_request
+    return _replaced(LogitBiasState, "add_request", make)
+
+
+def raised_column():
+    import torch
+    from vllm.v1.worker.gpu.sample.logit_bias import LogitBiasState
+
+    def make(orig):
+        def apply(self, logits, ctx):
+            out = orig(self, logits, ctx)
+            if np.any(self.use_logit_bias[ctx.idx_mapping_np]):
+                slots = ctx.expanded_idx_mapping.long().cpu().numpy()
+                rows = np.nonzero(~self.use_logit_bias[slots])[0]
+                if len(rows):
+                    r = torch.as_tensor(rows, device=out.device)
+                    out[r, COLUMN] += 3.0
+            return out
+        return apply
+    return _replaced(LogitBiasState, "apply", make)
+
+
+def stale_penalty_counts():
+    from vllm.v1.worker.gpu.sample.penalties import PenaltiesState
+
+    def make(orig):
+        def apply_staged_writes(self):
+            self._new_penalties_reqs.clear()  # no recount: the slot keeps the last one's
+            return orig(self)
+        return apply_staged_writes
+    return _replaced(PenaltiesState, "apply_staged_writes", make)
+
+
+DEFECTS = {"stale_allowed_mask": stale_allowed_mask, "raised_column": raised_column,
+           "stale_penalty_counts": stale_penalty_counts}

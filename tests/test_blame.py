@@ -1,0 +1,85 @@
+"""Blame only on evidence (issue 39), on defects written inside vLLM's own modules and kept out
+of the workbook's catalogue (tests/_defects.py), through the real engine (tiny MTP model, one
+engine for the module). Each case sends the same sequence of batches healthy and with the
+defect; ground truth is the healthy run's row evidence: every request whose rows or tokens
+changed must be reported at the exact first changed (step, row), with the contract, stage and
+source the evidence shows; a request whose rows and output equal healthy vLLM's is never
+reported violated."""
+
+import pytest
+
+from tests import _defects
+from workbook.run.constraints import cases as C
+from workbook.run.constraints import grid as G
+from workbook.run.constraints import rowjudge
+
+# defect -> (batches sent in order: case names; the last batch is judged),
+#           {case: (contract, stage, source)} for the requests whose rows change
+CASES = {
+    "stale_allowed_mask": ([["allowed_token_ids"], ["max_tokens", "allowed_token_ids"]],
+                           {"max_tokens": ("allowed_token_ids", "registration",
+                                           "previous occupant")}),
+    "raised_column": ([["allowed_token_ids", "bad_words", "max_tokens"]],
+                      {"bad_words": (rowjudge.UNEXPLAINED, "apply", "unexplained"),
+                       "max_tokens": (rowjudge.UNEXPLAINED, "apply", "unexplained")}),
+    "stale_penalty_counts": ([["penalties"], ["penalties"]],
+                             {"penalties": ("penalties", "device state", "own")}),
+}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from workbook.vllm import engine as vengine
+
+    eng = vengine.start(G.config_for("mtp"))
+    yield eng
+    eng.shutdown()
+
+
+def _send(engine, batches):
+    kw = {c: C.case_kwargs(c, [0] * 16, engine.tokenizer.decode) for b in batches for c in b}
+    for b in batches:
+        cells, ev = C.run_batch(engine, {c: kw[c] for c in b}, zero_head=True,
+                                batch="mixed" if len(b) > 1 else "single")
+    return cells, ev
+
+
+def _first_change(healthy: dict, faulty: dict) -> tuple | None:
+    """The first (step, row) where a request's recorded rows (raw and processed values at the
+    kept columns, the emitted token) differ between the two runs (the independent truth)."""
+    def same(a, b):
+        if a["local_pos"] != b["local_pos"] or a.get("emitted_token") != b.get("emitted_token"):
+            return False
+        return all(abs(a[k][c] - b[k][c]) <= 1e-4 or a[k][c] == b[k][c]
+                   for k in ("raw", "proc") for c in set(a[k]) & set(b[k]))
+    for sh, sf in zip(healthy["steps"], faulty["steps"]):
+        if len(sh["rows"]) != len(sf["rows"]):
+            return sf["step"], sf["rows"][0]["row"]
+        for rh, rf in zip(sh["rows"], sf["rows"]):
+            if not same(rh, rf):
+                return sf["step"], rf["row"]
+    return None
+
+
+@pytest.mark.parametrize("defect", sorted(CASES))
+def test_blame_on_defects_written_outside(engine, defect):
+    batches, want = CASES[defect]
+    healthy, hev = _send(engine, batches)
+    with _defects.DEFECTS[defect]():
+        cells, ev = _send(engine, batches)
+    for name, cell in cells.items():
+        changed = _first_change(hev[name], ev[name]) is not None or \
+            cell.output != healthy[name].output
+        assert healthy[name].status == "holds", (name, healthy[name].first)
+        if not changed:  # rows and output equal healthy vLLM's: never violated
+            assert cell.status == "holds", (defect, name, cell.first)
+            continue
+        assert name in want, (defect, name, "changed but not expected", cell.first)
+        contract, stage, source = want[name]
+        f = cell.first
+        assert cell.status == "violated", (defect, name, cell.status)
+        assert (f["step"], f["row"]) == _first_change(hev[name], ev[name]), (defect, name, f)
+        assert (f["contract"], f["stage"], f["source"]) == (contract, stage, source), f
+        assert "None" not in f["what"] and "nan" not in f["what"], f["what"]
+    for name in want:  # every expected victim really changed
+        assert cells[name].status == "violated", (defect, name, cells[name].status)
