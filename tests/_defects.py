@@ -12,6 +12,10 @@ the team wrote the rules for. Each is a context manager; leaving it restores vLL
 - ``stale_penalty_counts``: ``PenaltiesState.apply_staged_writes`` skips the recount of a newly
   registered request's prompt mask and output counts: it inherits the finished previous
   occupant's.
+- ``budget_small_push(end)``: ``ThinkingBudgetState.apply`` adds +5 (not the +1e9 forcing) to
+  the end column of every row of a budgeted request, due or not.
+- ``end_raised_by_bias_stage(end)``: ``LogitBiasState.apply`` (the stage before the budget's)
+  adds +5 to the end column of every row.
 """
 
 from __future__ import annotations
@@ -76,5 +80,36 @@ def stale_penalty_counts():
     return _replaced(PenaltiesState, "apply_staged_writes", make)
 
 
+def budget_small_push(end: int):
+    import torch
+    from vllm.v1.worker.gpu.sample.thinking_budget import ThinkingBudgetState
+
+    def make(orig):
+        def apply(self, logits, ctx):
+            out = orig(self, logits, ctx)
+            if getattr(self, "enabled", False):
+                slots = ctx.expanded_idx_mapping.long().cpu().numpy()
+                rows = np.nonzero(self.use_thinking_budget[slots])[0]
+                if len(rows):
+                    logits[torch.as_tensor(rows, device=logits.device), end] += 5.0
+            return out
+        return apply
+    return _replaced(ThinkingBudgetState, "apply", make)
+
+
+def end_raised_by_bias_stage(end: int):
+    from vllm.v1.worker.gpu.sample.logit_bias import LogitBiasState
+
+    def make(orig):
+        def apply(self, logits, ctx):
+            out = orig(self, logits, ctx)
+            out[:, end] += 5.0
+            return out
+        return apply
+    return _replaced(LogitBiasState, "apply", make)
+
+
+BUDGET_DEFECTS = {"budget_small_push": budget_small_push,
+                  "end_raised_by_bias_stage": end_raised_by_bias_stage}
 DEFECTS = {"stale_allowed_mask": stale_allowed_mask, "raised_column": raised_column,
            "stale_penalty_counts": stale_penalty_counts}

@@ -20,8 +20,8 @@ CASES = {
                            {"max_tokens": ("allowed_token_ids", "registration",
                                            "previous occupant")}),
     "raised_column": ([["allowed_token_ids", "bad_words", "max_tokens"]],
-                      {"bad_words": (rowjudge.UNEXPLAINED, "apply", "unexplained"),
-                       "max_tokens": (rowjudge.UNEXPLAINED, "apply", "unexplained")}),
+                      {"bad_words": (rowjudge.UNEXPLAINED, "apply", "neighbour presence"),
+                       "max_tokens": (rowjudge.UNEXPLAINED, "apply", "neighbour presence")}),
     "stale_penalty_counts": ([["penalties"], ["penalties"]],
                              {"penalties": ("penalties", "device state", "own")}),
 }
@@ -36,10 +36,12 @@ def engine():
     eng.shutdown()
 
 
-def _send(engine, batches):
+def _send(engine, batches, max_tokens=8):
+    """The batches in order (8 tokens each: the test stays cheap); the last one's cells."""
     kw = {c: C.case_kwargs(c, [0] * 16, engine.tokenizer.decode) for b in batches for c in b}
+    cfg = C.RunConfig(trace=False, thinking_token_budget=-1, max_tokens=max_tokens)
     for b in batches:
-        cells, ev = C.run_batch(engine, {c: kw[c] for c in b}, zero_head=True,
+        cells, ev = C.run_batch(engine, {c: kw[c] for c in b}, zero_head=True, cfg=cfg,
                                 batch="mixed" if len(b) > 1 else "single")
     return cells, ev
 
@@ -81,5 +83,49 @@ def test_blame_on_defects_written_outside(engine, defect):
         assert (f["step"], f["row"]) == _first_change(hev[name], ev[name]), (defect, name, f)
         assert (f["contract"], f["stage"], f["source"]) == (contract, stage, source), f
         assert "None" not in f["what"] and "nan" not in f["what"], f["what"]
+        if source == "neighbour presence":  # the batch-invariance reference named the trigger
+            assert f["by_request"] == ["allowed_token_ids"], f
+            assert cell.invariance and not cell.invariance["equal"], cell.invariance
+            assert f"its output holds {_defects.COLUMN} at" in f["what"], f["what"]
+        print(f"{defect}: {name}: {f['contract']} / {f['stage']} / {f['source']}: {f['what']}")
     for name in want:  # every expected victim really changed
         assert cells[name].status == "violated", (defect, name, cells[name].status)
+
+
+# budget defect -> (budgets of the batch, the violation kind, the cause, words of its sentence)
+BUDGET_CASES = {
+    "budget_small_push": ([3, 6, None], "early", "H-d-kernel",
+                          ("the budget's apply raised its end column by +5", "not the +1e9")),
+    "end_raised_by_bias_stage": ([None, 3, 6], "unbudgeted", "H-p",
+                                 ("before the budget's apply (another logits processor",)),
+}
+
+
+@pytest.mark.parametrize("defect", sorted(BUDGET_CASES))
+def test_an_end_pushed_where_none_was_due_is_a_violation_whatever_pushed_it(engine, defect):
+    """The budget by the same rule: an end of reasoning emitted where none was due is a
+    violation whatever put it there — any stage, any size of push (the trace's end column after
+    each stage) —, named from that evidence, the guard's not taking it back said; a summary
+    never reads as "nothing violated"."""
+    from workbook.hooks.observe.tracer import Tracer
+    from workbook.run import request
+    from workbook.run.budget import diagnose
+
+    budgets, kind, hyp, words = BUDGET_CASES[defect]
+    end = engine.effective["reasoning_end_token_ids"][0]
+    with _defects.BUDGET_DEFECTS[defect](end), request.zeroed_lm_head(engine), Tracer() as t:
+        outs = request.run_budgets(engine, budgets, 8)
+    v = diagnose.diagnose(t.frames(), engine.effective, outs, engine.cfg)
+    assert v["verdict"] == "violated", v["summary"]
+    vi = v["violations"][0]
+    assert vi["kind"] == kind and vi["hypothesis"] == hyp, (vi["kind"], vi["causes"])
+    fv = vi["first_violation"]
+    assert fv["emitted_token"] == end and (fv["step"], fv["local_pos"]) == (0, 0), fv
+    saw = vi["causes"][0]["saw"]
+    assert all(w in saw for w in words) and "the guard does not take it back" in saw, saw
+    assert "none" not in saw.split("column(s)")[-1][:6], saw
+    assert not v["summary"].startswith("no budget"), v["summary"]
+    # every request whose tokens changed is violated (the healthy batch: tests/test_diagnose.py)
+    changed = [o for o in outs if o.token_ids and o.token_ids[0] == end]
+    bad = {r["req_id"] for r in v["violations"]}
+    assert len(bad) == len(changed), (bad, [o.token_ids for o in outs])

@@ -256,3 +256,31 @@ def test_a_row_that_emitted_after_an_impossible_draft_is_still_judged():
                              [{"req_id": "a", "missing": []}], LONG_END)["a"]
     assert v["unreachable_rows"] == 0 and v["rows"] == 5
     assert (v["first"]["step"], v["first"]["row"]) == (2, 0)
+
+
+def test_headline_says_speculative_only_where_none_does_not_show_the_same():
+    """The report's lead says "under speculative decoding" only for a violation method none
+    does not show too; the grid's printed summary names victims (own contract held, rows or
+    output changed) beside the violated cells."""
+    from workbook.report import constraints as section
+    from workbook.run.constraints import cases as C
+    from workbook.run.constraints import grid as G
+
+    first = {"step": 0, "row": 1, "local_pos": 0, "stage": "apply", "contract":
+             rowjudge.UNEXPLAINED, "what": "changed where no constraint of request B applies",
+             "column": 2777, "out_index": 0, "source": "unexplained"}
+    cells = [C.Cell("stop", m, "mixed", "violated", first=first, breaches=1, victim=True)
+             for m in ("none", "mtp")]
+    both = {"vllm_version": "0.32.0", "methods": ["none", "mtp"], "batches": ["mixed"],
+            "constraints": ["stop"], "cells": [c.to_dict() for c in cells]}
+    assert section.headline([both]) == ("A per-request constraint was violated with and "
+                                        "without speculative decoding (method none shows "
+                                        "the same)")
+    only = {**both, "cells": [C.Cell("stop", "none", "mixed", "holds").to_dict(),
+                              cells[1].to_dict()]}
+    assert section.headline([only]) == ("A per-request constraint was violated under "
+                                        "speculative decoding")
+    (line,) = section.finding_lines([both])
+    assert "2 of them victims" in line and "violated with method none as well" in line
+    text = "\n".join(G.summary_lines(both))
+    assert "2 victim(s)" in text and "violated (victim): stop / mtp / mixed" in text

@@ -215,11 +215,50 @@ def finding_lines(grids: list[dict]) -> list[str]:
         where = (f"step {f.get('step')}, row {f.get('row')}" if f.get("step") is not None
                  else "no step recorded")
         what = "; ".join(f"{k} with {', '.join(ms)}" for k, ms in by.items())
+        victims = [c for c in bad if c.get("victim")]
+        _only, both = also_without_spec(g)
         out.append(f"Constraints on vLLM {v}: {len(bad)} of {len(cells)} cells violated — "
-                   f"{what} ({held} held{rest_text}). First: {bad[0]['constraint']} / {bad[0]['method']} / "
+                   f"{what} ({held} held{rest_text})"
+                   + (f"; {len(victims)} of them victims (own contract held, rows or output "
+                      f"changed: {', '.join(sorted({c['constraint'] for c in victims}))})"
+                      if victims else "")
+                   + (f"; {len(both)} of them violated with method none as well (not specific "
+                      "to speculative decoding)" if both else "")
+                   + f". First: {bad[0]['constraint']} / {bad[0]['method']} / "
                    f"{bad[0]['batch']} at {where}, {f.get('stage') or 'stage not named'}: "
                    f"{f.get('evidence') or 'no detail recorded'}.")
     return out
+
+
+def also_without_spec(grid: dict) -> tuple[list[dict], list[dict]]:
+    """The grid's violated speculative cells split by whether method ``none``'s cell of the
+    same constraint, batch and grid point (drafter axes aside) is violated as well: (only under
+    speculative decoding, also without it). Cells of method ``none`` itself count as the
+    latter."""
+    point = lambda c: (c["constraint"], c["batch"], tuple(sorted(
+        (k, str(v)) for k, v in (c.get("axes") or {}).items() if k != "drafter")))
+    none_bad = {point(c) for c in grid.get("cells", []) if c["method"] == "none"
+                and c["status"] == "violated"}
+    only, both = [], []
+    for c in grid.get("cells", []):
+        if c["status"] != "violated":
+            continue
+        (both if c["method"] == "none" or point(c) in none_bad else only).append(c)
+    return only, both
+
+
+def headline(grids: list[dict]) -> str:
+    """The constraints lead's headline: "under speculative decoding" only where method ``none``
+    does not show the same violation."""
+    only = sum(len(also_without_spec(g)[0]) for g in grids)
+    both = sum(len(also_without_spec(g)[1]) for g in grids)
+    if only:
+        return "A per-request constraint was violated under speculative decoding" + (
+            f" ({both} other violated cell(s) show the same without it)" if both else "")
+    if both:
+        return ("A per-request constraint was violated with and without speculative decoding "
+                "(method none shows the same)")
+    return "Every judged constraint held under speculative decoding"
 
 
 def finding_html(grids: list[dict]) -> str:
@@ -230,7 +269,7 @@ def finding_html(grids: list[dict]) -> str:
     alarm = any(c["status"] == "violated" for g in grids for c in g.get("cells", []))
     items = "".join(f"<li>{html.escape(x)}</li>" for x in lines)
     return (f'<section class="finding{" alarm" if alarm else ""}"><p class="headline">'
-            f'{"A per-request constraint was violated under speculative decoding" if alarm else "Every judged constraint held under speculative decoding"}'
+            f'{html.escape(headline(grids))}'
             f' (<a href="#constraints">grid</a>)</p><ul>{items}</ul></section>')
 
 

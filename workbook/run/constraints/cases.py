@@ -84,6 +84,8 @@ from workbook.core import contracts
 from workbook.core.config import ConfigError, RunConfig
 from workbook.run.constraints.caseparams import is_refusal, sampling_params  # noqa: F401  (re-exported)
 
+from workbook.run.constraints.differential import differential, evidence_key  # noqa: E402,F401 (re-exported)
+
 METHODS = ("none", "mtp", "eagle", "ngram", "draft_model")
 BATCHES = ("single", "mixed", "mixed-natural", "mixed-scaled")
 SCALE = 1e5  # mixed-scaled: the lm_heads times this (request.scaled_lm_head)
@@ -248,6 +250,13 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
             pc.remove()
             backend.stop()
     judge_batch(rc, names, outs, cases, batch, engine, tok, sps, cells, evidence)
+    mode = getattr(cfg, "invariance", "off")
+    if mode == "on" or mode == "auto" and any(
+            (cells[n].first or {}).get("source") == "unexplained" for n in names):
+        from workbook.run.constraints import invariance  # the reference a defect cannot share
+
+        invariance.check(engine, cfg, cases, names, cells, evidence, zero_head=zero_head,
+                         scale=scale, batch=batch, everyone=mode == "on", send=run_batch)
     for name in names:
         cells[name].preemptions = pc.of(prompt_for(tok, name))
         if cells[name].status == "error" and cells[name].preemptions:
@@ -418,17 +427,33 @@ def grammar_evidence(engine, rc, req: str, output: list[int]):
                 continue
             top1, n_allowed = int(row["top1"]), int(mask.sum())
             limit = n_allowed + (1 if p.thinking_token_budget is not None else 0)
+            ok = lambda c: 0 <= c < len(mask) and bool(mask[c])
+            t = row.get("emitted_token")
+            # the token vLLM emitted, where it holds the row's maximum (the workbook's own
+            # top-k order on a tie is not vLLM's argmax)
+            at_max = t is not None and row.get("proc_at_emitted") is not None and \
+                contracts.close(row["proc_at_emitted"], row["top1_val"])
+            cited = int(t) if at_max else top1
+            tie = contracts.close(row["top1_val"], row["top2_val"])
+            after = f"after {len(seen) - start} grammar token(s) ({n_allowed} allowed)"
             what = None
-            if not (0 <= top1 < len(mask) and mask[top1]):
-                what = (f"the processed row's argmax {top1} is not allowed by the grammar "
-                        f"after {len(seen) - start} grammar token(s) ({n_allowed} allowed)")
+            if not ok(cited):
+                what = (f"the processed row's argmax {cited}"
+                        + (" (the token vLLM emitted)" if at_max else "")
+                        + (f" (a tie at {row['top1_val']:.6g})" if tie else "")
+                        + f" is not allowed by the grammar {after}")
+            elif not ok(top1):
+                what = (f"column {top1} holds the row's maximum {row['top1_val']:.6g}, tied with "
+                        f"the emitted {cited}, and is not allowed by the grammar {after}")
+                cited = top1
             elif row.get("finite") is not None and row["finite"] > limit:
                 what = (f"{row['finite']} finite columns, the grammar allows {n_allowed} after "
                         f"{len(seen) - start} grammar token(s)")
             if what:
                 rows.append({"step": rec["step"], "row": row["row"], "local_pos": j,
                              "stage": "grammar bitmask", "contract": "structured_output",
-                             "what": what, "column": top1, "out_index": len(seen)})
+                             "what": what, "column": cited, "out_index": len(seen),
+                             "source": "own"})
                 break
         committed += [int(t) for t in rec["emitted"]]
     return truth, None, rows
@@ -529,78 +554,6 @@ _is_refusal, _msg = is_refusal, one_line  # the names run_batch / judge_request 
 
 def _jsonable(x):
     return json.loads(json.dumps(x, default=str))
-
-
-def evidence_key(batch: str, axes: dict | None) -> str:
-    """The evidence file of a batch at a grid point: ``<batch>`` at the default point (no axes
-    given), else ``<batch>@axis=value,...``."""
-    return batch + ("@" + ",".join(f"{k}={v}" for k, v in axes.items()) if axes else "")
-
-
-def differential(cells: list[Cell], evidence: dict, reference: list[Cell] | None = None,
-                 spec_only=()) -> None:
-    """Fill each spec cell's ``differential`` against method ``none``'s same request at the
-    same grid point (axes in ``spec_only`` — the drafter's — ignored: ``none`` has no
-    drafter): the cells of ``reference`` (the healthy configuration's, when the grid injects
-    a constraint fault), else the grid's own ``none`` cells."""
-    point = lambda c: tuple(sorted((k, str(v)) for k, v in (c.axes or {}).items()
-                                   if k not in spec_only))
-    ref = {(c.constraint, c.batch, point(c)): c
-           for c in (cells if reference is None else reference) if c.method == "none"}
-    for c in cells:
-        r = ref.get((c.constraint, c.batch, point(c)))
-        if c.method == "none" or r is None or not c.output or not r.output:
-            continue
-        if r.status == "error":  # the reference went unobserved: no differential claimed
-            c.differential = {"vs": "none", "unavailable": f"the reference cell: {r.message}"}
-            continue
-        c.differential = None  # filled afresh (the grid refills it as methods finish)
-        if c.prompt_logprobs is not None or r.prompt_logprobs is not None:
-            _prompt_differential(c, r)
-        i = contracts.first_divergence(c.output, r.output)
-        if i is None:
-            c.differential = {"vs": "none", "identical": True, "tokens": len(c.output),
-                              **({"prompt_logprobs": c.differential["prompt_logprobs"]}
-                                 if c.differential else {})}
-            continue
-        ev = evidence.get(c.method, {}).get(evidence_key(c.batch, c.axes), {}).get(
-            c.constraint, {})
-        at = _emitted_at(ev, i)
-        c.differential = {"vs": "none", "identical": False, "out_index": i,
-                          "token": c.output[i] if i < len(c.output) else None,
-                          "reference_token": r.output[i] if i < len(r.output) else None, **at,
-                          **({"prompt_logprobs": c.differential["prompt_logprobs"]}
-                             if c.differential else {})}
-
-
-def _prompt_differential(c: Cell, r: Cell) -> None:
-    """Prompt logprobs are the prompt's, whatever the method: a spec cell's must equal
-    ``none``'s for the same request (``contracts.prompt_logprobs_divergence``); a difference
-    is a violation of the cell's ``prompt_logprobs`` contract at stage ``differential vs
-    none`` (the rows it came from are self-consistent: the hidden states differ)."""
-    unpack = lambda pl: None if pl is None else [None if d is None else {int(t): float(v)
-                                                 for t, v in d} for d in pl]
-    d = contracts.prompt_logprobs_divergence(unpack(c.prompt_logprobs), unpack(r.prompt_logprobs))
-    c.differential = {"prompt_logprobs": d or "identical"}
-    if d is not None and c.constraint == "prompt_logprobs" and c.status in ("holds",
-                                                                           "not judged"):
-        c.status, c.breaches = "violated", c.breaches + 1
-        c.first = {"step": None, "row": None, "local_pos": None, "stage": "differential vs none",
-                   "contract": "prompt_logprobs", "what": d["what"], "column": d.get("token"),
-                   "out_index": None, "position": d.get("position")}
-
-
-def _emitted_at(ev: dict, i: int) -> dict:
-    n = 0
-    for s in ev.get("steps", []):
-        for row in s["rows"]:
-            if row.get("emitted_token") is None:
-                continue
-            if n == i:
-                return {"step": s["step"], "row": row["row"], "local_pos": row["local_pos"],
-                        "margin": row["top1_val"] - row["top2_val"]}
-            n += 1
-    return {}
 
 
 def reproducer(cell: dict, grid: dict) -> str:

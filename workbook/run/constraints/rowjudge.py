@@ -28,6 +28,7 @@ themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from workbook.core import budget, contracts
@@ -213,15 +214,29 @@ def own_transform(p, ctx, col: int, raw: float, got: float, row: dict | None = N
                                         ctx.local_pos, ctx.markers),
                    contracts.RowContext(tuple(ctx.prompt) + (col,) * k, ctx.output,
                                         ctx.drafts, ctx.local_pos, ctx.markers)):
-            e = contracts.expected(p, cx, col, raw)
-            if e.by and not e.forced and contracts.close(got, e.value):
-                return e.by[-1]
+            for q in _parts(p):
+                e = contracts.expected(q, cx, col, raw)
+                if e.by and not e.forced and contracts.close(got, e.value):
+                    return e.by[-1]
     if got == float("-inf"):
         return next((n for n in MASKS if n in p.constraints()), None)
     return None
 
 
 MASKS = ("allowed_token_ids", "bad_words", "min_tokens")  # contracts that put -inf in a row
+
+
+def _parts(p):
+    """The request's parameters, then each of its penalties alone (the penalties stage applies
+    three transforms; one of them on a wrong column is still that stage's)."""
+    out = [p]
+    if p.penalised:
+        neutral = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+        for keep in neutral:
+            if getattr(p, keep) != neutral[keep]:
+                out.append(dataclasses.replace(p, **{k: v for k, v in neutral.items()
+                                                     if k != keep}))
+    return out
 
 
 def _owned(p, ctx, b, row):
