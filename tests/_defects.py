@@ -14,8 +14,9 @@ the team wrote the rules for. Each is a context manager; leaving it restores vLL
   occupant's.
 - ``budget_small_push(end)``: ``ThinkingBudgetState.apply`` adds +5 (not the +1e9 forcing) to
   the end column of every row of a budgeted request, due or not.
-- ``end_raised_by_bias_stage(end)``: ``LogitBiasState.apply`` (the stage before the budget's)
-  adds +5 to the end column of every row.
+- ``end_raised_by_bias_stage(end, amount)``: ``LogitBiasState.apply`` (the stage before the
+  budget's) adds ``amount`` (+5; ``end_forced_by_bias_stage``: +1e9) to the end column of
+  every row.
 """
 
 from __future__ import annotations
@@ -97,19 +98,20 @@ def budget_small_push(end: int):
     return _replaced(ThinkingBudgetState, "apply", make)
 
 
-def end_raised_by_bias_stage(end: int):
+def end_raised_by_bias_stage(end: int, amount: float = 5.0):
     from vllm.v1.worker.gpu.sample.logit_bias import LogitBiasState
 
     def make(orig):
         def apply(self, logits, ctx):
             out = orig(self, logits, ctx)
-            out[:, end] += 5.0
+            out[:, end] += amount
             return out
         return apply
     return _replaced(LogitBiasState, "apply", make)
 
 
 BUDGET_DEFECTS = {"budget_small_push": budget_small_push,
-                  "end_raised_by_bias_stage": end_raised_by_bias_stage}
+                  "end_raised_by_bias_stage": end_raised_by_bias_stage,
+                  "end_forced_by_bias_stage": lambda end: end_raised_by_bias_stage(end, 1e9)}
 DEFECTS = {"stale_allowed_mask": stale_allowed_mask, "raised_column": raised_column,
            "stale_penalty_counts": stale_penalty_counts}

@@ -98,6 +98,8 @@ BUDGET_CASES = {
                           ("the budget's apply raised its end column by +5", "not the +1e9")),
     "end_raised_by_bias_stage": ([None, 3, 6], "unbudgeted", "H-p",
                                  ("before the budget's apply (another logits processor",)),
+    "end_forced_by_bias_stage": ([3, 6, None], "early", "H-p",
+                                 ("-> 1e+09 before the budget's apply",)),
 }
 
 

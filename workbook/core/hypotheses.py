@@ -165,7 +165,7 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "end_logit_before_apply above end_logit_raw in the emitting row (the trace's "
                "end column after each stage), the budget's apply adding nothing",
                "the request without its other sampling parameters; batch of 1",
-               {"markers": "violated", "budget": "violated", "caches": "violated"}),
+               {**_BUDGET_STATE, "alone": "violated"}),
     Hypothesis("H-d-column", "apply", "forcing bias written into another column",
                "the due row received +1e9, but in a column other than the due end token",
                "bias_cols of the due row do not include the due token",

@@ -362,7 +362,9 @@ def _rule_forced_kernel(c: Ctx) -> list[dict]:
         return []
     cols = [int(x) for x in (row.get("bias_cols") or [])]
     em = row.get("emitted_token")
-    if em is None or not (int(em) in cols or (row_forced(row) and c.markers.end
+    earlier = (end_push(row) or ("",))[0] == "earlier"  # forced before the budget's apply
+    if em is None or not (int(em) in cols or (row_forced(row) and not earlier and
+                                              c.markers.end
                                               and int(em) == int(c.markers.end[0]))):
         return []
     b = c.budget
@@ -381,14 +383,16 @@ def _rule_forced_kernel(c: Ctx) -> list[dict]:
 
 
 def _rule_forced_push(c: Ctx) -> list[dict]:
-    """A row that was not due whose end column a stage raised (any size, any stage) short of
-    the forcing bias, and the end was emitted there: named from where the rise happened."""
+    """A row that was not due whose end column a stage raised — an earlier processor by any
+    amount (+1e9 included), or the budget's apply short of the forcing bias — and the end was
+    emitted there: named from where the rise happened."""
     st, row = c.st, c.row
-    if row is None or row_forced(row) or row.get("bias_cols"):
+    if row is None or row.get("bias_cols"):
         return []
     em = row.get("emitted_token")
     push = end_push(row)
-    if em is None or push is None or not c.markers.end or int(em) != int(c.markers.end[0]):
+    if em is None or push is None or not c.markers.end or int(em) != int(c.markers.end[0]) \
+            or (push[0] == "apply" and row_forced(row)):
         return []
     b = c.budget
     why = ("the request has no budget" if b is None else

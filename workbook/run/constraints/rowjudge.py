@@ -204,7 +204,9 @@ def own_transform(p, ctx, col: int, raw: float, got: float, row: dict | None = N
                   ) -> str | None:
     """The request's own contract whose transform gives ``got`` at a column it should have left
     alone — its stage applied it to the wrong column: a penalty as if the column were in the
-    history (1-4 times, or in the prompt), a mask (``-inf``) of one of its masking contracts.
+    history (1-4 times, with vLLM's device count, or in the prompt), a mask (``-inf``) at a
+    column one of its masking contracts names (an allowed id, a bad word's last token, a stop
+    id under min_tokens).
     None: no contract of this request produces that value (an unexplained change)."""
     dev = (row or {}).get("counts") or {}
     ks = list(dict.fromkeys([*range(1, 5), *([int(dev[col]) - ctx.output.count(col)]
@@ -218,12 +220,13 @@ def own_transform(p, ctx, col: int, raw: float, got: float, row: dict | None = N
                 e = contracts.expected(q, cx, col, raw)
                 if e.by and not e.forced and contracts.close(got, e.value):
                     return e.by[-1]
-    if got == float("-inf"):
-        return next((n for n in MASKS if n in p.constraints()), None)
+    if got == float("-inf"):  # a masking contract's own columns only
+        own = {"allowed_token_ids": set(p.allowed_token_ids or ()),
+               "bad_words": {w[-1] for w in p.bad_words if w},
+               "min_tokens": set(p.masked_by_min_tokens) if p.min_tokens else set()}
+        return next((n for n, cols in own.items() if col in cols and n in p.constraints()),
+                    None)
     return None
-
-
-MASKS = ("allowed_token_ids", "bad_words", "min_tokens")  # contracts that put -inf in a row
 
 
 def _parts(p):
