@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         invariance.reset_cost()
         hcells, _ = send(batches[-1:], cfg)
         out["healthy_invariance_on"][name] = {
-            "cells": {c: {"status": x.status, "equal_alone": (x.invariance or {}).get("equal")}
+            "cells": {c: {"status": x.status, "equal_alone": (x.alone or {}).get("equal")}
                       for c, x in hcells.items()},
             "cost": invariance.reset_cost()}
     end = eng.effective["reasoning_end_token_ids"][0]

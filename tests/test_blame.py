@@ -85,7 +85,7 @@ def test_blame_on_defects_written_outside(engine, defect):
         assert "None" not in f["what"] and "nan" not in f["what"], f["what"]
         if source == "neighbour presence":  # the batch-invariance reference named the trigger
             assert f["by_request"] == ["allowed_token_ids"], f
-            assert cell.invariance and not cell.invariance["equal"], cell.invariance
+            assert cell.alone and not cell.alone["equal"], cell.alone
             assert f"its output holds {_defects.COLUMN} at" in f["what"], f["what"]
         print(f"{defect}: {name}: {f['contract']} / {f['stage']} / {f['source']}: {f['what']}")
     for name in want:  # every expected victim really changed

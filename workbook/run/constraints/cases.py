@@ -158,7 +158,7 @@ class Cell:
     # its own contracts held, its rows or output changed (by a neighbour, the slot's history or
     # a cause no contract explains): reported at its first changed row, never among the holds
     victim: bool = False
-    invariance: dict | None = None  # the request alone on a fresh slot vs in the batch
+    alone: dict | None = None  # batch invariance: the request alone on a fresh slot vs in the batch
 
     def to_dict(self) -> dict:
         from workbook.run import verdicts

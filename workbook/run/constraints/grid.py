@@ -245,7 +245,7 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
                 "points": p.points, "engines": engines,
                 "seconds": round(time.time() - t0, 1), "cells": [c.to_dict() for c in cells]}
         grid["benchmark"] = benchmark(grid)
-        grid["invariance"] = {k: round(v, 1) if isinstance(v, float) else v
+        grid["batch_invariance"] = {k: round(v, 1) if isinstance(v, float) else v
                               for k, v in inv_cost.items()}
         if p.fault:
             grid["reference"] = {"method": "none", "fault": None,
@@ -418,7 +418,7 @@ def summary_lines(grid: dict) -> list[str]:
     if unreached:
         lines.append(f"{unreached} cell(s) did not reach their axis value (e.g. no preemption "
                      "happened): see each cell's 'unreached'")
-    inv = grid.get("invariance")
+    inv = grid.get("batch_invariance")
     if inv and inv.get("runs"):
         lines.append(f"batch-invariance reference: {inv['runs']} re-run(s) alone on fresh "
                      f"slots for {inv['batches']} batch(es), {inv['seconds']} s, "

@@ -175,7 +175,7 @@ def _differs_text(d: dict, slot) -> str:
 def check(engine, cfg, cases: dict, names: list[str], cells: dict, evidence: dict, *,
           zero_head: bool, scale, batch: str, everyone: bool = False, send=None) -> None:
     """Each request of the batch (``everyone``) — else each whose row check saw a change no
-    contract explains — alone on a fresh slot, compared (``cell.invariance``); a request that
+    contract explains — alone on a fresh slot, compared (``cell.alone``); a request that
     held but whose rows differ alone is a victim reported at its first differing row; a change
     no contract explains gets its cause from the neighbours beside it (``name_cause``).
     ``send``: the grid's batch sender (``cases.run_batch``)."""
@@ -206,7 +206,7 @@ def check(engine, cfg, cases: dict, names: list[str], cells: dict, evidence: dic
         else:
             d["what"] = (f"alone on a fresh slot ({d['slot']}) its {d['rows_compared']} "
                          "compared rows and its output equal the batch's")
-        cell.invariance = d
+        cell.alone = d
         if not d["equal"]:
             name_cause(engine, cfg, cases, names, cell, evidence, d, zero_head=zero_head,
                        scale=scale, batch=batch, send=send)
