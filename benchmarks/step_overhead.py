@@ -6,8 +6,9 @@ budget ``--budget`` — ``ignore_eos``, so every request runs ``--max-tokens`` t
 state is live every step) is generated once per arm and round, the arms interleaved
 (``--rounds``) so drift hits all of them. Arms: ``none`` (vLLM alone), ``trace``
 (``workbook.hooks.observe.tracer``; its deferred host copies are timed separately), ``guard``
-(``workbook.hooks.guard``), ``constraints`` (the row check of every per-request sampling
-constraint, ``workbook.hooks.observe.rowcheck``; its deferred host copies are timed separately too),
+(``workbook.hooks.guard``), ``constraints`` or its alias ``rowcheck`` (the row check of every
+per-request sampling constraint, ``workbook.hooks.observe.rowcheck``; its deferred host copies are
+timed separately too),
 ``trace+constraints`` (both collectors on one ``workbook.hooks.observe.observer``, as
 ``workbook.hooks.install`` puts them for a run that asks for both; the step's outputs recorded
 once for both by ``workbook.hooks.observe.outputs``), ``watch`` (the start-up
@@ -15,6 +16,14 @@ watch's per-step ring check after start-up:
 the engine is then started with the watch in place, ``--watch``, and every other arm runs with
 it suspended; also the watch's own time per step, from its counters), ``trace+guard``. Prints
 one line per arm — median ms per step and its ratio to ``none`` — and one JSON line.
+
+Sampling: ``--sampling JSON`` (repeatable; default greedy) gives every request those
+``SamplingParams`` fields, e.g. ``--sampling '{}' --sampling '{"temperature": 0.8, "seed": 1}'``:
+greedy and sampled with a seed on the SAME engine, every arm of every sampling interleaved in
+each round, each sampling's ratios against its own ``none`` (the guard's take-back redraws a
+seeded sampled step under speculative decoding: its cost shows in the sampled ``guard`` ratio).
+The JSON's top-level ``ms_per_step`` / ``ratio`` are the first sampling's; ``by_sampling`` holds
+each one's.
 
 Also per arm, from one extra generate each (outside the timed rounds):
 - ``--sync-check`` (CUDA): host<->device synchronizations per step, all and those raised from the
@@ -29,6 +38,8 @@ Also per arm, from one extra generate each (outside the timed rounds):
     python benchmarks/step_overhead.py --watch --count-ops              # CPU, tiny dense MTP
     python benchmarks/step_overhead.py --arms none,trace,constraints --count-ops  # row check vs tracer
     python benchmarks/step_overhead.py --env h200 --run r27-mtp-cudagraphs --sync-check  # GPU
+    python benchmarks/step_overhead.py --arms none,guard,rowcheck --sampling '{}' \
+        --sampling '{"temperature": 0.8, "seed": 1}'                   # greedy and sampled
 
 Absolute times mean something only on the GPU; on the CPU (Triton interpreter) read the ratios
 and the operator counts.
@@ -65,16 +76,41 @@ def arms(names, watch_on: bool):
         return Observer([RowCheck(), Tracer()])
 
     table = {"none": contextlib.nullcontext, "trace": trace, "guard": guard.enabled,
-             "trace+guard": both, "constraints": RowCheck, "trace+constraints": trace_rows}
+             "trace+guard": both, "constraints": RowCheck, "rowcheck": RowCheck,
+             "trace+constraints": trace_rows}
     if watch_on:
         table["watch"] = contextlib.nullcontext  # the watch is resumed around it (main)
-    return {n: table[n] for n in names if n in table}
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise SystemExit(f"step_overhead: arm(s) {', '.join(unknown)} unknown (known: "
+                         f"{', '.join(table)}{'' if watch_on else '; watch needs --watch'})")
+    return {n: table[n] for n in names}
+
+
+def samplings(raw: list[str]) -> list[dict]:
+    """``--sampling`` values: JSON objects of ``SamplingParams`` fields (default: greedy)."""
+    out = []
+    for r in raw or ["{}"]:
+        try:
+            d = json.loads(r)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"step_overhead: --sampling {r!r} is not JSON ({e.msg})")
+        if not isinstance(d, dict):
+            raise SystemExit(f"step_overhead: --sampling {r!r} is not a JSON object")
+        out.append(d)
+    return out
+
+
+def label(sp: dict) -> str:
+    """``greedy`` or ``temperature=0.8,seed=1``."""
+    return ",".join(f"{k}={v}" for k, v in sp.items()) or "greedy"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cfg", default="{}", help="RunConfig fields (JSON)")
+    ap.add_argument("--cfg", default="{}", help="RunConfig fields (JSON; with --env: overrides "
+                    "of that run's, e.g. a shorter max_model_len for a card with less memory)")
     ap.add_argument("--env", help="take the engine configuration from environments/ENV.yaml's")
     ap.add_argument("--run", help="... named RUN (with --env)")
     ap.add_argument("--matrix", nargs="*", default=[],
@@ -90,6 +126,9 @@ def main() -> None:
                     "watch (localization off) so the watch arm runs")
     ap.add_argument("--sync-check", action="store_true", help="count synchronizations per step")
     ap.add_argument("--count-ops", action="store_true", help="count aten operators per step")
+    ap.add_argument("--sampling", action="append", default=[], metavar="JSON",
+                    help="SamplingParams fields of every request (repeatable: each sampling its "
+                         "own arms, all interleaved on one engine; default greedy)")
     ap.add_argument("--json-out")
     a = ap.parse_args()
 
@@ -102,7 +141,8 @@ def main() -> None:
 
         env = batch.load_environment(a.env, notebooks=False)
         (spec,) = batch.select(env, [a.run])
-        cfg = RunConfig.from_params(spec.params).replace(fault="none", guard=False)
+        cfg = RunConfig.from_params(spec.params).replace(fault="none", guard=False,
+                                                         **json.loads(a.cfg))
     else:
         cfg = RunConfig(**{"spec_method": "mtp", "num_spec_tokens": 4, "max_num_seqs": 8,
                            **json.loads(a.cfg)})
@@ -117,13 +157,16 @@ def main() -> None:
     else:
         eng = engine.shared(cfg)  # --matrix runs with the same engine arguments reuse it
     use = arms(a.arms.split(","), w is not None)
+    if "none" not in use:
+        raise SystemExit("step_overhead: --arms must hold none (the ratios' denominator)")
+    sps = samplings(a.sampling)
     budget = None if a.budget < 0 else a.budget
     own_s: list[float] = []  # the watch's own seconds per step (its counters), per watched run
 
-    def generate():
-        request.run_reported(eng, budget=budget, n=a.batch, max_tokens=a.max_tokens)
+    def generate(sp):
+        request.run_budgets(eng, [budget] * a.batch, a.max_tokens, **sp)
 
-    def once(name, around=contextlib.nullcontext):
+    def once(name, around=contextlib.nullcontext, sp=sps[0]):
         ctx = use[name]()
         counter = _StepCounter()
         if name == "watch":
@@ -133,7 +176,7 @@ def main() -> None:
             with around():
                 t0 = time.perf_counter()
                 with counter, ctx:
-                    generate()
+                    generate(sp)
                 _sync()
                 dt = time.perf_counter() - t0
         finally:
@@ -143,26 +186,36 @@ def main() -> None:
                 watch.suspend()
         return dt, counter.n, ctx
 
-    for name in use:  # warm-up: first-call compilation, caches, every arm once
-        once(name)
-    times: dict[str, list[float]] = {n: [] for n in use}
-    nsteps = None
-    deferred: dict[str, list[float]] = {}  # per arm with deferred host copies
-    for _ in range(a.rounds):
+    for sp in sps:  # warm-up: first-call compilation, caches, every arm once
         for name in use:
-            dt, n, ctx = once(name)
-            nsteps = n
-            times[name].append(dt / max(1, n))
-            if hasattr(ctx, "materialize"):
-                t0 = time.perf_counter()
-                ctx.materialize()
-                deferred.setdefault(name, []).append((time.perf_counter() - t0) / max(1, n))
-    base = statistics.median(times["none"])
+            once(name, sp=sp)
+    times = {label(sp): {n: [] for n in use} for sp in sps}
+    nsteps = {label(sp): None for sp in sps}
+    deferred: dict[str, list[float]] = {}  # per arm with deferred host copies (first sampling)
+    for r in range(a.rounds):
+        for sp in sps:
+            for name in use:
+                dt, n, ctx = once(name, sp=sp)
+                nsteps[label(sp)] = n
+                times[label(sp)][name].append(dt / max(1, n))
+                if hasattr(ctx, "materialize"):
+                    t0 = time.perf_counter()
+                    ctx.materialize()
+                    if sp is sps[0]:
+                        deferred.setdefault(name, []).append((time.perf_counter() - t0) / max(1, n))
+        print(f"round {r + 1}/{a.rounds} done", flush=True)
+    by = []
+    for sp in sps:
+        t = times[label(sp)]
+        base = statistics.median(t["none"])
+        by.append({"sampling": sp, "label": label(sp), "steps_per_generate": nsteps[label(sp)],
+                   "ms_per_step": {n: 1e3 * statistics.median(v) for n, v in t.items()},
+                   "ratio": {n: statistics.median(v) / base for n, v in t.items()}})
     res = {"benchmark": "step_overhead", "device": _device(), "config": cfg.to_dict(),
            "batch": a.batch, "budget": budget, "max_tokens": a.max_tokens, "rounds": a.rounds,
-           "steps_per_generate": nsteps, "vllm": eng.effective["vllm_version"],
-           "ms_per_step": {n: 1e3 * statistics.median(t) for n, t in times.items()},
-           "ratio": {n: statistics.median(t) / base for n, t in times.items()},
+           "steps_per_generate": by[0]["steps_per_generate"],
+           "vllm": eng.effective["vllm_version"], "sampling": sps[0],
+           "ms_per_step": by[0]["ms_per_step"], "ratio": by[0]["ratio"], "by_sampling": by,
            "trace_materialize_us_per_step": 1e6 * statistics.median(deferred["trace"])
            if deferred.get("trace") else None,
            "materialize_us_per_step": {n: 1e6 * statistics.median(d)
@@ -183,20 +236,23 @@ def main() -> None:
         if "constraints" in counted and "trace" in counted:
             res["constraints_vs_trace_workbook_ops"] = (
                 counted["constraints"]["workbook"] / max(1e-9, counted["trace"]["workbook"]))
-    for n in use:
-        extra = ""
-        s = (res.get("syncs_per_step") or {}).get(n)
-        if s is not None:
-            extra += f"   syncs/step {s['all']:6.2f} (workbook {s['workbook']:.2f})"
-        if "ops_per_step" in res:
-            extra += (f"   ops/step {res['ops_per_step'][n]:8.1f} (workbook "
-                      f"{res['workbook_ops_per_step'][n]:6.1f}, host "
-                      f"{res['workbook_host_ops_per_step'][n]:.2f})")
-        if n == "watch" and own_s:
-            extra += (f"   watch's own {res['watch_own_ms_per_step']:.3f} ms/step "
-                      f"({100 * res['watch_own_fraction']:.2f} %)")
-        print(f"{n:12s} {res['ms_per_step'][n]:9.3f} ms/step   ratio {res['ratio'][n]:.3f}"
-              + extra)
+    for i, b in enumerate(by):
+        if len(by) > 1:
+            print(f"-- sampling {b['label']} ({b['steps_per_generate']} steps per generate)")
+        for n in use:
+            extra = ""
+            s = (res.get("syncs_per_step") or {}).get(n) if i == 0 else None
+            if s is not None:
+                extra += f"   syncs/step {s['all']:6.2f} (workbook {s['workbook']:.2f})"
+            if "ops_per_step" in res and i == 0:
+                extra += (f"   ops/step {res['ops_per_step'][n]:8.1f} (workbook "
+                          f"{res['workbook_ops_per_step'][n]:6.1f}, host "
+                          f"{res['workbook_host_ops_per_step'][n]:.2f})")
+            if n == "watch" and own_s and i == 0:
+                extra += (f"   watch's own {res['watch_own_ms_per_step']:.3f} ms/step "
+                          f"({100 * res['watch_own_fraction']:.2f} %)")
+            print(f"{n:12s} {b['ms_per_step'][n]:9.3f} ms/step   ratio {b['ratio'][n]:.3f}"
+                  + extra)
     print(json.dumps(res))
     if a.json_out:
         with open(a.json_out, "w") as f:

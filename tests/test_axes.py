@@ -29,7 +29,7 @@ def test_every_axis_of_the_issue_is_declared_with_its_default_first():
     # vary: one -> the default point, then each other value alone
     assert p.points[0] == {n: p.axes[n].default for n in p.points[0]}
     assert all(sum(v != p.axes[n].default for n, v in pt.items()) == 1 for pt in p.points[1:])
-    assert len(p.points) == 1 + sum(len(a.values) - 1 for a in p.axes.values())
+    assert len(p.points) == 1 + sum(len(p.axes[n].values) - 1 for n in p.points[0])
 
 
 def test_product_and_selection():
@@ -117,3 +117,66 @@ def test_steer_plans_follow_the_constraint():
     assert plan("forbidden", {"repetition_penalty": 1.5}) is None  # forbids nothing
     assert A.steer_plan("forbidden", "b", {"bad_words": ["ab"]}, ref,
                         encode=lambda w: [11, 12]) == [12]
+
+
+# ---------------------------------------------------------------- the hunt's axes (issue 41)
+
+def test_the_hunts_axes_are_declared_each_value_a_valid_configuration():
+    p = G.plan("constraints", only="hunt", on_cpu=True)
+    assert {"n", "prefix_cache", "chunked_prefill", "abort", "priority",
+            "structured_after_reasoning"} <= set(p.axes) and "cudagraphs" in p.axes
+    cfg = lambda pt: A.config(p.base, p.axes, {**p.points[0], **pt})
+    assert cfg({"n": "3"}).n == 3
+    shared = cfg({"prefix_cache": "shared"})
+    assert shared.prompt_prefix > 32 and shared.engine_kwargs["enable_prefix_caching"] is True
+    chunk = cfg({"chunked_prefill": "on"})
+    assert chunk.prompt_prefix > chunk.engine_kwargs["max_num_batched_tokens"]  # several steps
+    pre = cfg({"priority": "preempt"})
+    assert pre.engine_kwargs["scheduling_policy"] == "priority" and pre.kv_blocks == 4
+    assert p.axes["priority"].verify_of("preempt") == "preemption"
+    assert p.axes["priority"].verify_of("mixed") is None
+    assert p.axes["abort"].reference == {"mid-step": "none"}
+    # request-level values share the default engine; engine-level ones get their own
+    groups, _ = G.engine_groups(p, "mtp")
+    first = {tuple(sorted((n, v) for n, v in pt.items() if v != p.axes[n].default))
+             for pt in groups[0]}
+    assert {(), (("n", "3"),), (("abort", "mid-step"),),
+            (("structured_after_reasoning", "on"),)} <= first
+
+
+def test_cuda_graph_values_are_refused_on_the_cpu_before_any_engine():
+    with pytest.raises(ConfigError, match="value 'padded-3' needs a GPU"):
+        G.plan("constraints", axes=["cudagraphs=eager,padded-3"], methods=["mtp"], on_cpu=True)
+    p = G.plan("constraints", axes=["cudagraphs=eager,padded-5"], methods=["mtp"],
+               on_cpu=False)
+    assert A.config(p.base, p.axes, {"cudagraphs": "padded-5"}).enforce_eager is False
+    assert p.hardware == "gpu"  # the CPU grid's file on a GPU host says where it ran
+
+
+@pytest.mark.parametrize("over,named", [
+    ({"n": 0}, "n=0 must be an integer in 1..8"),
+    ({"priority": "mixed"}, "needs vLLM's priority scheduling"),
+    ({"abort": "sideways"}, "abort='sideways' is unknown"),
+    ({"abort": "mid-step", "arrival": "staggered"}, "own arrival schedule"),
+    ({"prompt_prefix": 2000}, "must fit max_model_len"),
+])
+def test_bad_hunt_settings_name_what_is_wrong(over, named):
+    from workbook.core.config import validate
+
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(")):
+        validate(RunConfig(**over), on_cpu=True)
+
+
+def test_axis_keys_naming_missing_values_are_config_errors():
+    with pytest.raises(ConfigError, match="reference names value 'x'"):
+        A.parse({"k": {"values": {"a": {}, "b": {"n": 2}}, "reference": {"b": "x"}}})
+    with pytest.raises(ConfigError, match="gpu_only names value 'c'"):
+        A.parse({"k": {"values": {"a": {}, "b": {"n": 2}}, "gpu_only": ["c"]}})
+
+
+def test_cpu_rehearsal_refuses_padded_graphs_in_one_line(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "workbook.run.constraints.grid", "--axis",
+                          "cudagraphs=padded-3", "--methods", "mtp", "--out", tmp_path],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "needs a GPU" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())

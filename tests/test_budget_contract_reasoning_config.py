@@ -1,8 +1,12 @@
 """The budget contract for every reasoning configuration vLLM accepts (``reasoning_start_str`` /
 ``reasoning_end_str``, several tokens each), table-driven, no engine: once the budget binds the
-WHOLE forced end string is due, in order, token by token; then no more reasoning; counting stops
-at the model's own natural end or at the end of the forced string (``workbook.core.budget``'s
-docstring quotes vLLM's documentation). Token ids: ``<think>`` = 1, ``\\n`` = 0, ``</think>``
+forced end string is due, in order, token by token, continuing a prefix of it the reasoning text
+already holds (so it appears exactly once: vLLM 0.34.0's
+``tests/v1/worker/test_gpu_thinking_budget.py::test_v2_thinking_budget_continues_end_prefix_from_prompt``
+and its CPU twin; the expectations marked "continued" changed with it: they had the string
+restarted); then no more reasoning; counting stops at the model's own natural end or at the end
+of the forced string (``workbook.core.budget``'s docstring quotes vLLM's documentation and
+test). Token ids: ``<think>`` = 1, ``\\n`` = 0, ``</think>``
 = 3, transition-phrase tokens 5, 6, 7, 8.
 """
 
@@ -29,12 +33,13 @@ ROWS = [
     ("phrase: the last token", P + [7, 0, 5, 6, 0], 3, 2, PHRASE, True, 3, None),
     ("phrase: whole string emitted, reasoning over", P + [7, 0, 5, 6, 0, 3], 3, 2, PHRASE,
      False, None, "forced"),
-    ("phrase: a prefix the prompt wrote is not part of the forced string", P, 3, 1, PHRASE,
-     True, 0, None),
-    ("phrase: a prefix the model wrote before binding is reasoning", P + [0], 3, 2, PHRASE,
-     True, 0, None),
-    ("phrase: prompt over the budget, the prompt's '\\n' not forced", P, 3, 0, PHRASE, True, 0,
+    ("phrase: a prefix the prompt wrote is continued", P, 3, 1, PHRASE, True, 5, None),
+    ("phrase: a prefix the model wrote before binding is continued", P + [0], 3, 2, PHRASE,
+     True, 5, None),
+    ("phrase: prompt over the budget, the prompt's '\\n' continued", P, 3, 0, PHRASE, True, 5,
      None),
+    ("phrase: a prefix written earlier, then other reasoning, is not continued", P + [0, 7], 3,
+     3, PHRASE, True, 0, None),
     ("tail: the natural end inside the forced string does not stop it", P + [7, 3], 3, 2,
      TAIL, True, 0, None),
     ("tail: ... to its last token", P + [7, 3, 0], 3, 2, TAIL, True, 0, None),
@@ -74,10 +79,12 @@ def test_draft_rows_continue_the_string():
 JUDGE = [
     ("phrase forced whole where due", P, [7, 0, 5, 6, 0, 3, 7], 2, PHRASE, [1, 2, 3, 4, 5],
      True, None, None),
-    ("phrase shortened by a prefix the prompt wrote (vLLM's kernel)", P, [5, 6, 0, 3, 7], 1,
-     PHRASE, [0, 1, 2, 3], False, "missing", 0),
-    ("phrase shortened by a prefix the model wrote before binding", P, [0, 5, 6, 0, 3, 7], 2,
-     PHRASE, [1, 2, 3, 4], False, "missing", 1),
+    ("phrase continued from a prefix the prompt wrote (continued)", P, [5, 6, 0, 3, 7], 1,
+     PHRASE, [0, 1, 2, 3], True, None, None),
+    ("phrase continued from a prefix the model wrote before binding (continued)", P,
+     [0, 5, 6, 0, 3, 7], 2, PHRASE, [1, 2, 3, 4], True, None, None),
+    ("phrase restarted after a prefix the prompt wrote: its first token twice", P,
+     [0, 5, 6, 0, 3, 7], 1, PHRASE, [0, 1, 2, 3, 4], False, "missing", 0),
     ("tail after the natural end not forced", P, [7, 3, 7, 7], 2, TAIL, [1], False, "missing",
      1),
     ("tail forced whole", P, [7, 3, 0, 0, 7], 2, TAIL, [1, 2, 3], True, None, None),
@@ -102,11 +109,16 @@ def test_judge(name, prompt, output, budget, markers, forced, honored, kind, at)
     assert (j.honored, j.kind, j.at) == (honored, kind, at)
 
 
-def test_vllm_kernel_choice_differs_only_where_the_model_wrote_a_prefix():
+def test_vllm_kernel_choice_differs_only_after_the_whole_string():
     """``forced_token`` (vLLM's kernel's choice, the guard's twin) agrees with the promise
-    except where a prefix of the end string stands before the binding position."""
+    while reasoning lasts — also where a prefix of the end string stands before the binding
+    position (continued: vLLM's test_v2_thinking_budget_continues_end_prefix_from_prompt) —
+    and differs once the whole string without the natural end was emitted (the rule forces
+    nothing more)."""
     assert forced_token(P + [7], PHRASE) == row_truth(P + [7], [], 0, 2, PHRASE, 3).token
-    assert forced_token(P + [0], PHRASE) == 5 != row_truth(P + [0], [], 0, 2, PHRASE, 3).token
+    assert forced_token(P + [0], PHRASE) == 5 == row_truth(P + [0], [], 0, 2, PHRASE, 3).token
+    h = P + [7, 5, 6, 8]
+    assert forced_token(h, NONAT) == 5 and not row_truth(h, [], 0, 2, NONAT, 3).due
 
 
 # ---- RunConfig: the reasoning configuration is validated before any engine starts ---------

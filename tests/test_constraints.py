@@ -75,6 +75,54 @@ def test_axes_smoke_staggered_arrival_and_steered_drafter(engine, cases):
         set(sent["allowed_token_ids"]["allowed_token_ids"])
 
 
+def test_hunt_smoke_parallel_samples_each_judged(engine, cases):
+    """The ``n`` axis on the module's engine: n=3 (sampled; vLLM refuses n > 1 greedy) gives
+    three child requests, each judged on its own rows (distinct request ids); healthy, every
+    sample holds; with a fault that breaks allowed_token_ids on draft rows, the samples are
+    violated one by one (not only the first)."""
+    from workbook.run.constraints import axes as A
+
+    p = G.plan("constraints", only="hunt", methods=["mtp"], on_cpu=True)
+    cfg = A.config(G.config_for("mtp"), p.axes, {"n": "3"}).replace(spec_method="mtp")
+    sent = {c: cases[c] for c in ("allowed_token_ids", "thinking_token_budget")}
+    cells, _ = C.run_batch(engine, sent, zero_head=True, batch="mixed", cfg=cfg)
+    for c, cl in cells.items():
+        assert cl.status == "holds", (c, cl.status, cl.first, cl.message)
+        assert len(cl.samples) == 3 and len({s["req_id"] for s in cl.samples}) == 3, cl.samples
+        assert all(s["status"] == "holds" for s in cl.samples)
+    allowed = set(sent["allowed_token_ids"]["allowed_token_ids"])
+    assert all(set(s["output"]) <= allowed for s in cells["allowed_token_ids"].samples)
+    bad, _ = C.run_batch(engine, {"allowed_token_ids": sent["allowed_token_ids"]},
+                         zero_head=True, batch="single", cfg=cfg,
+                         fault="bias-target-row-only")
+    cell = bad["allowed_token_ids"]
+    assert cell.status == "violated" and cell.message.startswith("sample ")
+    assert sum(s["status"] == "violated" for s in cell.samples) >= 2, cell.samples
+
+
+def test_hunt_smoke_abort_leaves_the_batch_as_it_was(engine, cases):
+    """The ``abort`` axis on the module's engine: a neighbour holding every per-slot
+    constraint is aborted after step 2, the second half of the batch takes its slot; every
+    cell holds and every output is the same request's without the abort."""
+    sent = {c: cases[c] for c in ("min_tokens", "allowed_token_ids", "penalties",
+                                  "thinking_token_budget")}
+    from workbook.run.constraints import axes as A
+
+    victim = A.victim_kwargs(cases)
+    plain, _ = C.run_batch(engine, sent, zero_head=True, batch="mixed",
+                           cfg=G.config_for("mtp"))
+    cfg = G.config_for("mtp").replace(abort="mid-step")
+    cells, ev = C.run_batch(engine, sent, zero_head=True, batch="mixed", cfg=cfg,
+                            victim=victim)
+    for c, cl in cells.items():
+        assert cl.status == "holds", (c, cl.status, cl.first, cl.message)
+        assert cl.output == plain[c].output, c
+    # the second half arrived after the abort (its first step later than the first half's)
+    first = {c: ev[c]["steps"][0]["step"] for c in sent}
+    names = list(sent)
+    assert max(first[c] for c in names[:2]) < min(first[c] for c in names[2:]), first
+
+
 def test_logit_bias_refused_with_spec_names_vllms_message(engine, cases):
     cells, _ = C.run_batch(engine, {"logit_bias": cases["logit_bias"]}, zero_head=True,
                            batch="single")

@@ -405,6 +405,30 @@ def test_kernel_takes_back_a_sampled_row_with_vllms_own_draw(markers):
                 assert guard_takeback.reason_text(why).startswith("not taken back: ")
 
 
+@pytest.mark.parametrize("rows,want", [
+    # (mode, budget, count, current) per batch row -> whether the redraw must run
+    ([(guard.M_REDRAW, 4, 1, 1)], True),            # budget not due: a forced end is a fault's
+    ([(guard.M_REDRAW, 4, 4, 1)], False),           # due from its first row: the budget's own
+    ([(guard.M_REDRAW, -1, -1, 1)], True),          # no budget: any forced end is a fault's
+    ([(guard.M_REDRAW, 4, 9, 0)], True),            # the host's count lags: not trusted
+    ([(guard.M_GREEDY, 4, 1, 1), (guard.M_REDRAW, 2, 2, 1)], False),  # greedy: no redraw
+    ([(guard.M_REDRAW_ROW, 4, 1, 1), (guard.M_REDRAW, 2, 2, 1)], True),
+    ([(guard.R_NO_SEED, 4, 1, 1)], False)])
+def test_the_redraw_runs_only_where_a_forced_end_can_be_taken_back(rows, want):
+    """The rejection sampler's redraw (a second rejection sample) only in a step with a
+    redrawn row whose budget is not due at its first row by the host truth."""
+    import numpy as np
+
+    from workbook.hooks.guard import redraw as guard_redraw
+    from workbook.hooks.guard.kernel import T_TAIL
+
+    mode = np.array([r[0] for r in rows], dtype=np.int32)
+    truth = np.zeros((len(rows), T_TAIL + 1), dtype=np.int32)
+    for i, (_m, b, c, cur) in enumerate(rows):
+        truth[i, 1:4] = (b, c, cur)
+    assert guard_redraw.needed(mode, truth) is want
+
+
 def test_kernel_takes_back_a_rejection_sampled_end_with_vllms_redraw():
     """Speculative decoding, no engine: vLLM's own ``rejection_sample`` is the oracle. Five
     requests of k = 3 drafts, sampled (temperatures 0.7 / 1.0 / 1.6, int64 seeds). vLLM's run:
@@ -485,10 +509,14 @@ def test_kernel_takes_back_a_rejection_sampled_end_with_vllms_redraw():
                            hist[-1], guard.M_REDRAW] for r in range(nreq)], dtype=torch.int32,
                          device=dev)
     assert truth.shape[1] == T_TAIL + tail_len + 1
-    alt = guard_redraw.unforced(processed(forced), pre.to(dev), cu, draft_sampled, truth,
-                                temp_t, m, tail_len)
+    alt = processed(forced)
+    saved = guard_redraw.unforced(alt, pre.to(dev), cu, draft_sampled, truth, temp_t, m,
+                                  tail_len)  # in place: no copy of the step's logits
     assert torch.equal(alt.cpu(), processed(oracle).cpu())  # exactly the rows without forcing
+    assert tuple(saved.shape) == (nreq * k1, len(end))  # the end columns only
     red_s, red_n = rs(alt)
+    guard_redraw.forced_again(alt, saved, m)  # what vLLM's later readers see: its own rows
+    assert torch.equal(alt.cpu(), processed(forced).cpu())
 
     def run(redraw_s, mode=guard.M_REDRAW):
         budget = torch.tensor([-1 if b is None else b for b in budgets], dtype=torch.int32)

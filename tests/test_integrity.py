@@ -383,6 +383,60 @@ def test_sanitizer_stage_collects_the_writer_into_the_pass(tmp_path, mode):
     assert lines[1].startswith("FIRST WRITER:") and "None" not in " ".join(lines)
 
 
+@pytest.mark.parametrize("asked,platform,want", [
+    ("auto", "cuda", ["nvtx", "api"]),  # memcheck sees kernels, CUPTI the API: never together
+    ("auto", "cpu", ["page"]),          # a read-only page faults on every store
+    ("nvtx", "cuda", ["nvtx"]), ("api", "cuda", ["api"]), ("page", "cpu", ["page"]),
+    ("none", "cuda", [])])
+def test_the_sanitize_plan_per_platform(asked, platform, want):
+    from workbook.run.writer import stage as sanistage
+
+    assert sanistage.modes(asked, platform) == want
+    for m in want:  # every form says what it sees and what it cannot
+        assert sanistage.SEES[m] and sanistage.BLIND[m]
+    assert "CUDA API" in sanistage.BLIND["nvtx"] and "kernel" in sanistage.BLIND["api"]
+
+
+_KERNEL = {"kernel": "_clear_kernel", "tensor": "reasoning_start_token_ids", "step": 0}
+
+
+@pytest.mark.parametrize("info,verdict,ran,why", [
+    # the memcheck pass named a kernel writer: the context died there, the API pass runs
+    ({"sanitizer": {"mode": "nvtx"}, "writer": _KERNEL},
+     {"verdict": "corrupted", "tensors": ["reasoning_start_token_ids"]}, True, "CUDA context"),
+    # the watch saw a change memcheck has no record of (H100 memset / copy runs)
+    ({"sanitizer": {"mode": "nvtx"}, "writer": None},
+     {"verdict": "corrupted", "tensors": ["reasoning_start_token_ids"],
+      "phase": "profiling run › drafter propose"}, True, "no memcheck record"),
+    # cut before the real steps: not everything was watched
+    ({"sanitizer": {"mode": "nvtx"}, "writer": None},
+     {"verdict": "incomplete", "saw": "start-up incomplete: the pass stopped in warm-up"},
+     True, "did not watch the whole start-up"),
+    # no compute-sanitizer: the API pass still has its own tools to try
+    ({"sanitizer": {"mode": "skipped", "message": "missing compute-sanitizer"}, "writer": None},
+     {"verdict": "intact"}, True, "skipped"),
+    # intact into the real steps, nothing named: a copy or memset would have changed a value
+    ({"sanitizer": {"mode": "nvtx"}, "writer": None},
+     {"verdict": "intact", "saw": "no watched tensor changed (5 real steps watched)"},
+     False, "not needed")])
+def test_the_api_pass_runs_unless_the_memcheck_pass_settled_it(info, verdict, ran, why):
+    from workbook.run.writer import stage as sanistage
+
+    need, text = sanistage.api_pass(info, verdict)
+    assert need is ran and why in text and "None" not in text
+
+
+def test_the_first_named_writer_heads_the_summary():
+    from workbook.run.writer import command as watchcmd
+
+    kern = {"kernel": "k", "step": 3}
+    api = {"call": "cudaMemsetAsync", "step": 0}
+    assert watchcmd.first_named([(0, kern), (1, api)]) is api  # an earlier step wins
+    assert watchcmd.first_named([(0, {**kern, "step": 0}), (1, api)])["kernel"] == "k"
+    assert watchcmd.first_named([(0, {**kern, "step": None}), (1, api)]) is not api
+    assert watchcmd.first_named([]) is None
+
+
 def test_a_localization_past_its_time_limit_keeps_what_it_narrowed(tmp_path):
     from workbook.hooks import watch
 
@@ -559,13 +613,17 @@ def test_sanitize_names_the_writer_hidden_in_the_drafter(tmp_path, kind, functio
     ``@2``, in real step 2): the sanitized pass (markers on read-only pages, a child process)
     ends at the write and the watch summary names the writer's frame and module (a user's
     Triton kernel by its own module, not Triton's) and the phase and step from the watch's
-    own record."""
+    own record. Asked as a user types it, a bare ``--sanitize`` (auto): on a CPU its plan is
+    the one page pass, which says what it sees and what it cannot."""
     from workbook.run.writer import command as watchcmd
 
-    cfg = RunConfig(cpu_profile_run=True, sanitize="page", watch=True, max_tokens=8)
+    cfg = RunConfig(cpu_profile_run=True, sanitize="auto", watch=True, max_tokens=8)
     res = watchcmd.run_passes(cfg, str(tmp_path), "none", timeout_s=1200, writer=kind)
+    assert res["sanitize_plan"] == {"asked": "auto", "platform": "cpu", "forms": ["page"]}
+    assert len(res["passes"]) == 1
     p = res["passes"][0]
     assert p["sanitizer"]["mode"] == "page" and p["rc"] == 11, p
+    assert "libc memset" in p["sanitizer"]["sees"] and "UVA" in p["sanitizer"]["cannot_see"]
     w = p["writer"]
     assert (w["function"], w["module"]) == (function, module), w
     assert w["phase"] == phase, (w["phase_source"], w["stack"])

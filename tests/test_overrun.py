@@ -346,3 +346,70 @@ def test_the_h200_alias_and_triton_writers_read_as_pointer_writes(kind):
     inside the marker, caching on and off) are what the old reading said: pointer writes."""
     reading = integrity.layout_ab(_h200_side(kind, "on"), _h200_side(kind, "off"))["reading"]
     assert reading.startswith("a pointer write"), reading
+
+
+# ---- a long run that memcheck stopped short (issue 40) ----------------------------------------
+# A user's kernel storing from 600 bytes below the start marker upward, in programs of 64
+# stores: memcheck reported the first program's 64 faulting stores (256 of 604 bytes) and
+# stopped the kernel (the launch failed) — all of them in canary.post1 and the read-only rest of
+# its block, none in the marker's red zone (256 bytes) or the marker.
+STOPPED = log([record(a, inside(CANARY, 512), thread=(a - START + 600) // 4)
+               for a in range(START - 600, START - 600 + 256, 4)])
+# caching off, the same run stopped in the unallocated gap under the padded buffer: memcheck's
+# access line names the nearest allocation — the marker's padded block
+STOPPED_OFF = log([record(a, oob(OFF_BASE - a, "before", OFF_BASE, 516))
+                   for a in range(OFF_BASE - 344, OFF_BASE - 88, 4)])
+# red zones sized past the run's start (4096 bytes each side): its first faulting program lies
+# in the marker's own red zone
+R4 = 4096
+BIG = [plain("canary.post1", START_BASE - 4096 - 512, 256),
+       {**padded("reasoning_start_token_ids", START_BASE, 2 * R4 + 512),
+        "ptr": START_BASE + R4, "ptr_hex": hex(START_BASE + R4),
+        "redzone": {"base": START_BASE, "size": 2 * R4 + 512,
+                    "below": [START_BASE, START_BASE + R4],
+                    "above": [START_BASE + R4 + 4, START_BASE + 2 * R4 + 512]}}]
+BIG_START = START_BASE + R4
+STOPPED_BIG = log([record(a, inside(START_BASE, 2 * R4 + 512))
+                   for a in range(BIG_START - 600, BIG_START - 600 + 256, 4)])
+
+
+@pytest.mark.parametrize("text,layout,parts", [
+    (STOPPED, ON, [
+        "starts in canary.post1 (its byte 168 of 256; 88 bytes of it) and runs on above it, "
+        "its highest access in the read-only allocation at 0x7ff4e34c9e00 of 512 bytes (the "
+        "block of canary.post1, past its bytes) (64 faulting accesses (4 bytes each) over 256 "
+        "bytes)",
+        "its highest access ends 88 bytes below the red zone below reasoning_start_token_ids, "
+        "344 bytes below the marker itself",
+        "memcheck stopped the kernel after these 64 faulting accesses (the launch failed), so "
+        "the write covers at least these 256 bytes and may go on past either end"]),
+    (STOPPED_OFF, OFF, [
+        "no access in watched memory or a red zone (64 faulting accesses (4 bytes each) over "
+        "256 bytes)",
+        "its highest access ends 88 bytes below the red zone below reasoning_start_token_ids",
+        "memcheck's access line points at reasoning_start_token_ids (its padded block at "
+        "0x7f5309dca000 is the nearest allocation, 344 bytes above the access at "
+        "0x7f5309dc9ea8)",
+        "may go on past either end"]),
+    (STOPPED_BIG, BIG, [
+        "runs into the red zone below reasoning_start_token_ids from below, up to 344 bytes "
+        "short of it (no faulting access reached the marker itself)",
+        "at least these 256 bytes"]),
+])
+def test_a_run_memcheck_stopped_short_is_at_least_what_it_saw_and_names_the_marker(text,
+                                                                                   layout,
+                                                                                   parts):
+    ex = overrun.first_extent(sanitizer.parse(text), layout)
+    assert ex is not None and ex["at_least"] is True
+    for p in parts:
+        assert p in ex["sentence"], (p, ex["sentence"])
+    assert "from above" not in ex["sentence"] and "None" not in ex["sentence"]
+    # nothing in the sentence beyond the evidence: no claim that it reached the marker
+    assert "into reasoning_start_token_ids" not in ex["sentence"]
+
+
+def test_the_default_red_zone_holds_a_run_that_starts_kibibytes_below():
+    from workbook.hooks.watch import redzone
+
+    assert redzone.DEFAULT >= 4096 and redzone.DEFAULT % 16 == 0
+    assert redzone.size_from_env({}) == redzone.DEFAULT

@@ -104,7 +104,7 @@ def test_printed_summary_culprit_and_probe_line_of_a_cut_pass(capsys):
     rep = sanitizer.tie(sanitizer.parse(CLEAN_LOG), w, TIMED_OUT, None)
     res = _result(w, TIMED_OUT, None, rep["verdict"])
     watchcmd.print_summary(res, "/tmp/x")
-    line = watchcmd.probe_line("alias_fill", res["passes"][0], res["culprit"])
+    line = watchcmd.probe_line("alias_fill", res["passes"], res["culprit"])
     out = capsys.readouterr().out + line
     assert "None" not in out and "intact" not in out.lower()
     assert "stopped in state creation" in line and TIMED_OUT in line

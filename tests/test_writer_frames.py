@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from conftest import evidence_json, evidence_text
 
 from workbook.run import integrity
@@ -155,11 +157,18 @@ def test_phase_and_step_come_from_the_watch_record():
     assert (fw2["phase"], fw2["step"]) == ("step 2 › drafter propose", 2)
 
 
+# the same writer launched in the profiling run's drafter (the runner's _dummy_run)
+PROFILE_LOG = USER_LOG.replace(
+    "Host Frame: execute_model in model_runner.py:1203",
+    "Host Frame: _dummy_run in model_runner.py:1203\n"
+    "=========         Host Frame: profile_run in model_runner.py:1290")
+
+
 def test_one_headline_writer_first_then_what_was_watched():
     pos = {"boundary": "enter MTPSpeculator.propose", "seq": 40, "step": 0, "in_step": False,
            "phase": "profiling run › drafter propose"}
     w = _watch(STARTUP, position=pos)
-    fw = sanitizer.tie(sanitizer.parse(USER_LOG), w, None, 6)["first_writer"]
+    fw = sanitizer.tie(sanitizer.parse(PROFILE_LOG), w, None, 6)["first_writer"]
     lines = integrity.summary(w, None, 6, fw)
     assert lines[0].startswith("WRITER: kernel _clear_kernel") and \
         "from clear_ids in user_kernels.py:19 (module user_kernels)" in lines[0]
@@ -177,3 +186,59 @@ def test_one_headline_writer_first_then_what_was_watched():
     assert "None" not in " ".join(lines + lines3)
     # without a writer the watch's own verdict line stays
     assert any(ln.startswith("INCOMPLETE") for ln in integrity.summary(w, None, 6))
+
+
+# a kernel writer in real step 3 launched from the runner's execute_model before the runner's
+# own code (no budget frame on its stack); the watch's last boundary was already inside the
+# budget's staged writes when the fault surfaced (H100, 0.29: "step 3 › budget staged writes")
+STAGED = {"boundary": "enter ThinkingBudgetState.apply_staged_writes", "seq": 120, "step": 3,
+          "in_step": True, "phase": "step 3 › budget staged writes"}
+EXEC_LOG = "\n".join(ln for ln in USER_LOG.splitlines()
+                     if not any(x in ln for x in ("propose in", "_run_model in",
+                                                  "decorators.py", "_contextlib.py")))
+
+
+@pytest.mark.parametrize("log,position,change,rc,phase,step,source", [
+    # the refused write ended the pass: step from the watch, sub-phase only from the stack
+    (EXEC_LOG, STAGED, None, 1, "step 3 › target forward", 3, "the watch's record"),
+    (USER_LOG, STAGED, None, 1, "step 3 › drafter propose", 3, "the watch's record"),
+    # the watch saw the change between two boundaries inside the staged writes; the launch
+    # stack shows no staged-writes frame: the window's step, the stack's sub-phase
+    (EXEC_LOG, None, {"tensor": "reasoning_start_token_ids", "step": 3,
+                      "phase": "step 3 › budget staged writes",
+                      "last_clean": "enter ThinkingBudgetState.apply_staged_writes",
+                      "first_dirty": "exit ThinkingBudgetState.apply_staged_writes"},
+     0, "step 3 › target forward", 3, "the watch's value comparison"),
+    # the stack says the profiling run, the watch a later step: the launch's phase
+    (PROFILE_LOG, STAGED, None, 1, "profiling run › drafter propose", 0, "the Python stack"),
+])
+def test_the_phase_of_a_write_is_the_window_narrowed_by_the_stack(log, position, change, rc,
+                                                                  phase, step, source):
+    w = _watch(STEPS, real_steps=3, position=position, change=change)
+    fw = sanitizer.tie(sanitizer.parse(log), w, None, rc)["first_writer"]
+    assert (fw["phase"], fw["step"]) == (phase, step), fw["phase_source"]
+    assert fw["phase_source"].startswith(source)
+    assert "budget staged writes" not in fw["phase"]  # no such frame on any stack here
+    assert "None" not in fw["phase_source"]
+    if change:
+        assert fw["window"] == {"from": change["last_clean"], "to": change["first_dirty"]}
+        assert "between enter ThinkingBudgetState.apply_staged_writes and exit" in \
+            fw["phase_source"]
+    text = integrity.writer_text(fw)
+    assert f"during {phase}" in text and "None" not in text
+
+
+@pytest.mark.parametrize("window,stack,want", [
+    ("step 3 › budget staged writes", "a real step › target forward",
+     ("step 3 › target forward", "window and stack")),
+    ("step 3 › budget staged writes", "between phases", ("step 3 › budget staged writes",
+                                                         "window")),
+    ("step 3", "a real step", ("step 3", "window and stack")),
+    ("profiling run › drafter propose", "profiling run", ("profiling run", "window and stack")),
+    ("step 2", "profiling run › drafter propose", ("profiling run › drafter propose", "stack")),
+    # no top-phase frame on the stack (the CPU runner's execute_model): the window's top
+    ("step 2 › drafter propose", "start-up › drafter propose",
+     ("step 2 › drafter propose", "window and stack")),
+    (None, "a real step › sampling", ("a real step › sampling", "stack"))])
+def test_narrow_never_names_a_sub_phase_the_stack_does_not_show(window, stack, want):
+    assert sanitizer.narrow(window, stack) == want

@@ -14,11 +14,13 @@
     workbook report [RUN_DIR ...] [-o FILE] [--out outputs]
     workbook params NOTEBOOK                         # the notebook's parameters (papermill)
     workbook watch [--env ENV [--run NAME]] [--set KEY=VALUE ...] [--localize auto|none|module|op]
-                   [--sanitize [auto|nvtx|page]] [--caching on|off]
+                   [--sanitize [auto|nvtx|api|page]] [--caching on|off]
                    [--out DIR]                      # who overwrites the budget state (#54906)
     workbook check-server URL [--model NAME] [--json FILE]  # a running server, nothing installed
     workbook serve [ENV] [--only RUN] [--set KEY=VALUE ...] [--port N]
                    [--logprobs-mode MODE]            # vllm serve for a run, until Ctrl-C
+    workbook findings [report ID [-o FILE]]          # the findings, triaged; one's upstream report
+    workbook report-issue SOURCE [--cell KEY] [-o FILE]  # a violation's upstream report
 
 Exit codes: 0 success, 1 a run failed / a checksum mismatched, 2 a configuration error (raised
 before any engine starts, one line naming the bad name or value) or nothing to report, 128 + N a batch stopped by signal N (130
@@ -128,13 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deterministic checks after the request (default: the run's)")
     w.add_argument("--sanitize", nargs="?", const="auto", default="none",
                    choices=["none", "auto", "nvtx", "page", "api"],
-                   help="the budget state's markers read-only so a write names its writer "
-                        "(GPU: NVTX permissions under compute-sanitizer; CPU: read-only pages; "
-                        "api: CUPTI's callbacks alone, copies and memsets through the CUDA API)")
+                   help="name any writer into the budget state. A bare --sanitize (auto): "
+                        "on a GPU a pass under compute-sanitizer with the markers read-only "
+                        "(NVTX permissions: kernels of any library), then, since CUPTI cannot "
+                        "subscribe beside it, a second start-up with CUPTI's callbacks (copies "
+                        "and memsets through the CUDA API) unless the first settled it; on a "
+                        "CPU read-only pages (every store). nvtx / api / page: one form alone")
     w.add_argument("--caching", choices=["on", "off"], default=None,
                    help="GPU layout: PyTorch's caching allocator on or off for the passes")
     _check_server_parser(sub)
     _serve_parser(sub)
+    from workbook.report import issue  # findings, report-issue (workbook.report.issue)
+
+    issue.add_parsers(sub)
     return p
 
 
@@ -485,7 +493,28 @@ def cmd_check_server(args) -> int:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res.to_dict(), f, indent=1)
+    if res.verdict == "violated":
+        _report_hints(args, res.to_dict(), [None])
     return {"honored": 0, "violated": 1}.get(res.verdict, 3)
+
+
+def _report_hints(args, data: dict, keys: list) -> None:
+    """Under a violation: where the result is kept (--json, else outputs/servers/) and, per
+    violated case, the commands for its plain-vLLM reproducer and upstream report."""
+    import json
+    import time
+
+    from workbook.run.verdicts import report_lines
+
+    path = args.json_out
+    if not path:
+        path = os.path.join("outputs", "servers", time.strftime("check-%Y%m%d-%H%M%S.json"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+    print(f"\nthe result is kept in {path}; per violation:")
+    for k in keys:
+        print("\n".join(([f"  {k}:"] if k else []) + report_lines(path, k)))
 
 
 def _check_server_constraints(args, markers) -> int:
@@ -507,12 +536,28 @@ def _check_server_constraints(args, markers) -> int:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res.to_dict(), f, indent=1)
+    bad = [v["case"] for v in res.verdicts if v["status"] == "violated"]
+    if bad:
+        _report_hints(args, res.to_dict(), bad)
     return res.rc
+
+
+def cmd_findings(args) -> int:
+    from workbook.report import issue
+
+    return issue.cmd_findings(args)
+
+
+def cmd_report_issue(args) -> int:
+    from workbook.report import issue
+
+    return issue.cmd_report_issue(args)
 
 
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify,
             "report": cmd_report, "params": cmd_params, "watch": cmd_watch,
-            "check-server": cmd_check_server, "serve": cmd_serve}
+            "check-server": cmd_check_server, "serve": cmd_serve,
+            "findings": cmd_findings, "report-issue": cmd_report_issue}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,19 +24,29 @@ Restated as the rule, on token ids (``Markers``: ``start``, ``end`` = the forced
   tokens after that start marker (the marker's own tokens are not counted, however many).
 - The budget binds at the first OUTPUT position whose count reaches the budget (the prompt's
   tokens are given, never forced: a prompt already over the budget binds at output index 0).
-  From there the WHOLE end string is due, token by token, in order: ``end[0]`` at the binding
-  position, ``end[k]`` at the k-th position after it — whatever the model wrote before the
-  binding position (tokens that happen to spell a prefix of ``end`` are the model's reasoning,
-  not part of the forced string) and even where a prefix of ``end`` already holds the natural
-  end marker (``"</think>\n\n"``: the ``"\n\n"`` after ``</think>`` is forced too).
+  From there the end string is due, token by token, in order, so that it appears exactly once:
+  where the reasoning text before the binding position already ends with a proper prefix of
+  ``end`` (``begun``: a resumed prompt, the chat template's ``"\n"`` after ``<think>``, or the
+  model's own tokens), the forced tokens continue it — ``end[k]`` at the binding position for
+  a prefix of ``k`` tokens, ``end[k + i]`` at the i-th position after it — and never restart
+  it (vLLM 0.34.0's ``test_v2_thinking_budget_continues_end_prefix_from_prompt``: "A resumed
+  prompt ending with a partial forced-end marker must not restart the marker sequence and
+  duplicate its first token"; ``thinking_budget.py``: "If the tail already ends with a prefix
+  of the forced end sequence (even from a resumed prompt), continue from the next marker
+  token"). Otherwise ``end[0]`` comes at the binding position; the whole string is due even
+  where a prefix of ``end`` already holds the natural end marker (``"</think>\n\n"``: the
+  ``"\n\n"`` after ``</think>`` is forced too). After a token that is not the one due (the
+  budget not honored there), what is due next is again the continuation of the prefix the
+  text then ends with.
 - Once the whole end string is emitted reasoning is over: nothing more is forced (a forced end
   string that does not contain the natural end marker still ends it: "effectively terminating
   the reasoning block"). A natural end the model writes before the binding position ends
   enforcement; counting stops at the natural end or at the end of the forced string.
 
-So, for a prompt whose count is ``r0`` and a budget ``b``, the end string must start at output
-index ``max(0, b - r0)`` — unless the output ended reasoning by itself before, or ended before
-the whole string could be there (then the budget could not bind: the verdict is ``None``).
+So, for a prompt whose count is ``r0`` and a budget ``b``, the forced tokens must start at
+output index ``max(0, b - r0)`` (``end[begun:]``, ``begun`` the prefix the reasoning text held
+there; 0 mostly) — unless the output ended reasoning by itself before, or ended before the rest
+of the string could be there (then the budget could not bind: the verdict is ``None``).
 
 The contract has a second side: the budget forces the end string ONLY where it binds. An end
 marker the model writes itself before that is legal (a natural end); one that was *forced*
@@ -48,12 +58,13 @@ its kind (``Judgement.kind``): ``early`` (forced before the budget binds), ``unb
 naturally or by the whole forced string). The other kind, ``missing``, is the first side: the
 end string is not at the index where it is due.
 
-vLLM's kernel (``vllm/v1/worker/gpu/sample/thinking_budget.py``, 0.28-0.32) forces ``end[p]``
+vLLM's kernel (``vllm/v1/worker/gpu/sample/thinking_budget.py``, 0.28-0.34) forces ``end[p]``
 with ``p`` the longest proper prefix of ``end`` the history ends with, while the last start
-lies after the last natural end: ``forced_token`` below is that choice, kept only as the guard's
-twin of vLLM (``workbook.hooks.guard``). Where it differs from the promise — a model-written
-prefix before the binding position, a forced string with tokens after the natural end, a
-forced string without the natural end — is a finding (``docs/reasoning-config.md``).
+lies after the last natural end: ``forced_token`` below is that choice, kept as the guard's
+twin of vLLM (``workbook.hooks.guard``); both it and the rule take the prefix from ``begun``.
+Where the kernel differs from the promise — a forced string with tokens after the natural end,
+a forced string without the natural end — is a finding (``docs/reasoning-config.md``); a
+prefix the text already holds is not (the rule above: vLLM's own tests state it).
 
 Used by the client-side verdict (``workbook.run.request``), the trace diagnosis
 (``workbook.run.budget.diagnose``), the tracer's own host-side count (``workbook.hooks.observe.tracer``) and the
@@ -117,6 +128,20 @@ class Markers:
         return {KEYS[k]: list(v) for k, v in asdict(self).items()}
 
 
+def budget_param(value: Any) -> int | None:
+    """A ``thinking_token_budget`` value as vLLM's ``SamplingParams`` takes it
+    (``validate_thinking_token_budget``, vLLM 0.32.0 and 0.34.0; its tests
+    ``tests/v1/sample/test_thinking_token_budget_params.py``): ``None`` and ``-1`` mean no
+    budget (``None``); a non-negative ``int`` is the budget (one beyond any reasoning length,
+    ``2**40``, simply never binds); anything else — another negative, a ``float`` (even
+    ``10.0``), a ``bool`` — is refused: ``ValueError`` with vLLM's words."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, float)) or not isinstance(value, int) or value < -1:
+        raise ValueError(f"must be a non-negative integer or -1 for unlimited, got {value!r}")
+    return None if value == -1 else int(value)
+
+
 def first_index_of(seq: Sequence[int], sub: Sequence[int]) -> int:
     """Start of the first occurrence of ``sub`` in ``seq``, or -1 (-1 for an empty ``sub``)."""
     n = len(sub)
@@ -139,6 +164,19 @@ def last_index_of(seq: Sequence[int], sub: Sequence[int], start: int = 0) -> int
         if seq[i] == sub[0] and list(seq[i:i + n]) == sub:
             return i
     return -1
+
+
+def begun(text: Sequence[int], end: Sequence[int]) -> int:
+    """How many tokens of the forced end string ``text`` already ends with: the length of the
+    longest PROPER prefix of ``end`` that is a suffix of ``text`` (0: none). The rule continues
+    the string from ``end[begun]`` (``row_truth``); vLLM's kernel makes the same choice
+    (``forced_token``). ``text``: the reasoning text before the row (after the start marker)."""
+    end = list(end)
+    k = 0
+    for pl in range(1, min(len(end), len(text) + 1)):
+        if [int(t) for t in text[len(text) - pl:]] == end[:pl]:
+            k = pl
+    return k
 
 
 def reasoning_count(history: Sequence[int], markers: Markers) -> int | None:
@@ -200,6 +238,8 @@ class Judgement:
     honored: bool | None  # None: the budget could not bind within the output
     kind: str | None = None  # why it is violated (VIOLATION_KINDS); None unless violated
     at: int | None = None  # output index of the first violation (None unless violated)
+    begun: int = 0  # end tokens the reasoning text already held where the budget bound: the
+    # forced tokens due from expected_end_index are end[begun:] (``begun``)
 
     @property
     def verdict(self) -> str:
@@ -216,39 +256,58 @@ def judge(prompt: Sequence[int], output: Sequence[int], budget: int | None,
     """
     markers = Markers.of(markers)
     return judge_from_count(reasoning_count(prompt, markers) if markers.complete else None,
-                            output, budget, markers, forced)
+                            output, budget, markers, forced, tail=prompt)
 
 
 def judge_from_count(r0: int | None, output: Sequence[int], budget: int | None,
-                     markers: Markers, forced: Sequence[int] = ()) -> Judgement:
+                     markers: Markers, forced: Sequence[int] = (),
+                     tail: Sequence[int] = ()) -> Judgement:
     """``judge`` for a prompt whose reasoning count is ``r0``. ``forced``: output indices
-    whose token was forced (known to a trace only); each must be due (``forced_not_due``)."""
+    whose token was forced (known to a trace only); each must be due (``forced_not_due``).
+    ``tail``: the prompt's last tokens, as many as known (the end string the prompt already
+    began is continued, ``begun``; unknown: none begun in the prompt)."""
     markers = Markers.of(markers)
     budget = None if budget is None else int(budget)
     exp = expected_from_count(r0, output, budget, markers, forced)
     act = first_index_of(output, markers.end)
-    bad = forced_not_due(r0, output, budget, markers, forced)
-    if exp is None or exp + len(markers.end) > len(output):
+    bad = forced_not_due(r0, output, budget, markers, forced, tail)
+    k = 0 if exp is None else begun(_reasoning_text(r0, tail, output[:exp]), markers.end)
+    rest = list(markers.end)[k:]
+    if exp is None or exp + len(rest) > len(output):
         honored, at = None, None
     else:
-        honored = list(output[exp:exp + len(markers.end)]) == list(markers.end)
+        honored = list(output[exp:exp + len(rest)]) == rest
         at = None if honored else exp
+        if honored and k and (act < 0 or act > exp):
+            act = exp  # the string completed by continuing the begun prefix
     if bad is not None and (at is None or bad[0] < at):
-        return Judgement(exp, act, False, bad[1], bad[0])
-    return Judgement(exp, act, honored, None if honored is not False else "missing", at)
+        return Judgement(exp, act, False, bad[1], bad[0], k)
+    return Judgement(exp, act, honored, None if honored is not False else "missing", at, k)
+
+
+def _reasoning_text(r0: int | None, tail: Sequence[int], output: Sequence[int]) -> list[int]:
+    """The reasoning text before an output position: the prompt's last ``r0`` tokens as far as
+    ``tail`` holds them, then ``output``."""
+    n = 0 if r0 is None else min(int(r0), len(tail))
+    return [int(t) for t in list(tail)[len(tail) - n:]] + [int(t) for t in output]
 
 
 def forced_not_due(r0: int | None, output: Sequence[int], budget: int | None,
-                   markers: Markers, forced: Sequence[int]) -> tuple[int, str] | None:
+                   markers: Markers, forced: Sequence[int],
+                   tail: Sequence[int] = ()) -> tuple[int, str] | None:
     """The first forced output index where the rule does not make the end due, and its kind
     (``early`` / ``unbudgeted`` / ``twice``); None when every forced index was due.
 
-    The prompt is known here by its reasoning count only: it stands as ``start`` followed by
-    ``r0`` tokens no marker can match (-1), which gives every later position the same count."""
+    The prompt is known here by its reasoning count and its ``tail`` only: it stands as
+    ``start`` followed by ``r0`` tokens, the last of them the tail's (so a prefix of the end
+    string the prompt began is continued) and the others tokens no marker can match (-1),
+    which gives every later position the same count."""
     markers = Markers.of(markers)
     if not forced or not markers.end:
         return None
-    head = (list(markers.start) + [-1] * int(r0)) if r0 is not None and markers.start else []
+    known = _reasoning_text(r0, tail, ())
+    head = (list(markers.start) + [-1] * (int(r0) - len(known)) + known) \
+        if r0 is not None and markers.start else []
     has_budget = budget is not None and int(budget) >= 0
     for i in sorted(set(int(f) for f in forced if 0 <= int(f) < len(output))):
         hist = head + [int(t) for t in output[:i]]
@@ -270,15 +329,11 @@ def overall(honored: Sequence[bool | None]) -> str:
 
 def forced_token(history: Sequence[int], markers: Markers) -> int:
     """vLLM's kernel's choice once the budget binds (``end[p]``, ``p`` the longest proper
-    prefix of ``end`` the history ends with) — NOT the promise (``row_truth``); the guard
-    mirrors vLLM with it. Both agree for a one-token end, and for a multi-token end whose
-    prefix the model did not write before the binding position."""
+    prefix of ``end`` the history ends with: ``begun`` over the whole history) — the guard
+    mirrors vLLM with it. It agrees with the promise (``row_truth``) while reasoning lasts;
+    they differ after the whole forced string was emitted (the rule forces nothing more)."""
     end = list(markers.end)
-    p = 0
-    for pl in range(1, len(end)):
-        if len(history) >= pl and list(history[len(history) - pl:]) == end[:pl]:
-            p = pl
-    return end[p]
+    return end[begun(history, end)]
 
 
 # ---- per-row truth and the marker cache: what the budget stage must produce --------------
@@ -328,7 +383,9 @@ def row_truth(history: Sequence[int], drafts: Sequence[int], local_pos: int,
         return RowTruth(None, False, None, "natural")
     if len(h) < bind:
         return RowTruth(len(h) - body, False, None)
-    k = 0  # end tokens emitted since the binding position (0 again after a deviation)
+    # end tokens the string holds at the binding position: the prefix the reasoning text
+    # already began (``begun``), continued, never restarted
+    k = begun(h[body:bind], end)
     for i in range(bind, len(h)):
         if h[i] == end[k]:
             k += 1
@@ -339,7 +396,7 @@ def row_truth(history: Sequence[int], drafts: Sequence[int], local_pos: int,
         # model itself completed the natural end now
         if i + 1 >= len(ne) and h[i + 1 - len(ne):i + 1] == ne and i + 1 - len(ne) >= s:
             return RowTruth(None, False, None, "natural")
-        k = 1 if h[i] == end[0] else 0
+        k = begun(h[body:i + 1], end)
     return RowTruth(len(h) - body, True, end[k])
 
 

@@ -35,6 +35,8 @@ from workbook.core.contracts.base import LOGPROBS_MODES  # the logprobs contract
 ARRIVALS = ("step0", "staggered")  # how a batch's requests reach the engine (workbook.run.constraints.cases)
 INVARIANCE = ("auto", "on", "off")  # the batch-invariance reference (RunConfig.invariance)
 DRAFTER_STEERS = ("none", "allowed", "greedy", "forbidden")  # workbook.hooks.observe.steer
+ABORTS = ("none", "mid-step")  # the constraints grid's abort axis (workbook.run.constraints.axes)
+PRIORITIES = ("none", "mixed")  # its priority axis: every request priority 0, or mixed
 CHECK_NAMES = ("A", "B")  # the deterministic checks (workbook.run.request, docs/facts.md)
 
 
@@ -86,6 +88,11 @@ class RunConfig:
     # no contract explains | on: for every batch | off
     invariance: str = "auto"
     drafter_steer: str = "none"  # none | allowed | greedy | forbidden: the drafter's proposals replaced (workbook.hooks.observe.steer)
+    n: int = 1  # parallel sampling: outputs per request (SamplingParams.n; the constraints grid judges each)
+    prompt_prefix: int = 0  # the constraints grid: every prompt starts with one shared reasoning prefix (<think> + filler) this many tokens long (prefix caching, chunked prefill)
+    abort: str = "none"  # none | mid-step: the constraints grid aborts a constrained request after step 2 while its batch runs on; half the batch arrives after it
+    priority: str = "none"  # none | mixed: the constraints grid's requests get priorities, later arrivals first (needs engine_kwargs scheduling_policy='priority')
+    mixed_size: int = 0  # the constraints grid's mixed batches: 0 one batch of every case, else batches of this many requests (CUDA graphs pad them)
     # workbook
     mode: str = "in-process"  # in-process | server
     zero_lm_head: bool = False  # zero the target lm_head so drafts are accepted (in-process)
@@ -280,11 +287,35 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None, checks=None) -> RunC
            f"drafter_steer={cfg.drafter_steer!r} is unknown; choose one of {DRAFTER_STEERS}")
     _check(cfg.drafter_steer == "none" or cfg.spec_method != "none",
            f"drafter_steer={cfg.drafter_steer!r} steers a drafter: spec_method='none' has none")
+    check_grid_requests(cfg)
     check_reasoning_config(cfg)
     check_parallel(cfg, on_cpu=on_cpu)
     if checks is not None:
         check_checks(cfg, checks)
     return cfg
+
+
+def check_grid_requests(cfg: RunConfig) -> None:
+    """The constraints grid's request-level settings (its axes n, prefix_cache /
+    chunked_prefill, abort, priority, cudagraphs): each names what is wrong."""
+    _check(isinstance(cfg.n, int) and 1 <= cfg.n <= 8, f"n={cfg.n!r} must be an integer in 1..8")
+    _check(isinstance(cfg.prompt_prefix, int) and cfg.prompt_prefix >= 0,
+           f"prompt_prefix={cfg.prompt_prefix!r} must be an integer >= 0")
+    _check(not cfg.prompt_prefix or cfg.prompt_prefix + 64 + cfg.max_tokens <= cfg.max_model_len,
+           f"prompt_prefix={cfg.prompt_prefix} + a case's prompt (up to 64 tokens) + "
+           f"max_tokens={cfg.max_tokens} must fit max_model_len={cfg.max_model_len}")
+    _check(cfg.abort in ABORTS, f"abort={cfg.abort!r} is unknown; choose one of {ABORTS}")
+    _check(cfg.priority in PRIORITIES,
+           f"priority={cfg.priority!r} is unknown; choose one of {PRIORITIES}")
+    policy = (cfg.engine_kwargs or {}).get("scheduling_policy", "fcfs")
+    _check(cfg.priority == "none" or policy == "priority",
+           f"priority={cfg.priority!r} needs vLLM's priority scheduling: set engine_kwargs "
+           f"scheduling_policy='priority' (it is {policy!r}; vLLM ignores or refuses "
+           "priorities otherwise)")
+    _check(isinstance(cfg.mixed_size, int) and cfg.mixed_size >= 0,
+           f"mixed_size={cfg.mixed_size!r} must be an integer >= 0 (0: one batch)")
+    _check(not (cfg.abort != "none" and cfg.arrival == "staggered"),
+           "abort='mid-step' sends its own arrival schedule: use arrival='step0'")
 
 
 def vllm_reasoning_fields() -> tuple[str, ...]:

@@ -255,8 +255,8 @@ def build(batches: list[Batch], base: str | None = None, grids: list[dict] | Non
         page.p(f"Generated {dt.datetime.now().astimezone().isoformat(timespec='seconds')} from "
                f"{len(grids)} constraints grid(s).", "note")
         page.raw(constraints_section.finding_html(grids))
-        page.raw(findings_section.section_html(
-            [f for f in found if set(findings_section.violated_in(f))
+        page.raw(findings_section.section_html(  # intended ones: said not to be defects
+            [f for f in found if f["triage"] == "intended" or set(findings_section.violated_in(f))
              & {str(g.get("vllm_version")) for g in grids}], base))
         page.raw(constraints_section.section_html(grids))
         return page.render()

@@ -412,3 +412,22 @@ def chain_rows(verdict: dict) -> list[dict]:
                          "re-uploaded, device state refreshed, guard on",
                          "result": result_of({"hypothesis": ""}), "status": "anomaly"})
     return rows
+
+
+# --- from a violation to its upstream report (workbook report-issue) ------------------------
+
+def cell_key(cell: dict) -> str:
+    """A grid cell's name on the command line: ``constraint/method/batch[@axis=value,...]``
+    (``workbook report-issue --cell``)."""
+    ax = ",".join(f"{k}={v}" for k, v in (cell.get("axes") or {}).items())
+    return f"{cell['constraint']}/{cell['method']}/{cell['batch']}" + (f"@{ax}" if ax else "")
+
+
+def report_lines(source: str, key: str | None = None, indent: str = "    ") -> list[str]:
+    """The two commands printed under a violation: its reproducer on plain vLLM and its
+    upstream report (``workbook report-issue``, which also says when the violation is a
+    registered finding or was planted)."""
+    cell = f" --cell '{key}'" if key else ""
+    return [f"{indent}reproduce on plain vLLM: workbook report-issue {source}{cell} --repro "
+            "repro.py && python repro.py MODEL_DIR",
+            f"{indent}upstream report: workbook report-issue {source}{cell} -o issue.md"]

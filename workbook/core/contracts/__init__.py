@@ -7,7 +7,8 @@ the order ``expected`` folds the contracts' ``row`` steps in (``ROW_ORDER``):
 
     1. allowed_token_ids   every other column  -> -inf                     (masks)
     2. logit_bias          column c            -> raw + b[c]               (masks)
-    3. min_tokens          stop/EOS columns    -> -inf while index < min   (masks)
+    3. min_tokens          stop/EOS columns    -> -inf while index < min   (masks; kept with
+                           structured output when nothing else is left: ``masks.stop_only``)
     4. penalties           repetition, then - frequency * n - presence     (penalties)
     5. bad_words           last token of a banned sequence -> -inf         (masks)
     6. thinking budget     the forced column   -> >= budget.FORCED_LOGIT   (thinking)
@@ -81,8 +82,10 @@ def row_owner(p: Params) -> str:
 
 
 def gated(p: Params) -> list[str]:
-    """The request's contracts that change rows behind the sampler's per-slot gate."""
-    return [c.name for c in catalogue() if c.active(p) and c.gated]
+    """The request's contracts that change rows behind the sampler's per-slot gate, the
+    unlisted row steps included (temperature: vLLM 0.34.0's
+    ``test_logits_processing_cache_matches_request_features`` sets the gate for it)."""
+    return [c.name for c in family() if c.active(p) and c.gated]
 
 
 def check_row(p: Params, ctx: RowContext, raw: dict[int, float], processed: dict[int, float],
@@ -119,7 +122,7 @@ def unreachable(p: Params, ctx: RowContext) -> tuple[int, int, int] | None:
     whatever it holds — vLLM promises nothing about it. Returns (row i, its draft, the forced
     column) for the first such draft, else None."""
     for i in range(min(ctx.local_pos, len(ctx.drafts))):
-        at = RowContext(ctx.prompt, ctx.output, ctx.drafts, i, ctx.markers)
+        at = RowContext(ctx.prompt, ctx.output, ctx.drafts, i, ctx.markers, ctx.stop_only)
         for c in ROW_ORDER:
             if c.forces and c.active(p):
                 f = c.forced(p, at)

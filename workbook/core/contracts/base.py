@@ -97,11 +97,15 @@ class Params:
         if self.allowed_token_ids is not None:
             s(self, "allowed_token_ids", tuple(int(t) for t in self.allowed_token_ids))
         s(self, "bad_words", tuple(tuple(int(t) for t in w) for w in self.bad_words))
+        v = self.thinking_token_budget  # -1 is vLLM's "no budget"; any other value is kept
+        if type(v) is int and v == -1:  # for ``validate`` to judge (budget.budget_param)
+            s(self, "thinking_token_budget", None)
 
     @classmethod
     def of(cls, sp: Any, logprobs_mode: str = "raw_logprobs") -> "Params":
         """From vLLM's ``SamplingParams`` (attributes; as the worker holds them) or a dict of
-        the same names (``bad_words`` there: token id lists)."""
+        the same names (``bad_words`` there: token id lists). ``thinking_token_budget`` is
+        kept as given (-1: None), for ``validate`` to refuse what vLLM refuses."""
         get = sp.get if isinstance(sp, dict) else lambda k, d=None: getattr(sp, k, d)
         stop = tuple(get("stop_token_ids") or ())
         all_stop = get("all_stop_token_ids")
@@ -112,19 +116,18 @@ class Params:
         schema = getattr(so, "json", None) if so is not None else get("json_schema")
         if isinstance(schema, str):
             schema = json.loads(schema)
-        budget_v = get("thinking_token_budget")
         return cls(max_tokens=get("max_tokens"), min_tokens=int(get("min_tokens") or 0),
                    stop_token_ids=stop, eos_token_ids=eos,
                    ignore_eos=bool(get("ignore_eos") or False),
                    logit_bias=tuple((get("logit_bias") or {}).items()),
-                   allowed_token_ids=get("allowed_token_ids") or None,
+                   allowed_token_ids=get("allowed_token_ids"),  # [] kept: vLLM refuses it
                    bad_words=tuple(bad or ()),
                    repetition_penalty=float(get("repetition_penalty", 1.0) or 1.0),
                    presence_penalty=float(get("presence_penalty") or 0.0),
                    frequency_penalty=float(get("frequency_penalty") or 0.0),
                    temperature=float(get("temperature") or 0.0),
                    logprobs=get("logprobs"), logprobs_mode=logprobs_mode,
-                   thinking_token_budget=None if budget_v is None or budget_v < 0 else budget_v,
+                   thinking_token_budget=get("thinking_token_budget"),
                    json_schema=schema, min_p=float(get("min_p") or 0.0),
                    top_k=int(get("top_k") or 0), top_p=float(get("top_p") or 1.0),
                    prompt_logprobs=get("prompt_logprobs"),
@@ -173,6 +176,10 @@ class RowContext:
     drafts: tuple[int, ...] = ()
     local_pos: int = 0
     markers: budget.Markers = field(default_factory=budget.Markers)
+    # the row as min_tokens receives it (the grammar bitmask, allowed_token_ids and logit_bias
+    # applied) is finite at none but the request's stop/EOS columns (``masks.stop_only``);
+    # False where unknown
+    stop_only: bool = False
 
     @property
     def seen_output(self) -> list[int]:

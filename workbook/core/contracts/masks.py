@@ -1,11 +1,19 @@
 """The contracts of vLLM's bias and bad-words states: ``allowed_token_ids`` (step 1: every
 other column -> -inf), ``logit_bias`` (step 2: column c -> raw + b[c]), ``min_tokens`` (step 3:
 the stop and EOS columns -> -inf while the row's output index < min_tokens; no stop/EOS before
-it in the output) and ``bad_words`` (step 5: the last token of a banned sequence whose prefix
+it in the output — except with structured output where nothing else is left, below) and ``bad_words`` (step 5: the last token of a banned sequence whose prefix
 ends the output as the row sees it -> -inf; no banned sequence inside the output).
 
 What each promises is read from vLLM's ``SamplingParams`` documentation: the setting's meaning
-for the user (an allowed set, an additive bias, a minimum length, banned sequences). A row sees
+for the user (an allowed set, an additive bias, a minimum length, banned sequences). Where two
+promises meet, vLLM's own tests say which wins: with structured output (the grammar's promise),
+a row whose only legal tokens are the request's stop/EOS columns keeps them — ``min_tokens``
+does not leave it all ``-inf`` (vLLM 0.34.0 ``tests/v1/worker/test_gpu_logit_bias.py``
+``test_v2_min_tokens_restores_stop_token_when_row_would_be_empty``, "Structured output plus
+min_tokens must not leave an all -inf row", and its CPU twin; the same kernel in 0.32.0); without
+structured output, or with another legal token left, min_tokens masks as before. The output
+side follows: a structured request whose grammar ended at a stop token may stop before
+``min_tokens`` (``GrammarTruth``: terminated there). A row sees
 its own step's earlier drafts (``RowContext.seen_output``): a draft row must be processed as the
 row the same token would have had without speculation.
 
@@ -15,9 +23,13 @@ Deliberately not here: the penalties (``penalties``), the stop that ends a reque
 
 from __future__ import annotations
 
+import math
+from typing import Mapping
+
 from workbook.core import budget
-from workbook.core.contracts.base import (NEG_INF, Breach, Contract, ContractError, case_tokens,
-                                          ids_in_vocab)
+from workbook.core.contracts.base import (NEG_INF, ROW_ORDER, Breach, Contract, ContractError,
+                                          Params, RowContext, case_tokens, ids_in_vocab)
+from workbook.core.contracts.structured import GrammarTruth
 
 SAMPLER_STAGES = ("registration", "gate", "apply", "apply on draft rows", "sampling",
                   "acceptance")
@@ -115,17 +127,23 @@ class MinTokens(Contract):
 
     def row(self, p, ctx, col, x):
         if ctx.out_index < p.min_tokens and col in p.masked_by_min_tokens:
+            if p.json_schema is not None and ctx.stop_only:
+                return x, False  # the grammar's end is all that is left: kept
             return NEG_INF, True
         return x, False
 
     def check_output(self, p, o):
         out = []
+        g = GrammarTruth.of(o.grammar) if p.json_schema is not None else None
+        ended = g.end if g is not None and g.terminated and g.end is not None else None
         for i, t in enumerate(o.output):
+            if i == ended:
+                break  # the grammar ended here: its stop was the only legal token
             if i < p.min_tokens and int(t) in p.masked_by_min_tokens:
                 out.append(Breach(self.name, f"stop/EOS token {t} at output index {i} < "
                                              f"min_tokens={p.min_tokens}", int(t), i))
                 break
-        if o.finish_reason == "stop" and len(o.output) < p.min_tokens:
+        if o.finish_reason == "stop" and len(o.output) < p.min_tokens and ended is None:
             out.append(Breach(self.name, f"finished by stop after {len(o.output)} < min_tokens="
                                          f"{p.min_tokens} tokens", None, len(o.output)))
         return out
@@ -187,3 +205,29 @@ class BadWords(Contract):
         b0, b1, _ = case_tokens(baseline)
         return {"bad_words": [decode([b0])] + ([decode([b1, b0])] if b1 != b0 else [])}
 
+
+
+def stop_only(p: Params, ctx: RowContext, raw: Mapping[int, float], k: int | None = None) -> bool:
+    """Whether a row, as ``min_tokens`` receives it, is finite at none but the request's stop
+    and EOS columns (``RowContext.stop_only``): ``raw`` (column -> value of the row before
+    ``apply_sampling_params``, the grammar bitmask already applied) through allowed_token_ids
+    and logit_bias (steps 1-2, ``expected`` of the contracts before min_tokens). ``k``: ``raw``
+    holds only some columns, among them the row's ``k`` largest (the row check's raw top-K;
+    None: ``raw`` is the whole row) — then the answer is sure only where the allowed set is
+    kept whole or fewer than ``k`` stop/EOS columns exist (else False: min_tokens masks)."""
+    masked = p.masked_by_min_tokens
+    if not masked or p.json_schema is None:
+        return False
+    if k is not None and p.allowed_token_ids is None and len(masked) >= k:
+        return False
+    early = [c for c in ROW_ORDER if c.step is not None and c.step < MinTokens.step
+             and c.active(p)]
+    for col, x in raw.items():
+        if col in masked:
+            continue
+        x = float(x)
+        for c in early:
+            x = c.row(p, ctx, col, x)[0]
+        if not math.isinf(x) or x > 0:
+            return False
+    return True

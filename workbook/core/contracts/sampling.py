@@ -26,7 +26,7 @@ class Temperature(Contract):
     step = 7
     listed = False
     reads = ("temperature",)
-    stages = ("apply", "apply on draft rows")
+    stages = ("gate", "apply", "apply on draft rows")  # behind the sampler's per-request gate
 
     def active(self, p):
         return p.temperature not in (0.0, 1.0)

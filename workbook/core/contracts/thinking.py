@@ -1,11 +1,14 @@
 """The thinking budget as a contract of the family (first in the catalogue): with
 ``thinking_token_budget`` set, vLLM ends the reasoning by forcing the end string where the
-budget binds — the whole ``reasoning_end_str``, token by token, in order, however many tokens the
+budget binds — ``reasoning_end_str``, token by token, in order, however many tokens the
 reasoning configuration's start and end strings have (vLLM's documentation: "Once the reasoning
 token count reaches the configured `thinking_token_budget`, vLLM forces the model to produce
-`reasoning_end_str`, effectively terminating the reasoning block"; ``workbook.core.budget``); the row forcing it holds that column at or above ``budget.FORCED_LOGIT`` whatever
-the other contracts did to it (step 6 of the processing order, so temperature does not divide
-it), and the output holds the whole end string from the index the budget makes it due.
+`reasoning_end_str`, effectively terminating the reasoning block"; ``workbook.core.budget``),
+continuing a prefix of it the reasoning text already holds rather than restarting it, so that
+the string appears exactly once (vLLM's own tests: ``budget.begun``); the row forcing it holds
+that column at or above ``budget.FORCED_LOGIT`` whatever the other contracts did to it (step 6
+of the processing order, so temperature does not divide it), and the output holds the rest of
+the end string from the index the budget makes it due.
 
 Every piece of budget arithmetic is ``workbook.core.budget``'s (``row_truth`` for the row,
 ``judge`` for the output): this class only says which rows and columns the rule names and turns
@@ -61,14 +64,17 @@ class ThinkingBudget(Contract):
             at = j.actual_end_index
             where = (f"first complete at {at}" if at is not None and at >= 0
                      else "never emitted whole")
-            return [Breach(self.name, f"end string due whole from {j.expected_end_index}, "
+            due = "due whole" if not j.begun else \
+                f"due from its token {j.begun} (the text held {j.begun} of them)"
+            return [Breach(self.name, f"end string {due} from {j.expected_end_index}, "
                                       f"{where}", None, j.expected_end_index)]
         return []
 
     def validate(self, p, vocab_size, max_logprobs):
-        v = p.thinking_token_budget
-        if v is not None and (isinstance(v, bool) or v < 0):
-            raise ContractError(self.name, "must be a non-negative integer or -1 for unlimited")
+        try:  # vLLM's meaning of the value, one place: budget.budget_param
+            budget.budget_param(p.thinking_token_budget)
+        except ValueError as e:
+            raise ContractError(self.name, str(e)) from None
 
     def case(self, baseline, decode):
         return {"thinking_token_budget": 2}

@@ -15,9 +15,14 @@ request asking for logprobs, ``M_REDRAW_ROW``: row j alone, since vLLM computed 
 own tokens only), where the draw agrees with the step's tokens before j; else the end is kept,
 "not taken back".
 
-Cost: one copy of the step's logits and one more rejection sample, only in a step that has such
-a row. Not done: more than one verification chunk (vLLM splits above 1 GiB of logits), logits
-that top-k / top-p replaced by a new tensor — no redraw there (``R_DRAFTS``).
+Cost: one more rejection sample, only in a step where a forced end can be one to take back —
+an ``M_REDRAW`` row whose budget is not due at its first row by the host truth (where it is due,
+every end the budget forces is the budget's own: ``needed``). No copy of the step's logits: the
+end columns the forcing raised are put back in place (``unforced``) and the forced values
+restored right after the draw (a [num_logits, len(end ids)] copy, not [num_logits, vocab]);
+vLLM's ``rejection_sample`` only reads its ``target_logits``. Not done: more than one
+verification chunk (vLLM splits above 1 GiB of logits), logits that top-k / top-p replaced by a
+new tensor — no redraw there (``R_DRAFTS``).
 Not here: the guard kernel (``guard_kernel``), the modes (``guard_takeback``), the hooks.
 """
 
@@ -90,21 +95,51 @@ def _jit():
 
 def unforced(logits: torch.Tensor, pre: torch.Tensor, cu: torch.Tensor, drafts: torch.Tensor,
              truth: torch.Tensor, temp: torch.Tensor, markers, tail_len: int) -> torch.Tensor:
-    """A copy of the processed ``logits`` [num_logits, vocab] with, in each row of an
+    """The processed ``logits`` [num_logits, vocab], IN PLACE, with, in each row of an
     ``M_REDRAW`` batch row where the budget is not due, the end columns the forcing raised back
-    at their values before it (``pre`` [num_logits, len(end ids)]); ``cu`` [num_rows + 1] the
-    first logits row of each batch row, ``drafts`` [num_logits] the tokens the rows verify
-    (vLLM's ``draft_sampled``), ``truth`` int32 [num_rows, T_TAIL + tail_len + 1] (the guard's
-    truth rows with the mode last), ``temp`` float32 [num_rows] (the row's temperature)."""
-    alt = logits.clone()
+    at their values before it (``pre`` [num_logits, len(end ids)]); returns the end columns as
+    they were ([num_logits, len(end ids)]) for ``forced_again``. ``cu`` [num_rows + 1] the first
+    logits row of each batch row, ``drafts`` [num_logits] the tokens the rows verify (vLLM's
+    ``draft_sampled``), ``truth`` int32 [num_rows, T_TAIL + tail_len + 1] (the guard's truth
+    rows with the mode last), ``temp`` float32 [num_rows] (the row's temperature)."""
     ids = gk.marker_ids
     start, nat, end = ids(markers.start), ids(markers.natural_end), ids(markers.end)
+    saved = logits.index_select(1, _end_index(end, logits.device))  # restored by forced_again
     _jit()[(int(cu.shape[0]) - 1,)](
-        alt, alt.stride(0), logits, logits.stride(0), pre, cu.to(torch.int32), drafts, truth,
-        truth.stride(0), temp, MODE_COL=int(truth.shape[1]) - 1, START_IDS=start,
+        logits, logits.stride(0), logits, logits.stride(0), pre, cu.to(torch.int32), drafts,
+        truth, truth.stride(0), temp, MODE_COL=int(truth.shape[1]) - 1, START_IDS=start,
         NAT_END_IDS=nat, END_IDS=end, START_LEN=len(start), NAT_END_LEN=len(nat),
         END_LEN=len(end), TAIL=tail_len, FORCED=gk.FORCED_LOGIT, num_warps=1)
-    return alt
+    return saved
+
+
+def forced_again(logits: torch.Tensor, saved: torch.Tensor, markers) -> None:
+    """Put back the end columns ``unforced`` saved (the logits vLLM's later readers and the
+    guard's kernel see are those the budget's ``apply`` left)."""
+    logits.index_copy_(1, _end_index(gk.marker_ids(markers.end), logits.device), saved)
+
+
+def needed(mode: np.ndarray, truth: np.ndarray) -> bool:
+    """Whether a forced end can be one to take back in this step: an ``M_REDRAW`` row whose
+    budget is not due at its first logits row by the host truth (no budget, or a count below
+    it, or a count the host has not caught up with). Where the budget is due at the first row
+    it is due at every later one (the count never falls): every end it forces is its own."""
+    red = mode >= gk.M_REDRAW
+    due = (truth[:, gk.T_BUDGET] >= 0) & (truth[:, gk.T_COUNT] >= truth[:, gk.T_BUDGET]) & \
+        (truth[:, gk.T_CURRENT] != 0)
+    return bool((red & ~due).any())
+
+
+_SIGNATURES: dict = {}
+_END_INDEX: dict = {}
+
+
+def _end_index(end: tuple, dev) -> torch.Tensor:
+    """The end ids as a device index (built once per ids and device: no host data per step)."""
+    key = (end, str(dev))
+    if key not in _END_INDEX:
+        _END_INDEX[key] = torch.tensor(end, dtype=torch.int64, device=dev)
+    return _END_INDEX[key]
 
 
 def redraw(st, orig, args: tuple, kwargs: dict):
@@ -112,7 +147,10 @@ def redraw(st, orig, args: tuple, kwargs: dict):
     on the rows without the forcing, ``(sampled, num_sampled)`` — or None where no row of the
     step is ``M_REDRAW`` or the call is not the step's one verification of the captured logits.
     ``st``: the runner's ``GuardState`` (its capture, step rows, sampling and markers)."""
-    bound = inspect.signature(orig).bind(*args, **kwargs)
+    sig = _SIGNATURES.get(orig)
+    if sig is None:
+        sig = _SIGNATURES[orig] = inspect.signature(orig)
+    bound = sig.bind(*args, **kwargs)
     a = bound.arguments
     logits, cu = a["target_logits"], a["cu_num_logits"]
     caps, batch = st._captured, st._batch
@@ -126,15 +164,18 @@ def redraw(st, orig, args: tuple, kwargs: dict):
     rows = st.step_rows(batch, num_rows)
     mode = takeback.modes(st.sampling, rows.slots, rows.sc, cu_np, True, st.sampler_ok,
                           redraw=True)
-    if not (mode >= gk.M_REDRAW).any():
+    if not needed(mode, rows.truth):
         return None
     dev = logits.device
     truth = np.concatenate([rows.truth, mode[:, None]], axis=1).astype(np.int32)
     truth_t = takeback.to_device(np.ascontiguousarray(truth), dev)
     temp_t = takeback.to_device(st.sampling.temp[rows.sc], dev)
-    a["target_logits"] = unforced(logits, caps[0][1], cu, a["draft_sampled"], truth_t, temp_t,
-                                  st.markers, st.TAIL)
+    saved = unforced(logits, caps[0][1], cu, a["draft_sampled"], truth_t, temp_t, st.markers,
+                     st.TAIL)
     a["temperature"] = takeback.to_device(st.sampling.temp, dev)  # per slot: the request's own
     a["seed"] = takeback.to_device(st.sampling.seed, dev)
-    sampled, num_sampled = orig(*bound.args, **bound.kwargs)
+    try:
+        sampled, num_sampled = orig(*bound.args, **bound.kwargs)
+    finally:
+        forced_again(logits, saved, st.markers)
     return sampled, num_sampled

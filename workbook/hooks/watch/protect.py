@@ -77,6 +77,11 @@ MARKERS = tuple(n for n, r in startup.STATE_TENSORS.items() if r == "marker")
 LIFTED = tuple(n for n, r in startup.STATE_TENSORS.items() if r == "marker cache")
 
 
+API_BESIDE_SANITIZER = ("writes through the CUDA API: not watched in this pass (CUPTI cannot "
+                        "subscribe beside compute-sanitizer: "
+                        "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)")
+
+
 class ProtectError(RuntimeError):
     """The protection cannot be set up (named in the message)."""
 
@@ -516,8 +521,14 @@ def attach(mode: str, state, *, out_dir: str | None, canaries: dict | None = Non
                 not req["found"]["CUDA runtime headers"]:
             raise ProtectError(req["message"])
         g = NvtxGuard(state, out_dir, load_shim(build_shim()), canaries or {}, zones)
-        if os.environ.get("WORKBOOK_API_WRITES", "1") != "0":
+        # CUPTI cannot subscribe beside compute-sanitizer (CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_
+        # SUPPORTED, H100): under it the CUDA API's copies and memsets are another pass's
+        # (workbook.run.writer.stage: the auto plan's api pass); WORKBOOK_API_WRITES=1 tries anyway
+        under = os.environ.get("WORKBOOK_UNDER_SANITIZER") == "1"
+        if os.environ.get("WORKBOOK_API_WRITES", "0" if under else "1") != "0":
             _with_api(g, out_dir, where)
+        elif under:
+            g.api_status = {"on": False, "message": API_BESIDE_SANITIZER}
         g.attach()
     else:
         raise ProtectError(f"protect={mode!r}: choose one of {MODES[2:]}")

@@ -18,9 +18,14 @@ bytes belong to no tensor vLLM uses. Layouts:
   size from ``torch.cuda.memory_snapshot()``); the segment is registered as an NVTX heap with
   every block a region (``protect.NvtxGuard``), and the padded block is the marker's region.
 
-Size: ``WORKBOOK_REDZONE`` bytes on each side (default 256; 0: no red zones; a multiple of 16,
+Size: ``WORKBOOK_REDZONE`` bytes on each side (default 4096; 0: no red zones; a multiple of 16,
 so that the marker keeps its pointer's alignment class and the kernels reading it compile to the
-same specializations). Only the markers get red zones: the marker caches are lifted around the
+same specializations). Why 4 KiB: memcheck stops a kernel at its first faulting accesses (one
+program's worth were reported on the H100 — 64 stores of a run from 600 bytes below — then the
+launch failed), so only the lowest read-only memory a long run hits is ever reported; with 256
+bytes that was the canary below the marker's block, and the marker went unnamed. A red zone
+wider than the distance a run starts below (or ends above) the marker makes that first faulting
+memory the marker's own red zone; three markers cost 24 KiB of device memory. Only the markers get red zones: the marker caches are lifted around the
 state's own writers and a permission covers a whole region.
 """
 
@@ -31,7 +36,7 @@ import os
 from workbook.hooks.watch import layout as alloc_layout
 
 ENV = "WORKBOOK_REDZONE"
-DEFAULT = 256
+DEFAULT = 4096
 MAX = 1 << 20
 
 
@@ -40,7 +45,7 @@ class RedZoneError(ValueError):
 
 
 def size_from_env(env: dict | None = None) -> int:
-    """The red zone's size in bytes from ``WORKBOOK_REDZONE`` (default 256, 0: off)."""
+    """The red zone's size in bytes from ``WORKBOOK_REDZONE`` (default ``DEFAULT``, 0: off)."""
     raw = (os.environ if env is None else env).get(ENV, "").strip()
     if not raw:
         return DEFAULT

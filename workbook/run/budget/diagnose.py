@@ -114,8 +114,9 @@ def traced_requests(frames: dict, markers: budget.Markers) -> list[dict]:
         b = _int(reg.get("budget_param"))
         r0 = steps[0]["reasoning_count"] if steps else None
         forced = forced_indices(steps, [r for r in rows if r["req_id"] == rid], markers)
-        j = budget.judge_from_count(r0, output, b, markers, forced)
-        out.append({"req_id": rid, "budget": b, "r0": r0, "output": output,
+        tail = list(reg.get("prompt_tail") or ())
+        j = budget.judge_from_count(r0, output, b, markers, forced, tail)
+        out.append({"req_id": rid, "budget": b, "r0": r0, "output": output, "prompt_tail": tail,
                     "expected_end_index": j.expected_end_index, "honored": j.honored,
                     "actual_end_index": j.actual_end_index, "kind": j.kind, "at": j.at,
                     "forced": forced,
@@ -139,7 +140,8 @@ def _client_budgets(reqs: list[dict], client: list[dict], markers) -> None:
         if len(same) != 1 or same[0]["budget"] == ob:
             continue
         r = same[0]
-        j = budget.judge_from_count(r["r0"], r["output"], ob, markers, r["forced"])
+        j = budget.judge_from_count(r["r0"], r["output"], ob, markers, r["forced"],
+                                    r.get("prompt_tail") or ())
         r.update(budget_runner=r["budget"], budget=ob, expected_end_index=j.expected_end_index,
                  honored=j.honored, actual_end_index=j.actual_end_index, kind=j.kind, at=j.at)
 

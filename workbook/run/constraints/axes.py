@@ -15,8 +15,17 @@ overrides (``Axes.config``). Keys of an axis definition:
                  declared, and its non-default cells say "not available" (nothing runs);
 - ``verify``     what must be seen for a cell to count as run at that value, read from vLLM:
                  ``preemption`` (the request's ``Request.num_preemptions`` > 0), ``async``
-                 (the engine core has a batch queue), ``steered`` (a draft row was steered):
-                 a cell that did not reach it says so (``Cell.unreached``).
+                 (the engine core has a batch queue), ``steered`` (a draft row was steered),
+                 ``cached`` (vLLM reports prefix-cache hits: ``RequestOutput.num_cached_tokens``
+                 > 0), ``accepted`` (a draft of the request was accepted), ``samples`` (every
+                 one of the request's ``n`` outputs was judged): a cell that did not reach it
+                 says so (``Cell.unreached``); a mapping value -> what gives it per value;
+- ``gpu_only``   values that need a GPU (CUDA graphs): on the CPU platform selecting one is a
+                 ``ConfigError`` naming it, before any engine starts;
+- ``reference``  value -> the value of the same axis whose cells it must equal (same method,
+                 batch, constraint and other axes): the requests the point sends are the
+                 reference's, plus what the value adds (e.g. an aborted neighbour), so every
+                 output must be token for token the reference's (``invariance``).
 
 Whether two points need different engines is ``workbook.vllm.engine.engine_key`` of their
 configurations: request-level axes (arrival, the drafter steer) share one engine. Bad input —
@@ -36,7 +45,7 @@ from typing import Any
 from workbook.core.config import ConfigError, RunConfig
 
 VARY = ("product", "one")
-VERIFY = ("preemption", "async", "steered")
+VERIFY = ("preemption", "async", "steered", "cached", "accepted", "samples")
 
 
 @dataclass
@@ -45,7 +54,12 @@ class Axis:
     values: dict[str, dict[str, Any]]  # value name -> RunConfig overrides; first = default
     spec_only: bool = False
     requires: tuple[str, ...] = ()
-    verify: str | None = None
+    verify: str | dict | None = None  # one check for every value, or value -> check
+    gpu_only: tuple[str, ...] = ()
+    reference: dict[str, str] = field(default_factory=dict)  # value -> the value it must equal
+
+    def verify_of(self, value: str) -> str | None:
+        return self.verify.get(value) if isinstance(self.verify, dict) else self.verify
 
     @property
     def default(self) -> str:
@@ -77,7 +91,8 @@ def parse(raw: dict | None) -> dict[str, Axis]:
         if not isinstance(d, dict) or "values" not in d:
             raise ConfigError(f"axis {name!r}: expected a list of values or a mapping with "
                               "'values'")
-        bad = sorted(set(d) - {"values", "spec_only", "requires", "verify", "description"})
+        bad = sorted(set(d) - {"values", "spec_only", "requires", "verify", "description",
+                               "gpu_only", "reference"})
         if bad:
             raise ConfigError(f"axis {name!r}: unknown key(s) {bad}")
         vals = d["values"]
@@ -98,11 +113,22 @@ def parse(raw: dict | None) -> dict[str, Axis]:
                 raise ConfigError(f"axis {name!r} value {v!r}: unknown RunConfig field(s) "
                                   f"{unknown}")
         verify = d.get("verify")
-        if verify is not None and verify not in VERIFY:
-            raise ConfigError(f"axis {name!r}: verify={verify!r} is unknown; choose one of "
-                              f"{VERIFY}")
+        for v in (verify.values() if isinstance(verify, dict) else [verify]):
+            if v is not None and v not in VERIFY:
+                raise ConfigError(f"axis {name!r}: verify={v!r} is unknown; choose one of "
+                                  f"{VERIFY}")
+        gpu_only = tuple(str(v) for v in d.get("gpu_only") or ())
+        ref = {str(k): str(v) for k, v in (d.get("reference") or {}).items()}
+        names = [str(k) for k in vals]
+        for what, given in (("verify", list(verify) if isinstance(verify, dict) else []),
+                            ("gpu_only", list(gpu_only)),
+                            ("reference", list(ref) + list(ref.values()))):
+            bad = [v for v in given if str(v) not in names]
+            if bad:
+                raise ConfigError(f"axis {name!r}: {what} names value {bad[0]!r}, which it "
+                                  f"does not have; values: {', '.join(names)}")
         out[str(name)] = Axis(str(name), {str(k): dict(v) for k, v in vals.items()},
-                              bool(d.get("spec_only")), requires, verify)
+                              bool(d.get("spec_only")), requires, verify, gpu_only, ref)
     return out
 
 
@@ -196,38 +222,105 @@ def label(point: dict[str, str]) -> str:
 
 
 def generate(llm, prompts: list[dict], sps: list, arrival: str = "step0", filler=None,
-             every: int = 2) -> list:
+             every: int = 2, priorities: list[int] | None = None,
+             abort: tuple | None = None) -> list:
     """Send ``prompts`` with ``sps`` on the in-process ``llm``; the finished ``RequestOutput``s
     in the same order. ``step0``: one ``LLM.generate`` (every request added before the first
     step); ``staggered``: request i is added to the engine at step ``every * i`` through
     vLLM's own ``LLMEngine.add_request`` / ``step`` (it joins a running batch); with ``filler``
     (a prompt) an unconstrained request arrives first and the batch's requests join it —
-    a batch of one request is otherwise never staggered. Outputs are matched by prompt."""
-    if arrival == "step0":
-        return llm.generate(prompts, sps, use_tqdm=False)
+    a batch of one request is otherwise never staggered. ``priorities``: vLLM's request
+    priority per request (priority scheduling). ``abort``: ``(prompt, params, at)`` — that
+    request is added at step 0 with the first half of the batch, aborted through
+    ``LLMEngine.abort_request`` after step ``at`` while the batch runs on, and the second half
+    of the batch (all of a batch of one) arrives at the next step, into the slots it freed.
+    Outputs are matched by prompt."""
+    if arrival == "step0" and abort is None:
+        kw = {"priority": list(priorities)} if priorities is not None else {}
+        return llm.generate(prompts, sps, use_tqdm=False, **kw)
     eng = llm.llm_engine
-    queue = [(f"wb-arrive-{next(_ids)}", p, sp) for p, sp in zip(prompts, sps)]
+    pri = list(priorities) if priorities is not None else [0] * len(prompts)
+    queue = [(f"wb-arrive-{next(_ids)}", p, sp, pr) for p, sp, pr in zip(prompts, sps, pri)]
     from workbook.run.constraints.caseparams import sampling_params
 
-    if filler is not None:  # unconstrained, as long as the batch's first request
+    if filler is not None and abort is None:  # unconstrained, as long as the first request
         queue.insert(0, (f"wb-arrive-{next(_ids)}", filler,
-                         sampling_params({}, int(getattr(sps[0], "max_tokens", 16) or 16))))
-    at = {rid: every * i for i, (rid, _, _) in enumerate(queue)}
+                         sampling_params({}, int(getattr(sps[0], "max_tokens", 16) or 16)),
+                         max(pri) + 1 if priorities is not None else 0))
+    if abort is None:
+        at = {rid: every * i for i, (rid, *_) in enumerate(queue)}
+        cut, victim = None, None
+    else:
+        victim = (f"wb-abort-{next(_ids)}", abort[0], abort[1],
+                  max(pri) + 1 if priorities is not None else 0)
+        cut = int(abort[2])
+        half = len(queue) // 2
+        at = {rid: (0 if i < half else cut + 1) for i, (rid, *_) in enumerate(queue)}
+        queue.insert(0, victim)
+        at[victim[0]] = 0
     done: dict[tuple, Any] = {}
     step = 0
     for _ in itertools.count():
         while queue and at[queue[0][0]] <= step:
-            rid, p, sp = queue.pop(0)
-            eng.add_request(rid, p, sp)
+            rid, p, sp, pr = queue.pop(0)
+            eng.add_request(rid, p, sp, priority=pr)
         for o in eng.step():
             if o.finished:
                 done[tuple(o.prompt_token_ids or ())] = o
+        if victim is not None and step == cut:
+            eng.abort_request([victim[0]])
         step += 1
         if not queue and not eng.has_unfinished_requests():
             break
         if step > 100000:
             raise RuntimeError("staggered arrival: the engine did not finish")
     return [done[tuple(p["prompt_token_ids"])] for p in prompts]
+
+
+# the aborted request's constraints (axis abort): every per-slot state MRV2 keeps for a request
+# (budget, allowed-token mask, min_tokens' stop mask, penalties, bad words, logprobs), so a
+# state its slot keeps after the abort shows on the next occupant's rows
+VICTIM_CASES = ("thinking_token_budget", "allowed_token_ids", "min_tokens", "penalties",
+                "bad_words", "logprobs")
+
+
+def victim_kwargs(cases: dict[str, dict]) -> dict:
+    """The aborted request's ``SamplingParams`` keywords: the grid's own cases of
+    ``VICTIM_CASES`` (``contracts.case_kwargs``) merged."""
+    kw: dict = {}
+    for c in VICTIM_CASES:
+        kw.update(cases.get(c) or {})
+    return kw
+
+
+def priorities(n: int, mode: str) -> list[int] | None:
+    """vLLM's request priorities for a batch of ``n`` (lower is served first): ``mixed`` gives
+    later requests the more urgent value (so with staggered arrival a late one preempts an
+    earlier one when the KV cache is short), ``none`` none."""
+    if mode == "none":
+        return None
+    return [n - i for i in range(n)]
+
+
+PREFIX_TEXT = "Think it through step by step before you answer."
+
+
+def with_prefix(tokenizer, prompt: list[int], length: int) -> list[int]:
+    """``prompt`` after one shared reasoning prefix of ``length`` tokens (0: ``prompt`` as
+    is): a chat turn ``PREFIX_TEXT`` whose answer opens ``<think>`` and reasons (filler tokens
+    cycling through ids 20..99), cut to ``length``, so every prompt of a batch shares its
+    blocks (prefix caching) and a long prompt needs several prefill steps (chunked prefill);
+    the case's own prompt follows, with its own markers."""
+    if length <= 0:
+        return list(prompt)
+    head = tokenizer.apply_chat_template([{"role": "user", "content": PREFIX_TEXT}],
+                                         add_generation_prompt=True, tokenize=True,
+                                         enable_thinking=True)
+    if isinstance(head, dict) or hasattr(head, "input_ids"):
+        head = head["input_ids"]
+    head = [int(t) for t in head]
+    filler = [20 + i % 80 for i in range(max(0, length - len(head)))]
+    return (head + filler)[:length] + list(prompt)
 
 
 _ids = itertools.count()
@@ -306,16 +399,18 @@ def steer_plan(mode: str, name: str, kw: dict, reference: list[int] | None, enco
 def verify(cells: list, known: dict[str, Axis], point: dict[str, str], facts: dict) -> None:
     """Mark each judged cell of ``point`` that did not reach an axis value's ``verify`` (vLLM's
     own evidence: ``Cell.preemptions``, ``facts['async']`` — the engine's batch queue —,
-    ``Cell.steered``): ``Cell.unreached`` gets a sentence saying what did not happen."""
+    ``Cell.steered``, ``Cell.cached_tokens``, ``Cell.accepted_drafts``, ``Cell.samples``):
+    ``Cell.unreached`` gets a sentence saying what did not happen."""
     for n, v in point.items():
         ax = known[n]
-        if ax.verify is None or v == ax.default:
+        check = ax.verify_of(v)
+        if check is None or v == ax.default:
             continue
         for c in cells:
             if c.status in ("refused", "method refused", "error", "not available", "not run"):
                 continue
             note = None
-            if ax.verify == "preemption":
+            if check == "preemption":
                 if c.preemptions is None:
                     note = (f"{n}={v}: not verified (this vLLM's Request has no "
                             "num_preemptions counter)")
@@ -323,10 +418,88 @@ def verify(cells: list, known: dict[str, Axis], point: dict[str, str], facts: di
                     note = (f"{n}={v}: vLLM preempted this request 0 times ("
                             + str(facts.get("preemption_counter") or "Request.num_preemptions")
                             + "): it did not run preempted")
-            elif ax.verify == "async" and facts.get("async") is not True:
+            elif check == "async" and facts.get("async") is not True:
                 note = (f"{n}={v}: the engine ran without async scheduling (its engine core "
                         "has no batch queue)")
-            elif ax.verify == "steered" and c.method != "none" and not c.steered:
+            elif check == "steered" and c.method != "none" and not c.steered:
                 note = f"{n}={v}: no draft row of this request was steered"
+            elif check == "cached" and not c.cached_tokens:
+                note = (f"{n}={v}: vLLM reports no prefix-cache hit for this request "
+                        "(RequestOutput.num_cached_tokens is "
+                        f"{'not reported' if c.cached_tokens is None else 0})")
+            elif check == "accepted" and c.method != "none" and not c.accepted_drafts:
+                note = f"{n}={v}: no draft of this request was accepted"
+            elif check == "samples":
+                want = max(int(x.get("n") or 1) for x in (c.samples or [{"n": 1}]))
+                if len(c.samples or []) < max(2, want):
+                    note = (f"{n}={v}: {len(c.samples or [])} of the request's outputs were "
+                            "judged one by one")
             if note:
                 c.unreached = list(c.unreached or []) + [note]
+
+
+def gpu_refusal(known: dict[str, Axis], pts: list[dict[str, str]], on_cpu: bool | None
+                ) -> str | None:
+    """On the CPU platform, the first selected axis value that needs a GPU (``gpu_only``),
+    as a sentence; else None."""
+    if not on_cpu:
+        return None
+    for pt in pts:
+        for n, v in pt.items():
+            if v in known[n].gpu_only:
+                others = [x for x in known[n].values if x not in known[n].gpu_only]
+                return (f"axis {n!r} value {v!r} needs a GPU (CUDA graphs); this is the CPU "
+                        f"platform: choose {', '.join(others)}")
+    return None
+
+
+def invariance(cells: list, known: dict[str, Axis], locate=None) -> None:
+    """Each cell at a point whose axis value has a ``reference`` against the cell of the same
+    constraint, method and batch at the point with the reference value: its output must be
+    token for token the reference's (``contracts.first_divergence``). A divergence is located
+    in both cells' row evidence (``locate(cell, out_index)`` -> step, row, the row's
+    top-1/top-2 margin: the grid's ``cases.emitted_at``); where either row is a near tie
+    (``contracts.close``: numerics of a different batch, not a constraint) or neither is
+    located it is recorded (``near_tie``: no claim), else it is a violation at
+    stage ``differential vs <axis>=<reference>``. Only judged cells; filled once per cell
+    (``Cell.invariance``)."""
+    from workbook.core import contracts
+
+    refs = {n: a.reference for n, a in known.items() if a.reference}
+    if not refs:
+        return
+    judged = ("holds", "violated", "not judged")
+    key = lambda c, pt: (c.constraint, c.method, c.batch, tuple(sorted(pt.items())))
+    index = {key(c, c.axes or {}): c for c in cells}
+    where = locate or (lambda c, i: {})
+    for c in cells:
+        if c.invariance is not None:
+            continue
+        for n, v in (c.axes or {}).items():
+            r = refs.get(n, {}).get(v)
+            if r is None:
+                continue
+            ref = index.get(key(c, {**c.axes, n: r}))
+            if ref is None or c.status not in judged or ref.status not in judged:
+                continue
+            i = contracts.first_divergence(c.output, ref.output)
+            c.invariance = {"vs": f"{n}={r}", "identical": i is None, "tokens": len(c.output)}
+            if i is None:
+                continue
+            at, at_ref = where(c, i), where(ref, i)
+            margins = [x["margin"] for x in (at, at_ref) if x.get("margin") is not None]
+            tie = not margins or any(contracts.close(m, 0.0) for m in margins)
+            c.invariance.update(out_index=i, token=c.output[i] if i < len(c.output) else None,
+                                reference_token=ref.output[i] if i < len(ref.output) else None,
+                                step=at.get("step"), row=at.get("row"), margins=margins,
+                                near_tie=tie)
+            if c.status != "violated" and not tie:
+                c.status, c.breaches = "violated", c.breaches + 1
+                c.first = {"step": at.get("step"), "row": at.get("row"),
+                           "local_pos": at.get("local_pos"),
+                           "stage": f"differential vs {n}={r}", "contract": c.constraint,
+                           "what": f"output index {i}: token {c.invariance['token']} where "
+                                   f"the same request at {n}={r} has "
+                                   f"{c.invariance['reference_token']} (top-1/top-2 margins "
+                                   f"{', '.join(f'{m:.3g}' for m in margins) or 'not recorded'})",
+                           "column": c.invariance["token"], "out_index": i}

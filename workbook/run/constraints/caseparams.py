@@ -8,7 +8,10 @@ case is judged.
 from __future__ import annotations
 
 
-def sampling_params(kw: dict, max_tokens: int = 16):
+def sampling_params(kw: dict, max_tokens: int = 16, n: int = 1, temperature: float = 0.0,
+                    seed: int | None = None):
+    """The case's ``SamplingParams``: greedy; with ``n`` > 1 (the grid's ``n`` axis: vLLM
+    refuses n > 1 under greedy sampling) sampled at ``temperature`` with ``seed``."""
     from vllm import SamplingParams
 
     kw = dict(kw)
@@ -17,7 +20,9 @@ def sampling_params(kw: dict, max_tokens: int = 16):
         from vllm.sampling_params import StructuredOutputsParams
 
         kw["structured_outputs"] = StructuredOutputsParams(**so)
-    base = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
+    base = {"temperature": float(temperature), "max_tokens": max_tokens, "ignore_eos": True,
+            **({"n": int(n)} if n != 1 else {}),
+            **({"seed": int(seed)} if seed is not None and temperature else {})}
     base.update(kw)
     return SamplingParams(**base)
 

@@ -84,7 +84,9 @@ from workbook.core import contracts
 from workbook.core.config import ConfigError, RunConfig
 from workbook.run.constraints.caseparams import is_refusal, sampling_params  # noqa: F401  (re-exported)
 
-from workbook.run.constraints.differential import differential, evidence_key  # noqa: E402,F401 (re-exported)
+from workbook.run.constraints.differential import (  # noqa: E402,F401 (re-exported)
+    differential, emitted_at, evidence_key)
+from workbook.run.constraints.grammar_rows import grammar_evidence  # noqa: E402,F401
 
 METHODS = ("none", "mtp", "eagle", "ngram", "draft_model")
 BATCHES = ("single", "mixed", "mixed-natural", "mixed-scaled")
@@ -155,6 +157,9 @@ class Cell:
     preemptions: int | None = None  # vLLM's Request.num_preemptions when freed (hooks.preempt)
     steered: int = 0  # draft rows whose proposals the drafter steer replaced (hooks.steer)
     unreached: list = field(default_factory=list)  # an axis value vLLM did not run (axes.verify)
+    cached_tokens: int | None = None  # vLLM's RequestOutput.num_cached_tokens (prefix caching)
+    samples: list = field(default_factory=list)  # n > 1: each output's request id and verdict
+    invariance: dict | None = None  # vs the same cell at its axis value's reference (axes)
     # its own contracts held, its rows or output changed (by a neighbour, the slot's history or
     # a cause no contract explains): reported at its first changed row, never among the holds
     victim: bool = False
@@ -180,9 +185,18 @@ def prompt_for(tokenizer, name: str) -> list[int]:
     return [int(t) for t in ids]
 
 
+def prompt_of(tokenizer, name: str, cfg=None) -> list[int]:
+    """The case's prompt in the grid at ``cfg``'s point: ``prompt_for``, after the shared
+    reasoning prefix when ``cfg.prompt_prefix`` asks for one (``axes.with_prefix``)."""
+    from workbook.run.constraints import axes
+
+    return axes.with_prefix(tokenizer, prompt_for(tokenizer, name),
+                            int(getattr(cfg, "prompt_prefix", 0) or 0))
+
+
 def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
               fault: str | None = None, scale: float | None = None, cfg=None,
-              steer_plans: dict[str, list[int]] | None = None
+              steer_plans: dict[str, list[int]] | None = None, victim: dict | None = None
               ) -> tuple[dict[str, Cell], dict]:
     """Send ``cases`` (name -> SamplingParams keywords) as one batch on ``engine`` under the
     hooks of ``cfg`` (default: the grid's plain configuration) with the row check on and
@@ -192,7 +206,11 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     caller) and the evidence, judged by ``workbook.run.constraints.rowjudge``. ``cfg.arrival``: how the
     requests reach the engine (``generate``); ``steer_plans`` (case -> token per output index,
     ``steer_plan``): the drafter's proposals replaced for those requests (``hooks.steer``);
-    every request's preemptions are read from vLLM's own counter (``hooks.preempt``)."""
+    every request's preemptions are read from vLLM's own counter (``hooks.preempt``).
+    The grid's request-level axes (``workbook.run.constraints.axes``): ``cfg.n`` outputs per
+    request, each judged (``samples``); ``cfg.prompt_prefix`` (every prompt after one shared
+    reasoning prefix, computed once before the batch so its blocks are cached);
+    ``cfg.priority``; ``victim`` (keywords: a request aborted after step 2, ``cfg.abort``)."""
     from workbook import hooks
     from workbook.run import request as rq
     from workbook.run.backends import BACKENDS
@@ -204,11 +222,13 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     prompts, sps, names = [], [], []
     for name, kw in cases.items():
         try:
-            sps.append(sampling_params(kw, cfg.max_tokens))
+            sps.append(sampling_params(kw, cfg.max_tokens, n=cfg.n,
+                                       temperature=cfg.temperature if cfg.n > 1 else 0.0,
+                                       seed=cfg.seed))
         except Exception as e:  # vLLM refused the parameter itself
             cells[name] = Cell(name, "", batch, "refused", _msg(e))
             continue
-        prompts.append({"prompt_token_ids": prompt_for(tok, name)})
+        prompts.append({"prompt_token_ids": prompt_of(tok, name, cfg)})
         names.append(name)
     evidence: dict = {}
     if not names:
@@ -222,6 +242,9 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
 
     plans = {tuple(prompts[names.index(n)]["prompt_token_ids"]): v
              for n, v in (steer_plans or {}).items() if n in names and v}
+    if cfg.prompt_prefix:  # the shared prefix computed once, unobserved: its blocks cached
+        llm.generate([{"prompt_token_ids": prompt_of(tok, "prefix", cfg)}],
+                     sampling_params({}, 1), use_tqdm=False)
     with head:
         backend.start()
         pc = preempt.PreemptionCount().install()
@@ -234,10 +257,14 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
                     del prompts[i], sps[i], names[i]
                 if not names:
                     return cells, evidence
-            filler = {"prompt_token_ids": prompt_for(tok, "nothing")} \
+            filler = {"prompt_token_ids": prompt_of(tok, "nothing", cfg)} \
                 if getattr(cfg, "arrival", "step0") == "staggered" and len(prompts) == 1 else None
+            abort = None if victim is None else (
+                {"prompt_token_ids": prompt_of(tok, "abort", cfg)},
+                sampling_params(victim, cfg.max_tokens), 2)
             outs = axes.generate(llm, prompts, sps, getattr(cfg, "arrival", "step0"),
-                                 filler=filler)
+                                 filler=filler, abort=abort,
+                                 priorities=axes.priorities(len(prompts), cfg.priority))
         except Exception as e:
             msg = _msg(e)
             status = "refused" if _is_refusal(e) else "error"
@@ -250,6 +277,8 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
             pc.remove()
             backend.stop()
     judge_batch(rc, names, outs, cases, batch, engine, tok, sps, cells, evidence)
+    for name, o in zip(names, outs):
+        cells[name].cached_tokens = getattr(o, "num_cached_tokens", None)
     mode = getattr(cfg, "invariance", "off")
     if mode == "on" or mode == "auto" and any(
             (cells[n].first or {}).get("source") == "unexplained" for n in names):
@@ -258,12 +287,12 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
         invariance.check(engine, cfg, cases, names, cells, evidence, zero_head=zero_head,
                          scale=scale, batch=batch, everyone=mode == "on", send=run_batch)
     for name in names:
-        cells[name].preemptions = pc.of(prompt_for(tok, name))
+        cells[name].preemptions = pc.of(prompt_of(tok, name, cfg))
         if cells[name].status == "error" and cells[name].preemptions:
             cells[name].message += (f" (vLLM preempted it {cells[name].preemptions} time(s); "
                                      "its rows were not observed)")
         if st is not None:
-            cells[name].steered = st.of(prompt_for(tok, name))
+            cells[name].steered = st.of(prompt_of(tok, name, cfg))
             if st.errors:
                 cells[name].message = "; ".join(x for x in (cells[name].message,
                                                              *st.errors[:2]) if x)
@@ -279,20 +308,23 @@ def judge_batch(rc, names: list[str], outs: list, cases: dict, batch: str, engin
     here."""
     from workbook.run.constraints import rowjudge
 
-    by_prompt = {tuple(p): r for r, p in rc.prompts.items()}
-    labels = {by_prompt.get(tuple(o.prompt_token_ids or ())): n for n, o in zip(names, outs)}
+    from workbook.run.constraints import samples
+
+    reqs = samples.request_ids(rc, outs)  # per output, per sample: the engine's request id
+    labels = {r: n for n, rs in zip(names, reqs) for r in rs if r is not None}
     verdicts = rowjudge.judge(rc, {r: f"{r} ({n})" for r, n in labels.items()})
-    for name, o in zip(names, outs):
-        req = by_prompt.get(tuple(o.prompt_token_ids or ()))
-        cells[name] = judge_request(name, batch, o, rc, req, verdicts.get(req), engine,
-                                    tok=tok, sp=sps[names.index(name)])
+    for name, o, rs in zip(names, outs, reqs):
+        got = []
+        for i, req in enumerate(rs):
+            got.append(judge_request(name, batch, samples.view(o, i), rc, req,
+                                     verdicts.get(req), engine, tok=tok,
+                                     sp=sps[names.index(name)]))
+            if i:  # the other samples' evidence beside the first's
+                evidence[samples.key(name, i)] = samples.evidence(rc, req, verdicts.get(req))
+        req = rs[0]
+        cells[name] = samples.pick(got, rs)
         cells[name].kwargs = _jsonable(cases[name])
-        evidence[name] = {"req_id": req, "registration": next(
-            (r for r in rc.registrations if r["req_id"] == req), None),
-            "params": _jsonable(asdict(rc.params[req])) if req in rc.params else None,
-            "steps": [s for s in rc.steps if s["req_id"] == req],
-            "verdict": verdicts.get(req), "errors": rc.errors,
-            "prompt_rows": rc.prompt_rows(req) if req is not None else {}}
+        evidence[name] = samples.evidence(rc, req, verdicts.get(req))
 
 
 def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict | None,
@@ -386,77 +418,6 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
 def _where(b: dict) -> tuple:
     return (b["step"] if b.get("step") is not None else 1 << 30,
             b["row"] if b.get("row") is not None else 1 << 30)
-
-
-def grammar_evidence(engine, rc, req: str, output: list[int]):
-    """For a request with a JSON schema: the output through its grammar
-    (``contracts.GrammarTruth``), why there is none (a sentence, else None), and the row
-    breaches — per structured-output row (draft rows included), the grammar advanced through
-    the committed output + the row's drafts ``[:j]`` from where vLLM starts it
-    (``grammar.grammar_start``: after the reasoning) must allow the processed row's argmax,
-    and the row may hold no more finite columns than the grammar allows (+1: the budget's
-    forced column). Rows before the grammar starts, after it ended, or after a draft it
-    rejects are not judged by it (vLLM does not constrain them or never emits them)."""
-    p = rc.params[req]
-    if p.json_schema is None:
-        return None, None, []
-    if engine is None:
-        return None, "no engine to build the grammar on", []
-    from workbook.vllm import grammar as vgrammar
-
-    if hasattr(engine, "grammar_for"):  # a served engine: from the folder it loaded
-        chk, why, reasoning = engine.grammar_for(p)
-    else:
-        chk, why = vgrammar.for_request(engine.llm, engine.tokenizer, p)
-        reasoning = vgrammar.reasoning_on(engine.llm) if chk is not None else False
-    if chk is None:
-        return None, why, []
-    prompt = rc.prompts[req]
-    truth = chk.truth(prompt, output, rc.markers, reasoning)
-    rows: list[dict] = []
-    committed: list[int] = []
-    for rec in (r for r in rc.steps if r["req_id"] == req):
-        for row in rec["rows"]:
-            j = row["local_pos"]
-            seen = committed + [int(t) for t in row["drafts"][:j]]
-            start = vgrammar.grammar_start(prompt, seen, rc.markers, reasoning)
-            if start is None or start > len(seen):
-                continue
-            mask = chk.allowed_mask(seen[start:])
-            if mask is None:
-                continue
-            top1, n_allowed = int(row["top1"]), int(mask.sum())
-            limit = n_allowed + (1 if p.thinking_token_budget is not None else 0)
-            ok = lambda c: 0 <= c < len(mask) and bool(mask[c])
-            t = row.get("emitted_token")
-            # the token vLLM emitted, where it holds the row's maximum (the workbook's own
-            # top-k order on a tie is not vLLM's argmax)
-            at_max = t is not None and row.get("proc_at_emitted") is not None and \
-                contracts.close(row["proc_at_emitted"], row["top1_val"])
-            cited = int(t) if at_max else top1
-            tie = contracts.close(row["top1_val"], row["top2_val"])
-            after = f"after {len(seen) - start} grammar token(s) ({n_allowed} allowed)"
-            what = None
-            if not ok(cited):
-                what = (f"the processed row's argmax {cited}"
-                        + (" (the token vLLM emitted)" if at_max else "")
-                        + (f" (a tie at {row['top1_val']:.6g})" if tie else "")
-                        + f" is not allowed by the grammar {after}")
-            elif not ok(top1):
-                what = (f"column {top1} holds the row's maximum {row['top1_val']:.6g}, tied with "
-                        f"the emitted {cited}, and is not allowed by the grammar {after}")
-                cited = top1
-            elif row.get("finite") is not None and row["finite"] > limit:
-                what = (f"{row['finite']} finite columns, the grammar allows {n_allowed} after "
-                        f"{len(seen) - start} grammar token(s)")
-            if what:
-                rows.append({"step": rec["step"], "row": row["row"], "local_pos": j,
-                             "stage": "grammar bitmask", "contract": "structured_output",
-                             "what": what, "column": cited, "out_index": len(seen),
-                             "source": "own"})
-                break
-        committed += [int(t) for t in rec["emitted"]]
-    return truth, None, rows
 
 
 def _host_prompt_logprobs(o) -> list[dict | None] | None:

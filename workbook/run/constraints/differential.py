@@ -30,6 +30,11 @@ def differential(cells: list, evidence: dict, reference: list | None = None,
         r = ref.get((c.constraint, c.batch, point(c)))
         if c.method == "none" or r is None or not c.output or not r.output:
             continue
+        if c.samples or r.samples:  # sampled (the n axis): no greedy equality to compare
+            c.differential = {"vs": "none", "unavailable": "sampled outputs (n > 1 at "
+                              "temperature > 0): speculative decoding keeps the distribution, "
+                              "not the draws"}
+            continue
         if r.status == "error":  # the reference went unobserved: no differential claimed
             c.differential = {"vs": "none", "unavailable": f"the reference cell: {r.message}"}
             continue
@@ -44,7 +49,7 @@ def differential(cells: list, evidence: dict, reference: list | None = None,
             continue
         ev = evidence.get(c.method, {}).get(evidence_key(c.batch, c.axes), {}).get(
             c.constraint, {})
-        at = _emitted_at(ev, i)
+        at = emitted_at(ev, i)
         c.differential = {"vs": "none", "identical": False, "out_index": i,
                           "token": c.output[i] if i < len(c.output) else None,
                           "reference_token": r.output[i] if i < len(r.output) else None, **at,
@@ -69,7 +74,9 @@ def _prompt_differential(c, r) -> None:
                    "out_index": None, "position": d.get("position")}
 
 
-def _emitted_at(ev: dict, i: int) -> dict:
+def emitted_at(ev: dict, i: int) -> dict:
+    """Where output index ``i`` was emitted in one request's row evidence: step, row, local
+    position and that row's top-1/top-2 margin ({} when not recorded)."""
     n = 0
     for s in ev.get("steps", []):
         for row in s["rows"]:

@@ -30,6 +30,7 @@ from workbook.core import rundir
 from workbook.core.config import ConfigError, RunConfig, installed_vllm_version
 from workbook.run.constraints import axes as A
 from workbook.run.constraints import cases as C
+from workbook.run.verdicts import cell_key, report_lines
 from workbook.run.constraints.plan import (ENTRY_KEYS, ENV, REPO, UNUSED, Plan, check_engine_kwargs,  # noqa: F401
                                    config_for, engine_arg_names, entries, find, is_grid, plan)
 
@@ -40,7 +41,8 @@ def jsonable(x):
 
 
 def send_batch(eng, cfg: RunConfig, cases: dict[str, dict], *, batch: str, zero_head: bool,
-               scale: float | None = None, steer_plans: dict | None = None) -> tuple[dict, dict]:
+               scale: float | None = None, steer_plans: dict | None = None,
+               victim: dict | None = None) -> tuple[dict, dict]:
     """``cases`` as one batch on engine ``eng`` under the hooks ``cfg`` asks for (the row
     check on; ``constraint_fault``; ``cfg.arrival``; the drafter steered by ``steer_plans``):
     ``constraints.run_batch``, the one sender (over a server ``gridserve.run_batch``)."""
@@ -51,7 +53,7 @@ def send_batch(eng, cfg: RunConfig, cases: dict[str, dict], *, batch: str, zero_
         return gridserve.run_batch(eng, cfg, cases, batch=batch, head=head, factor=scale,
                                    steer_plans=steer_plans)
     return C.run_batch(eng, cases, zero_head=zero_head, batch=batch, scale=scale, cfg=cfg,
-                       steer_plans=steer_plans)
+                       steer_plans=steer_plans, victim=victim)
 
 
 def baselines(eng) -> dict[str, list[int]]:
@@ -104,22 +106,30 @@ def run_batches(eng, cfg: RunConfig, method: str, constraints, batches, baseline
         cases = {c: C.case_kwargs(c, base, decode) for c in constraints}
         plans = steer_plans(eng, cfg, cases, batch, point, refs, spec_only)
         ek = C.evidence_key(batch, point)
+        victim = None
+        if cfg.abort != "none":  # axis abort: the aborted neighbour's constraints
+            victim = A.victim_kwargs({c: C.case_kwargs(c, base, decode)
+                                      for c in A.VICTIM_CASES})
         if batch == "single":
             for c in constraints:
                 got, ev = send_batch(eng, cfg, {c: cases[c]}, batch=batch, zero_head=zero,
-                                     steer_plans=plans)
+                                     steer_plans=plans, victim=victim)
                 cells += _fill(got, method, point)
                 evidence.setdefault(ek, {}).update(ev)
             continue
         refused = {cl.constraint: cl.message for cl in cells if cl.status == "refused"
                    and cl.batch == "single"}
         ok = {c: kw for c, kw in cases.items() if c not in refused}
-        got, ev = send_batch(eng, cfg, ok, batch=batch, zero_head=zero, scale=scale,
-                             steer_plans=plans)
-        cells += _fill(got, method, point)
+        size = cfg.mixed_size or len(ok) or 1  # axis cudagraphs: batches of mixed_size
+        names = list(ok)
+        for i in range(0, max(len(names), 1), size):
+            part = {c: ok[c] for c in names[i:i + size]}
+            got, ev = send_batch(eng, cfg, part, batch=batch, zero_head=zero, scale=scale,
+                                 steer_plans=plans, victim=victim)
+            cells += _fill(got, method, point)
+            evidence.setdefault(ek, {}).update(ev)
         cells += [C.Cell(c, method, batch, "refused", refused[c], axes=dict(point or {}))
                   for c in cases if c in refused]
-        evidence[ek] = ev
     return cells, evidence
 
 
@@ -236,6 +246,8 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None) -> dict:
     def assemble(status: str) -> dict:
         ref = ref_cells if p.fault else None
         C.differential(cells, evidence, reference=ref, spec_only=p.spec_only)
+        A.invariance(cells, p.axes, lambda c, i: C.emitted_at(evidence.get(c.method, {}).get(
+            C.evidence_key(c.batch, c.axes), {}).get(c.constraint, {}), i))
         grid = {"vllm_version": _version(), "methods": p.methods, "batches": p.batches,
                 "constraints": p.constraints, "fault": p.fault, "run": p.name,
                 "config": p.base.to_dict(), "status": status,
@@ -400,7 +412,9 @@ def execute(p: Plan, out: str = "outputs", *, report=None) -> tuple[str, dict]:
     return run_dir, manifest
 
 
-def summary_lines(grid: dict) -> list[str]:
+def summary_lines(grid: dict, run_dir: str | None = None) -> list[str]:
+    """The grid's counts, then one line per violated / failed cell (with ``run_dir``: under a
+    violation, the commands for its plain-vLLM reproducer and its upstream report)."""
     cells = grid.get("cells", [])
     counts = Counter(c["status"] for c in cells)
     if not cells:
@@ -437,6 +451,8 @@ def summary_lines(grid: dict) -> list[str]:
             st = "violated (victim)" if c.get("victim") else c["status"]
             lines.append(f"  {st}: {c['constraint']} / {c['method']} / "
                          f"{c['batch']}{at}{where}")
+            if run_dir and c["status"] == "violated":
+                lines += report_lines(run_dir, cell_key(c))
     return lines
 
 
@@ -456,7 +472,7 @@ def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods
           + (f"; constraint fault {p.fault}" if p.fault else ""), flush=True)
     run_dir, manifest = execute(p, out, report=report)
     grid = rundir.read_json(os.path.join(run_dir, "grid.json"), {}) or {}
-    print("\n".join(summary_lines(grid)))
+    print("\n".join(summary_lines(grid, run_dir)))
     if os.path.exists(os.path.join(run_dir, rundir.REPORT)):
         print(f"report: {os.path.join(run_dir, rundir.REPORT)}")
     st = manifest["status"]

@@ -171,6 +171,9 @@ def plan(env: str = ENV, overrides: dict | None = None, *, only=None, methods=No
         if why:
             raise ConfigError(f"mode=server: {why}")
     pts = A.points(known, sel, vary or entry.get("vary") or "product")
+    why = A.gpu_refusal(known, pts, on_cpu)
+    if why:
+        raise ConfigError(why)
     for pt in pts:
         if A.unavailable(known, pt):
             continue
@@ -186,6 +189,8 @@ def plan(env: str = ENV, overrides: dict | None = None, *, only=None, methods=No
     check_engine_kwargs([base] + [A.config(base, known, pt) for pt in pts
                                   if not A.unavailable(known, pt)])
     hardware = str(raw.get("hardware") or os.path.splitext(os.path.basename(path))[0])
+    if hardware == "cpu" and on_cpu is False:  # the CPU grid's file run on a GPU host
+        hardware = "gpu"
     return Plan(base, methods, constraints, batches, name=entry.get("name", "grid"),
                 env_path=path, hardware=hardware, axes=known, points=pts)
 

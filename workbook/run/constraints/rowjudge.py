@@ -79,7 +79,7 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
         row0_ok = True
         for row in rec["rows"]:
             j = row["local_pos"]
-            ctx = _ctx(prompts[req_id], before[id(rec)], row, j, markers)
+            ctx = _ctx(prompts[req_id], before[id(rec)], row, j, markers, p)
             if j > 0 and row.get("emitted_token") is None and \
                     contracts.unreachable(p, ctx) is not None:
                 r["unreachable_rows"] += 1  # an earlier draft contradicts a forced column and
@@ -277,8 +277,15 @@ def _on_rows(name: str) -> bool:
         return False
 
 
-def _ctx(prompt, before, row, j, markers) -> contracts.RowContext:
-    return contracts.RowContext(tuple(prompt), tuple(before), tuple(row["drafts"]), j, markers)
+def _ctx(prompt, before, row, j, markers, p=None) -> contracts.RowContext:
+    ctx = contracts.RowContext(tuple(prompt), tuple(before), tuple(row["drafts"]), j, markers)
+    if p is not None and p.min_tokens > 0 and p.json_schema is not None:
+        # min_tokens with structured output: is the grammar's end all the raw row has left?
+        # (the raw row's kept columns hold its top-K: contracts.masks.stop_only)
+        from workbook.hooks.observe.rowcheck import TOP_K
+        from workbook.core.contracts.masks import stop_only
+        ctx = dataclasses.replace(ctx, stop_only=stop_only(p, ctx, row["raw"], TOP_K))
+    return ctx
 
 
 def _value(e: contracts.Expect) -> float:

@@ -41,7 +41,14 @@ from types import SimpleNamespace
 from workbook.core.config import RunConfig
 
 # axis -> why a non-default value cannot run over a server
-AXES = {"async_scheduling": "keeps async scheduling on the CPU through an in-process shim"}
+AXES = {"async_scheduling": "keeps async scheduling on the CPU through an in-process shim",
+        # the hunt's request-level axes are sent by the in-process sender only
+        # (workbook.run.constraints.axes.generate / cases.run_batch)
+        "n": "judges each of n outputs through the in-process row check's child requests",
+        "prefix_cache": "primes a shared prefix through the in-process engine",
+        "chunked_prefill": "sends long prompts through the in-process sender",
+        "abort": "aborts a request between engine steps in-process",
+        "priority": "sends request priorities through the in-process engine"}
 # constraint faults patching a process the plugin leaves untouched (it hooks model runners)
 FAULT_PROCESS = {"stop-string-not-trimmed": "the API front-end's OutputProcessor"}
 ENGINE_CORE_FAULTS = ("stop-not-trimmed", "max-tokens-step-end")  # the scheduler

@@ -76,7 +76,8 @@ def _pass_dir(out: str, n: int, level: str) -> str:
 
 
 def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
-             checks=(), caching: str | None = None, writer: str | None = None) -> dict:
+             checks=(), caching: str | None = None, writer: str | None = None,
+             plan: str | None = None) -> dict:
     """One watched start-up in a child process; returns its ``watch.json`` (or what the
     start-up wrote before it died / timed out). With ``cfg.sanitize`` the child runs under
     the sanitizer stage (``workbook.run.writer.stage``) and the writer it names is in
@@ -93,6 +94,8 @@ def run_pass(cfg: RunConfig, outdir: str, timeout_s: float | None = None,
     if caching is not None:
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1" if caching == "off" else "0"
     stage = sanistage.plan(cfg, outdir)
+    if plan:
+        stage["plan"] = plan  # a pass of the auto plan (its hints name the plan's other pass)
     cmd, env = sanistage.wrap(stage, cmd, env)
     t0 = time.perf_counter()
     rc, why = None, None
@@ -148,34 +151,61 @@ def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
                timeout_s: float | None = None, checks=(), caching: str | None = None,
                writer: str | None = None) -> dict:
     """The watch command's work; returns (and writes) ``watch-summary.json``. ``checks``
-    (A, B) run in the first pass, after the reported request."""
+    (A, B) run in the first pass, after the reported request. A bare ``--sanitize``
+    (``cfg.sanitize == "auto"``) runs the stage's plan (``workbook.run.writer.stage.modes``):
+    the localization passes in its first form, then on a GPU the ``api`` pass where
+    ``stage.api_pass`` says the first did not settle it."""
     from workbook.run import integrity
+    from workbook.run.writer import stage as sanistage
+    from workbook.vllm import env as wb_env
 
     base = cfg.replace(watch=True)
+    platform = "cpu" if wb_env.on_cpu() else "cuda"
+    forms = sanistage.modes(base.sanitize, platform)
+    auto = base.sanitize == "auto"
+    plan = "auto" if auto else None
+    first_cfg = base.replace(sanitize=forms[0]) if forms else base
     passes = []
     if localize == "auto":
-        first = run_pass(base.replace(localize="module", localize_within=""),
-                         _pass_dir(out, 1, "module"), timeout_s, checks, caching, writer)
+        first = run_pass(first_cfg.replace(localize="module", localize_within=""),
+                         _pass_dir(out, 1, "module"), timeout_s, checks, caching, writer, plan)
         passes.append(first)
         v = integrity.verdict_from_watch(first["watch"], first["info"]["stopped"],
                                          first["info"]["rc"])
         module = v.get("module")
-        if v.get("verdict") == "corrupted" and module and not v.get("op"):
-            passes.append(run_pass(base.replace(localize="op", localize_within=module),
+        if v.get("verdict") == "corrupted" and module and not v.get("op") and \
+                not first["info"].get("writer"):
+            passes.append(run_pass(first_cfg.replace(localize="op", localize_within=module),
                                    _pass_dir(out, 2, "op"), timeout_s, caching=caching,
-                                   writer=writer))
+                                   writer=writer, plan=plan))
     else:
-        passes.append(run_pass(base.replace(localize=localize,
-                                            localize_within=base.localize_within
-                                            if localize == "op" else ""),
-                               _pass_dir(out, 1, localize), timeout_s, checks, caching, writer))
-    verdicts = [integrity.with_writer(
-        integrity.verdict_from_watch(p["watch"], p["info"].get("stopped"), p["info"].get("rc")),
-        p["info"].get("writer")) for p in passes]
+        passes.append(run_pass(first_cfg.replace(localize=localize,
+                                                 localize_within=base.localize_within
+                                                 if localize == "op" else ""),
+                               _pass_dir(out, 1, localize), timeout_s, checks, caching, writer,
+                               plan))
+    verdicts = [integrity.verdict_from_watch(p["watch"], p["info"].get("stopped"),
+                                             p["info"].get("rc")) for p in passes]
+    plan_rec = None
+    if auto:
+        plan_rec = {"asked": "auto", "platform": platform, "forms": forms}
+        if len(forms) > 1:
+            need, why = sanistage.api_pass(passes[0]["info"], verdicts[0])
+            plan_rec["api_pass"] = {"ran": need, "why": why}
+            if need:
+                p = run_pass(base.replace(sanitize="api", localize="none", localize_within=""),
+                             os.path.join(out, f"pass{len(passes) + 1}-api"), timeout_s,
+                             caching=caching, writer=writer, plan=plan)
+                passes.append(p)
+                verdicts.append(integrity.verdict_from_watch(p["watch"], p["info"].get("stopped"),
+                                                             p["info"].get("rc")))
+    verdicts = [integrity.with_writer(v, p["info"].get("writer"))
+                for p, v in zip(passes, verdicts)]
     best = next((v for v in reversed(verdicts) if v.get("verdict") == "corrupted"),
                 verdicts[-1] if verdicts else {})
     first_v = next((v for v in verdicts if v.get("verdict") == "corrupted"), best)
-    summary = {"config": base.to_dict(), "localize": localize,
+    named = [(i, p["info"]["writer"]) for i, p in enumerate(passes) if p["info"].get("writer")]
+    summary = {"config": base.to_dict(), "localize": localize, "sanitize_plan": plan_rec,
                "passes": [{**p["info"], "verdict": v} for p, v in zip(passes, verdicts)],
                "culprit": {"hypothesis": best.get("hypothesis"), "verdict": best.get("verdict"),
                            "phase": first_v.get("phase"), "tensors": first_v.get("tensors"),
@@ -183,11 +213,24 @@ def run_passes(cfg: RunConfig, out: str, localize: str = "auto",
                            "module": best.get("module") or first_v.get("module"),
                            "op": best.get("op"), "kernel": best.get("kernel"),
                            "saw": best.get("saw"),
-                           "writer": next((p["info"]["writer"] for p in passes
-                                           if p["info"].get("writer")), None)}}
+                           "writer": first_named(named),
+                           "writers": [{"pass": i + 1, **w} for i, w in named]}}
     os.makedirs(out, exist_ok=True)
     rundir.write_json(os.path.join(out, "watch-summary.json"), summary)
     return {**summary, "watches": [p["watch"] for p in passes]}
+
+
+def first_named(named: list[tuple[int, dict]]) -> dict | None:
+    """Of the writers the passes named (``(pass index, writer)``), the one to head the summary:
+    the one in the earliest real step (``step``; 0 is start-up) where every one has a step —
+    each pass is a fresh start-up of the same configuration, but passes watch at different
+    boundaries, so inside one step their order is not known and the earlier pass's is kept."""
+    if not named:
+        return None
+    steps = [w.get("step") for _, w in named]
+    if all(s is not None for s in steps):
+        return named[steps.index(min(steps))][1]
+    return named[0][1]
 
 
 _EXC = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt))"
@@ -228,6 +271,10 @@ def print_summary(result: dict, out: str) -> None:
             failed = f", FAILED (exit {code}{': ' + err if err else ''}): see pass.log"
         stopped = ", " + p["stopped"] if p.get("stopped") else ""
         print(f"== pass {i}: {p['outdir']} ({p['seconds']} s{stopped}{failed})")
+        san = p.get("sanitizer") or {}
+        if san.get("sees"):
+            print(f"this pass ({san['mode']}) sees {san['sees']}; it cannot see "
+                  f"{san.get('cannot_see') or 'nothing recorded'}")
         for line in integrity.summary(w, p.get("stopped"), code, p.get("writer")):
             print(line)
         if p.get("checks") or p.get("budget_verdict"):
@@ -238,6 +285,11 @@ def print_summary(result: dict, out: str) -> None:
         if p.get("sanitizer", {}).get("mode", "none") != "none":
             for line in integrity.writer_lines(p["sanitizer"], p.get("writer")):
                 print(line)
+    plan = result.get("sanitize_plan")
+    if plan and plan.get("api_pass"):
+        ap = plan["api_pass"]
+        print(f"sanitize plan ({' then '.join(plan['forms'])}): API pass "
+              f"{'ran' if ap['ran'] else 'left out'}: {ap['why']}")
     c = result["culprit"]
     print("== culprit")
     if c.get("verdict") == "corrupted" and c.get("tensors"):
@@ -247,6 +299,10 @@ def print_summary(result: dict, out: str) -> None:
     if c.get("writer"):
         print(f"hypothesis {c.get('hypothesis') or 'H-i'}: writer "
               f"{integrity.writer_text(c['writer'])}")
+        for w in c.get("writers") or []:
+            if w.get("source") != c["writer"].get("source") or w.get("call") != \
+                    c["writer"].get("call") or w.get("kernel") != c["writer"].get("kernel"):
+                print(f"also named (pass {w['pass']}): {integrity.writer_text(w)}")
     elif c.get("verdict") != "corrupted" or not c.get("tensors"):
         print(integrity.culprit_text(c))
     print(os.path.join(out, "watch-summary.json"))
@@ -270,19 +326,26 @@ def _child(outdir: str) -> int:
     return 0
 
 
-def probe_line(kind: str, p: dict, culprit: dict) -> str:
-    """The one ``PROBE …`` line of ``--probe``: what the sanitizer stage named, else why not,
-    and the watch's reading as a sentence."""
+def probe_line(kind: str, passes: list[dict], culprit: dict) -> str:
+    """The one ``PROBE …`` line of ``--probe``: what the sanitizer stage named (and in which
+    pass of the plan), else why not in each pass, and the watch's reading as a sentence."""
     from workbook.run import integrity
 
-    w = p.get("writer")
-    san = p.get("sanitizer") or {}
+    p0 = passes[0] if passes else {}
+    forms = "+".join((p.get("sanitizer") or {}).get("mode") or "none" for p in passes) or "none"
+    head = f"PROBE {kind} caching={p0.get('caching') or 'unset'} sanitizer={forms}"
+    w = culprit.get("writer")
     if w:
-        return (f"PROBE {kind} caching={p.get('caching') or 'unset'} "
-                f"sanitizer={san.get('mode') or 'none'}: named {integrity.writer_text(w)}")
-    why = san.get("verdict") or san.get("message") or "the stage recorded no verdict"
-    return (f"PROBE {kind} caching={p.get('caching') or 'unset'} "
-            f"sanitizer={san.get('mode') or 'none'}: no writer named ({why}; "
+        n = next((i for i, p in enumerate(passes, 1) if p.get("writer") is w
+                  or p.get("writer") == w), None)
+        return f"{head}: named {integrity.writer_text(w)}" + (
+            f" (pass {n} of {len(passes)})" if n and len(passes) > 1 else "")
+    whys = []
+    for i, p in enumerate(passes, 1):
+        san = p.get("sanitizer") or {}
+        why = san.get("verdict") or san.get("message") or "the stage recorded no verdict"
+        whys.append(f"pass {i} ({san.get('mode') or 'none'}): {why}" if len(passes) > 1 else why)
+    return (f"{head}: no writer named ({'; '.join(whys)}; "
             f"watch: {integrity.culprit_text(culprit)})")
 
 
@@ -305,7 +368,7 @@ def _probe(a) -> int:
     res = run_passes(cfg, a.out, "none", timeout_s=a.timeout, caching=a.caching,
                      writer=spec)
     print_summary(res, a.out)
-    print(probe_line(spec, res["passes"][0], res["culprit"]))
+    print(probe_line(spec, res["passes"], res["culprit"]))
     return 0
 
 

@@ -28,7 +28,63 @@ both sides of the marker's first byte), never the shape of the workbook's own ov
 
 from __future__ import annotations
 
+from workbook.vllm.startup import STATE_TENSORS
+
 ACCESS_PREFIX = "Invalid __global__"
+
+
+def _is_marker(name: str | None) -> bool:
+    return STATE_TENSORS.get(name or "") == "marker"
+
+
+def _lo_of(t: dict) -> int:
+    return ((t.get("redzone") or {}).get("below") or [t["ptr"]])[0]
+
+
+def _hi_of(t: dict) -> int:
+    return ((t.get("redzone") or {}).get("above") or [0, t["ptr"] + t["nbytes"]])[1]
+
+
+def toward(lo: int, hi: int, layout: list[dict], side: str) -> str | None:
+    """The nearest marker beyond one end of a range not covering it (``side`` "above": past
+    its highest byte ``hi``; "below": under its lowest ``lo``), and how far: the distance is
+    evidence (addresses), whether the write gets there is not."""
+    if side == "above":
+        cands = [t for t in layout if _is_marker(t["name"]) and t["ptr"] >= hi]
+        t = min(cands, key=lambda t: t["ptr"], default=None)
+        if t is None:
+            return None
+        zone = t["ptr"] - _lo_of(t)
+        return (f"its highest access ends {_lo_of(t) - hi} bytes below the red zone below "
+                f"{t['name']}, {t['ptr'] - hi} bytes below the marker itself"
+                if zone else f"its highest access ends {t['ptr'] - hi} bytes below {t['name']}")
+    cands = [t for t in layout if _is_marker(t["name"]) and t["ptr"] + t["nbytes"] <= lo]
+    t = max(cands, key=lambda t: t["ptr"], default=None)
+    if t is None:
+        return None
+    end = t["ptr"] + t["nbytes"]
+    zone = _hi_of(t) - end
+    return (f"its lowest access starts {lo - _hi_of(t)} bytes above the red zone above "
+            f"{t['name']}, {lo - end} bytes above the marker itself"
+            if zone else f"its lowest access starts {lo - end} bytes above {t['name']}")
+
+
+def points_at(records: list[dict], layout: list[dict]) -> str | None:
+    """A marker memcheck's own access line names: an access "N bytes before / after the
+    nearest allocation at <the marker's padded block or the marker>"."""
+    for r in records:
+        near = r.get("nearest") or {}
+        if near.get("direction") not in ("before", "after"):
+            continue
+        t = next((t for t in layout if _is_marker(t["name"]) and near["base"] in
+                  (t["ptr"], (t.get("redzone") or {}).get("base"))), None)
+        if t is not None:
+            block = "its padded block" if near["base"] != t["ptr"] else "the marker"
+            return (f"memcheck's access line points at {t['name']} ({block} at "
+                    f"{hex(near['base'])} is the nearest allocation, {near['distance']:,} "
+                    f"bytes {'above' if near['direction'] == 'before' else 'below'} the access "
+                    f"at {hex(r['address'])})")
+    return None
 
 
 def _frames_key(e: dict) -> tuple:
@@ -161,10 +217,37 @@ def _far_end(addr: int, end: int, rec: dict | None, layout: list[dict], side: st
     return "outside the watched memory and its red zones"
 
 
-def extent(launch: dict, layout: list[dict], evidence: dict | None = None) -> dict:
+def extent(launch: dict, layout: list[dict], evidence: dict | None = None,
+           cut: bool = False) -> dict:
     """The range of one launch's faulting accesses relative to the watched tensors (module
     docstring): ``{"kind", "tensor", "direction", "covered", "tensor_nbytes", "lo", "hi",
-    "n_accesses", "sizes", "gaps", "sentence"}``."""
+    "n_accesses", "sizes", "gaps", "at_least", "sentence"}``. ``cut``: memcheck stopped the
+    kernel after these accesses (its launch failed), so the range seen is a lower bound."""
+    ex = _extent(launch, layout, evidence)
+    extra = []
+    if ex["kind"] != "inside" and not _is_marker(ex.get("tensor")):
+        # the range covers no marker: the nearest one beyond the end the range runs out at
+        sides = {"above": ["above"], "below": ["below"]}.get(ex.get("direction") or "",
+                                                             ["above", "below"])
+        for side in sides:
+            t = toward(ex["lo"], ex["hi"], layout, side)
+            if t:
+                extra.append(t)
+                break
+    pa = points_at(launch["records"], layout)
+    if pa and not any(_is_marker(n) for n in ex.get("covers", [])):
+        extra.append(pa)
+    if cut and ex["kind"] != "inside":
+        extra.append(f"memcheck stopped the kernel after these {ex['n_accesses']} faulting "
+                     "accesses (the launch failed), so the write covers at least these "
+                     f"{ex['hi'] - ex['lo']} bytes and may go on past either end")
+    if extra:
+        ex["sentence"] += "; " + "; ".join(extra)
+    ex["at_least"] = cut
+    return ex
+
+
+def _extent(launch: dict, layout: list[dict], evidence: dict | None) -> dict:
     acc = launch["accesses"]
     ivs = _union([(a, a + s) for a, s in acc])
     lo, hi = ivs[0][0], ivs[-1][1]
@@ -180,6 +263,7 @@ def extent(launch: dict, layout: list[dict], evidence: dict | None = None) -> di
     span = (f"{len(acc)} faulting access{'es' if len(acc) != 1 else ''} "
             f"({'/'.join(str(s) for s in base['sizes'])} bytes each) over {hi - lo} bytes"
             + (f", {gaps} bytes between them not reported" if gaps else ""))
+    base["covers"] = list(inside)
     if inside:
         covered = [t for t in layout if t["name"] in inside]
         # the tensor run into: the first covered one that the range reaches from below; else
@@ -208,6 +292,12 @@ def extent(launch: dict, layout: list[dict], evidence: dict | None = None) -> di
             direction = "below"
             text = (f"runs {n} bytes into {x['name']} from below ({whole} {x['nbytes']} "
                     f"bytes), starting {lo_at}")
+        elif not _is_marker(x["name"]):
+            # starts inside a tensor that is not a marker (a canary) and runs on above it: the
+            # addresses say where the range lies, not that it came from above
+            direction = "above"
+            text = (f"starts in {x['name']} (its byte {first} of {x['nbytes']}; {n} bytes of "
+                    f"it) and runs on above it, its highest access {hi_at}")
         else:
             direction = "above"
             text = (f"runs {n} bytes into {x['name']} from above ({whole} {x['nbytes']} "
@@ -239,13 +329,19 @@ def extent(launch: dict, layout: list[dict], evidence: dict | None = None) -> di
 def first_extent(parsed: dict, layout: list[dict], evidence: dict | None = None) -> dict | None:
     """The extent of the first launch with an access in watched memory or a red zone (None:
     no such launch)."""
-    for ln in launches(parsed.get("errors") or []):
-        if any(place(a, layout)["where"] != "elsewhere" for a, _ in ln["accesses"]):
-            ex = extent(ln, layout, evidence)
+    lns = launches(parsed.get("errors") or [])
+    for i, ln in enumerate(lns):
+        if any(place(a, layout)["where"] != "elsewhere" for a, _ in ln["accesses"]) or \
+                points_at(ln["records"], layout):
+            # the log's last faulting launch, after which the launch failed: memcheck stopped
+            # that kernel, so its accesses are the ones it made before (a lower bound)
+            cut = i == len(lns) - 1 and bool(parsed.get("launch_failed"))
+            ex = extent(ln, layout, evidence, cut=cut)
             summ = parsed.get("error_summary")
-            if summ is not None and len(parsed.get("errors") or []) < summ:
+            # the launch failure is one of the errors memcheck counts
+            printed = len(parsed.get("errors") or []) + int(bool(parsed.get("launch_failed")))
+            if summ is not None and printed < summ:
                 ex["sentence"] += (f"; memcheck counted {summ} errors and printed "
-                                   f"{len(parsed['errors'])} (--print-limit): the range may "
-                                   "be wider")
+                                   f"{printed} (--print-limit): the range may be wider")
             return ex
     return None

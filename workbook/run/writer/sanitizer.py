@@ -57,6 +57,9 @@ _SUMMARY = re.compile(r"ERROR SUMMARY:\s*(?P<n>\d+) error")
 # the tool refusing an NVTX call (the permission it carried was never applied):
 # "========= Warning: Call to nvtxMemPermissionsAssign failed: One or more of the parameters is
 # invalid"
+# memcheck stopped a faulting kernel: the launch failed after the records it printed
+_LAUNCH_FAILED = re.compile(r"^=+\s+Program hit \S*(?:LAUNCH_FAILED|LaunchFailure)|"
+                            r"unspecified launch failure")
 _REFUSED = re.compile(r"^=+\s+Warning: Call to (?P<call>nvtx\w+) failed:\s*(?P<why>.*?)\s*$")
 
 
@@ -67,6 +70,7 @@ def parse(text: str) -> dict:
     cur: dict | None = None
     summary = None
     refused: dict[str, dict] = {}
+    launch_failed = False
     for raw in text.splitlines():
         line = raw.rstrip()
         m = _REFUSED.match(line)
@@ -81,6 +85,10 @@ def parse(text: str) -> dict:
         m = _SUMMARY.search(line)
         if m:
             summary = int(m.group("n"))
+            continue
+        if _LAUNCH_FAILED.search(line):
+            launch_failed = True
+            cur = None
             continue
         m = _HDR.match(line)
         if m and not line.strip("= ").startswith(("at ", "by ", "Address", "Host Frame",
@@ -132,7 +140,7 @@ def parse(text: str) -> dict:
             elif len(cur["host_frames"]) < 24:
                 cur["host_frames"].append(frame)
     return {"errors": errors, "error_summary": summary, "lines": len(text.splitlines()),
-            "nvtx_refused": list(refused.values())}
+            "nvtx_refused": list(refused.values()), "launch_failed": launch_failed}
 
 
 _FAULT_HDR = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ .*most recent call first")
@@ -289,35 +297,89 @@ def with_extent(w: dict, ext: dict | None) -> dict:
     return out
 
 
+def _split_phase(phase: str | None) -> tuple[str | None, str | None]:
+    if not phase:
+        return None, None
+    top, _, sub = phase.partition(" › ")
+    return top, sub or None
+
+
+def narrow(window_phase: str | None, stack_phase: str | None) -> tuple[str | None, str]:
+    """The phase of a write from the watch's window and the launch's stack: the window's top
+    phase (it carries the step number), the sub-phase only where the stack shows its frame —
+    never a boundary the stack does not show. ``(phase, how)``; ``how`` one of ``"window and
+    stack"``, ``"stack"`` (they disagree: the stack is where the write was launched; on a GPU
+    the watch can see it later, never earlier), ``"window"`` (no phase frame on the stack)."""
+    s_top, s_sub = _split_phase(stack_phase)
+    if s_top in (None, "between phases", "start-up") and not s_sub:
+        return (window_phase, "window")
+    w_top, _w_sub = _split_phase(window_phase)
+    if w_top is None:
+        return stack_phase, "stack"
+    # "start-up" / "between phases": the stack shows no top phase frame (classify's fallback),
+    # so it cannot disagree with the window's
+    same = w_top == s_top or (s_top == "a real step" and w_top.startswith("step ")) or \
+        s_top in ("start-up", "between phases")
+    if not same:
+        return stack_phase, "stack"
+    return (f"{w_top} › {s_sub}" if s_sub and s_sub != w_top else w_top), "window and stack"
+
+
 def phase_from_watch(writer: dict, watch: dict | None, rc=None,
                      stopped: str | None = None) -> dict:
-    """The phase (and step) of a named write from the watch's own record, not the stack:
+    """The phase (and step) of a named write: the window between the last boundary where the
+    watch saw the tensor intact and the first where it saw it changed (or the pass's end at the
+    refused write), narrowed by the launch's stack (``narrow``):
 
-    1. the watch's value comparison saw that tensor change: its phase and step;
+    1. the watch's value comparison saw that tensor change: the window is that change's two
+       boundaries, its phase the one both boundaries' stacks show, its step the change's;
     2. the pass ended at the refused write (an exit status other than 0, not cut by the
-       workbook): the watch's last boundary before the end (written at every phase entry and
-       step under the sanitizer stage) — the write came after it;
+       workbook): the window runs from the watch's last boundary to that end; only its top
+       phase and step are the window's (the boundary's own sub-phase may lie after the
+       launch: a kernel's fault surfaces at the next synchronization);
     3. otherwise the stack's phase (``startup.phase_from_frames``), a step without its number.
 
-    ``{"phase", "step", "phase_source"}``; ``step`` 0 is start-up, None not known."""
+    ``{"phase", "step", "phase_source", "window"}``; ``step`` 0 is start-up, None not known;
+    ``window`` ``{"from", "to"}`` (boundary labels) or None."""
     w = watch or {}
     stack_phase = writer.get("stack_phase") or writer.get("phase")
     ch = w.get("first_change")
-    if ch and ch.get("tensor") and ch.get("tensor") == writer.get("tensor"):
-        return {"phase": ch["phase"], "step": ch.get("step") or 0,
-                "phase_source": "the watch's value comparison (that tensor's first change)"}
     pos = w.get("position")
-    if pos and pos.get("phase") and rc not in (None, 0) and not stopped:
-        return {"phase": pos["phase"], "step": pos.get("step") or 0,
-                "phase_source": f"the watch's record: its last boundary ({pos['boundary']}, "
-                                f"step {pos.get('step') or 0}) before the pass ended at the "
-                                f"refused write (exit {rc})"}
-    step = None if not stack_phase or "step" in stack_phase or \
-        stack_phase.startswith("between") else 0
-    return {"phase": stack_phase, "step": step,
-            "phase_source": "the Python stack of the launch (the watch's record does not place "
-                            "it: " + ("the pass went on after the write" if rc in (None, 0)
-                                      and not stopped else "no boundary recorded") + ")"}
+    if ch and ch.get("tensor") and ch.get("tensor") == writer.get("tensor"):
+        window = {"from": ch.get("last_clean"), "to": ch.get("first_dirty")}
+        wphase, step = ch["phase"], ch.get("step") or 0
+        src = "the watch's value comparison (that tensor's first change"
+    elif pos and pos.get("phase") and rc not in (None, 0) and not stopped:
+        # the refused write never lands, so the watch saw the tensor intact at every boundary;
+        # the last one may lie after the launch (a kernel's fault surfaces at the next
+        # synchronization): the window is its top phase up to the pass's end
+        window = {"from": None, "last_boundary": pos.get("boundary"),
+                  "to": f"the pass's end at the refused write (exit {rc})"}
+        wphase, step = _split_phase(pos["phase"])[0], pos.get("step") or 0
+        src = (f"the watch's record: its last boundary ({pos.get('boundary')}, step "
+               f"{pos.get('step') or 0}) before the pass ended at the refused write (exit {rc})")
+    else:
+        step = None if not stack_phase or "step" in stack_phase or \
+            stack_phase.startswith("between") else 0
+        return {"phase": stack_phase, "step": step, "window": None,
+                "phase_source": "the Python stack of the launch (the watch's record does not "
+                                "place it: " + ("the pass went on after the write"
+                                                if rc in (None, 0) and not stopped
+                                                else "no boundary recorded") + ")"}
+    if ch and src.startswith("the watch's value") and window["from"]:
+        src += f": between {window['from']} and {window['to']})"
+    elif src.startswith("the watch's value"):
+        src += ")"
+    phase, how = narrow(wphase, stack_phase)
+    if how == "stack":
+        step = None if "step" in (phase or "") else 0
+        src = (f"the Python stack of the launch ({phase}); {src} places it in {wphase}, "
+               "later than the launch (a kernel's write can be seen after its launch, "
+               "never before)")
+    elif how == "window and stack" and stack_phase and " › " in (phase or "") and \
+            _split_phase(phase)[1] != _split_phase(wphase)[1]:
+        src += f"; the sub-phase from the launch's stack ({stack_phase})"
+    return {"phase": phase, "step": step, "phase_source": src, "window": window}
 
 
 def with_watch_phase(writer: dict, watch: dict | None, rc=None,

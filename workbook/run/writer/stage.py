@@ -18,6 +18,15 @@ For one watched pass (``workbook.run.writer.command.run_pass``), in order:
 One run names the first writer only: on a GPU the CUDA context is dead after the reported
 write; on CPU the process ends at the fault (no core file). Not here: the protection itself
 (``workbook.hooks.watch.protect``), the parsers (``workbook.run.writer.sanitizer``).
+
+The plan of a bare ``--sanitize`` (``auto``, what a user types): ``modes(asked, platform)``. No
+single form sees every writer on a GPU — memcheck holds kernels to the NVTX permissions but not
+the CUDA API's copies and memsets, and CUPTI (which names those at the call) cannot subscribe
+beside compute-sanitizer — so ``auto`` on a GPU is two start-ups: ``nvtx`` (memcheck, CUPTI off),
+then ``api`` (CUPTI, no sanitizer) unless the first settles it (``api_pass``: its start-up ran
+to its real steps with nothing changed and nothing named). On a CPU one ``page`` pass sees every
+store (PyTorch ops, Triton's interpreter, libc ``memset``/``memcpy``). ``SEES`` / ``BLIND`` say,
+per form, what a pass could and could not see; every pass prints both.
 """
 
 from __future__ import annotations
@@ -28,6 +37,64 @@ import sys
 from workbook.core import rundir
 
 LOG = "sanitizer.log"
+
+# what each form of the stage sees, and what it cannot (one place: the pass lines, the summary)
+SEES = {
+    "nvtx": "kernel writes of any library (PyTorch, Triton, FlashInfer, cuBLAS, ...) into the "
+            "read-only markers, their red zones and the canaries, named by kernel and launch stack",
+    "api": "copies and memsets through the CUDA API (cudaMemcpy*, cudaMemset*, cuMemcpy*, "
+           "cuMemsetD*) into watched memory, named at the call with its Python stack",
+    "page": "every store into the protected markers and marker caches (PyTorch ops, Triton's "
+            "interpreter, libc memset / memcpy), named by the faulting Python stack",
+}
+BLIND = {
+    "nvtx": "copies and memsets through the CUDA API (memcheck does not hold them to NVTX "
+            "permissions; CUPTI cannot subscribe beside compute-sanitizer); only the first "
+            "writer (the CUDA context dies at it)",
+    "api": "kernel writes (no read-only permission without compute-sanitizer: the watch sees "
+           "their change between two boundaries, unnamed)",
+    "page": "the budget's UVA view (not protected; the watch compares its values); only the "
+            "first writer (the process ends at it)",
+}
+
+
+def modes(asked: str, platform: str) -> list[str]:
+    """The forms a ``--sanitize`` asks for, in pass order: ``auto`` on a GPU ``["nvtx",
+    "api"]`` (the second only if ``api_pass`` says so), on a CPU ``["page"]``; an explicit form
+    alone; ``none``: none."""
+    if asked == "none":
+        return []
+    if asked == "auto":
+        return ["nvtx", "api"] if platform == "cuda" else ["page"]
+    return [asked]
+
+
+def api_pass(first: dict, verdict: dict) -> tuple[bool, str]:
+    """Whether the auto plan's ``api`` pass must run after the ``nvtx`` pass ``first`` (its
+    ``run_pass`` info) whose watch reads ``verdict`` (``integrity.verdict_from_watch``), and
+    why — a sentence. It is left out only where the first pass settled everything: its start-up
+    reached the real steps with no watched tensor changed and no writer named (a copy or memset
+    into watched memory would have changed a value the watch compares)."""
+    stage = first.get("sanitizer") or {}
+    writer = first.get("writer")
+    v = verdict.get("verdict")
+    if stage.get("mode") == "skipped":
+        return True, (f"the memcheck pass was skipped ({stage.get('message') or 'no reason'}); "
+                      "the API pass still names copies and memsets")
+    if writer:
+        return True, ("the memcheck pass named the first kernel writer and the CUDA context "
+                      "died there: what ran after it, and any copy or memset through the CUDA "
+                      "API, is the API pass's")
+    if v == "corrupted":
+        return True, (f"the watch saw {', '.join(verdict.get('tensors') or []) or 'a watched tensor'}"
+                      f" change during {verdict.get('phase') or 'the start-up'} with no memcheck "
+                      "record: memcheck does not check copies and memsets through the CUDA API, "
+                      "the API pass names those at the call")
+    if v == "intact":
+        return False, ("not needed: the memcheck pass watched the start-up into its real steps "
+                       "with no watched tensor changed and no writer named")
+    return True, (f"the memcheck pass did not watch the whole start-up ({verdict.get('saw') or v}); "
+                  "the API pass watches it again")
 
 
 def plan(cfg, outdir: str) -> dict:
@@ -54,7 +121,8 @@ def plan(cfg, outdir: str) -> dict:
         print(f"workbook watch: {req['message']}", file=sys.stderr, flush=True)
         return {"mode": "skipped", "asked": cfg.sanitize, "platform": platform,
                 "missing": req["missing"], "message": req["message"]}
-    st = {"mode": mode, "asked": cfg.sanitize, "platform": platform, "missing": []}
+    st = {"mode": mode, "asked": cfg.sanitize, "platform": platform, "missing": [],
+          "sees": SEES.get(mode), "cannot_see": BLIND.get(mode)}
     if mode == "nvtx":
         try:  # before any engine starts: a shim that does not build is named here
             st["shim"] = protect.build_shim()
@@ -110,7 +178,7 @@ def _api_stage(doc: dict | None, watch: dict | None, api: dict | None) -> dict:
 def wrap(stage: dict, cmd: list[str], env: dict) -> tuple[list[str], dict]:
     if stage["mode"] != "nvtx":
         return cmd, env
-    env = {**env, "WORKBOOK_UNDER_SANITIZER": "1"}
+    env = {**env, "WORKBOOK_UNDER_SANITIZER": "1"}  # no CUPTI in the child (protect.attach)
     return [stage["sanitizer"], "--tool", "memcheck", "--target-processes", "all",
             "--print-limit", "1000", "--log-file", stage["log"], *cmd], env
 
