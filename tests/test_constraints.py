@@ -206,8 +206,8 @@ def test_rowcheck_never_synchronizes_inside_a_step(engine, cases):
     prompts = [{"prompt_token_ids": C.prompt_for(engine.tokenizer, c)} for c in names]
     sps = [C.sampling_params(cases[c]) for c in names]
     with rq.zeroed_lm_head(engine), RowCheck() as rc:
-        with OpsFrom(os.path.join("workbook", "hooks", "rowcheck.py"),
-                     os.path.join("workbook", "hooks", "outputs.py")) as ops:
+        with OpsFrom(os.path.join("workbook", "hooks", "observe", "rowcheck.py"),
+                     os.path.join("workbook", "hooks", "observe", "outputs.py")) as ops:
             engine.llm.generate(prompts, sps, use_tqdm=False)
         n = rc._nsteps
         verdicts = rowjudge.judge(rc)  # after the run: the one synchronization, outside the steps
