@@ -6,6 +6,9 @@ the team wrote the rules for. Each is a context manager; leaving it restores vLL
 - ``stale_allowed_mask``: ``LogitBiasState.add_request`` keeps the slot's allowed-ids count of
   the request that held the slot before when the new request asks for none (the ids stay on the
   device too); the kernel applies it whenever a neighbour in the batch needs it to run.
+- ``stale_allowed_ids``: ``LogitBiasState.add_request`` skips rewriting a slot's allowed ids
+  when the new request asks for as many as the slot's previous occupant had (an "unchanged"
+  check on the count): the new request is masked with the previous occupant's ids.
 - ``raised_column``: ``LogitBiasState.apply`` adds +3 at column 2777 of every row whose request
   uses no bias (no constraint binds it) — only in batches where a neighbour's bias makes the
   kernel run.
@@ -50,6 +53,34 @@ def stale_allowed_mask():
             return out
         return add_request
     return _replaced(LogitBiasState, "add_request", make)
+
+
+def stale_allowed_ids():
+    from vllm.v1.worker.gpu.sample.logit_bias import LogitBiasState
+
+    def make(orig):
+        def add_request(self, req_idx, sampling_params):
+            before = int(self.num_allowed_token_ids.np[req_idx])
+            ids = sampling_params.allowed_token_ids
+            if ids and before == len(ids):  # "unchanged": the ids' rewrite skipped
+                self.num_allowed_token_ids.np[req_idx] = len(ids)
+                self.use_logit_bias[req_idx] = True
+                sampling_params = _without_allowed(sampling_params)
+                orig(self, req_idx, sampling_params)
+                self.num_allowed_token_ids.np[req_idx] = before
+                self.use_logit_bias[req_idx] = True
+                return True
+            return orig(self, req_idx, sampling_params)
+        return add_request
+    return _replaced(LogitBiasState, "add_request", make)
+
+
+def _without_allowed(sp):
+    import copy
+
+    sp = copy.copy(sp)
+    sp.allowed_token_ids = None
+    return sp
 
 
 def raised_column():
@@ -113,5 +144,5 @@ def end_raised_by_bias_stage(end: int, amount: float = 5.0):
 BUDGET_DEFECTS = {"budget_small_push": budget_small_push,
                   "end_raised_by_bias_stage": end_raised_by_bias_stage,
                   "end_forced_by_bias_stage": lambda end: end_raised_by_bias_stage(end, 1e9)}
-DEFECTS = {"stale_allowed_mask": stale_allowed_mask, "raised_column": raised_column,
+DEFECTS = {"stale_allowed_mask": stale_allowed_mask, "stale_allowed_ids": stale_allowed_ids, "raised_column": raised_column,
            "stale_penalty_counts": stale_penalty_counts}

@@ -22,6 +22,11 @@ CASES = {
     "raised_column": ([["allowed_token_ids", "bad_words", "max_tokens"]],
                       {"bad_words": (rowjudge.UNEXPLAINED, "apply", "neighbour presence"),
                        "max_tokens": (rowjudge.UNEXPLAINED, "apply", "neighbour presence")}),
+    # the row judge's first reading (the live neighbour's contract gives the values) refuted by
+    # the request beside that neighbour alone on fresh slots: the slot's previous occupant
+    "stale_allowed_ids": ([["allowed_token_ids"], ["allowed_other", "allowed_token_ids"]],
+                          {"allowed_other": ("allowed_token_ids", "registration",
+                                             "previous occupant")}),
     "stale_penalty_counts": ([["penalties"], ["penalties"]],
                              {"penalties": ("penalties", "device state", "own")}),
 }
@@ -36,13 +41,38 @@ def engine():
     eng.shutdown()
 
 
-def _send(engine, batches, max_tokens=8):
+# cases outside the grid's own: a request asking for as many allowed ids as the grid's case
+EXTRA = {"allowed_other": {"allowed_token_ids": [8, 9, 10]}}
+# defects whose sequence pins slots: the first batch on a never-used slot, the next batch's
+# first request on that same slot, its others on never-used slots (the slot history the
+# defect needs, the same in the healthy and the faulty run)
+PINNED = ("stale_allowed_ids",)
+
+
+def _send(engine, batches, max_tokens=8, pin=False):
     """The batches in order (8 tokens each: the test stays cheap); the last one's cells."""
-    kw = {c: C.case_kwargs(c, [0] * 16, engine.tokenizer.decode) for b in batches for c in b}
+    from workbook.run.constraints import invariance
+
+    kw = {c: EXTRA.get(c) or C.case_kwargs(c, [0] * 16, engine.tokenizer.decode)
+          for b in batches for c in b}
     cfg = C.RunConfig(trace=False, thinking_token_budget=-1, max_tokens=max_tokens)
+    first = None
     for b in batches:
-        cells, ev = C.run_batch(engine, {c: kw[c] for c in b}, zero_head=True, cfg=cfg,
-                                batch="mixed" if len(b) > 1 else "single")
+        slots = []
+        if pin:  # the others: slots whose last occupant asked for no allowed ids
+            from workbook.hooks.observe import rowcheck
+
+            led = rowcheck.slot_ledger(engine.runner)
+            free = engine.runner.req_states.free_indices
+            clean = invariance.fresh_slots(engine) + [
+                x for x in free if x in led and led[x][-1]["params"]["allowed_token_ids"] is None]
+            first = first if first is not None else clean[0]
+            slots = [first] + [x for x in clean if x != first][:len(b) - 1]
+        with invariance.slots_next(engine, slots):
+            cells, ev = C.run_batch(engine, {c: kw[c] for c in b}, zero_head=True, cfg=cfg,
+                                    batch="mixed" if len(b) > 1 else "single")
+        if pin:
+            assert [ev[c]["registration"]["slot"] for c in b] == slots, "slots not pinned"
     return cells, ev
 
 
@@ -66,9 +96,10 @@ def _first_change(healthy: dict, faulty: dict) -> tuple | None:
 @pytest.mark.parametrize("defect", sorted(CASES))
 def test_blame_on_defects_written_outside(engine, defect):
     batches, want = CASES[defect]
-    healthy, hev = _send(engine, batches)
+    pin = defect in PINNED
+    healthy, hev = _send(engine, batches, pin=pin)
     with _defects.DEFECTS[defect]():
-        cells, ev = _send(engine, batches)
+        cells, ev = _send(engine, batches, pin=pin)
     for name, cell in cells.items():
         changed = _first_change(hev[name], ev[name]) is not None or \
             cell.output != healthy[name].output
@@ -83,6 +114,8 @@ def test_blame_on_defects_written_outside(engine, defect):
         assert (f["step"], f["row"]) == _first_change(hev[name], ev[name]), (defect, name, f)
         assert (f["contract"], f["stage"], f["source"]) == (contract, stage, source), f
         assert "None" not in f["what"] and "nan" not in f["what"], f["what"]
+        if cell.alone is not None:  # the reference really ran on a slot nobody held
+            assert cell.alone["fresh"], cell.alone
         if source == "neighbour presence":  # the batch-invariance reference named the trigger
             assert f["by_request"] == ["allowed_token_ids"], f
             assert cell.alone and not cell.alone["equal"], cell.alone

@@ -280,8 +280,8 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     for name, o in zip(names, outs):
         cells[name].cached_tokens = getattr(o, "num_cached_tokens", None)
     mode = getattr(cfg, "invariance", "off")
-    if mode == "on" or mode == "auto" and any(
-            (cells[n].first or {}).get("source") == "unexplained" for n in names):
+    if mode == "on" or mode == "auto" and any(  # a cause in the batch or the slot's history
+            (cells[n].first or {}).get("source") in ("unexplained", "neighbour") for n in names):
         from workbook.run.constraints import invariance  # the reference a defect cannot share
 
         invariance.check(engine, cfg, cases, names, cells, evidence, zero_head=zero_head,

@@ -66,15 +66,36 @@ def fresh_slots(engine) -> list[int]:
 
 
 @contextlib.contextmanager
-def fresh_slot(engine, n: int = 1):
-    """Put ``n`` never-used free slots on top of vLLM's free-slot stack, so the next ``n``
-    requests registered take them (the first one the last slot listed). Yields the slots."""
+def slots_next(engine, slots: list[int]):
+    """The next requests vLLM registers take ``slots`` in order: right before each
+    ``add_requests`` (after vLLM has freed the slots of the requests that finished since the
+    last step, which it pushes on top of its free-slot stack) those of ``slots`` still free are
+    put on top of the stack. An instance attribute shadowing the runner's method for the
+    duration (it calls the class's, whatever wraps it then); removed on exit."""
+    runner = engine.runner
     free = _free(engine)
-    slots = fresh_slots(engine)[:n]
-    for s in reversed(slots):
-        free.remove(s)
-        free.append(s)
-    yield list(reversed(slots))
+
+    def add_requests(*a, **k):
+        for x in reversed(slots):
+            if x in free:
+                free.remove(x)
+                free.append(x)
+        return type(runner).add_requests(runner, *a, **k)
+
+    held = runner.__dict__.get("add_requests")  # an enclosing slots_next's
+    runner.add_requests = add_requests
+    try:
+        yield list(slots)
+    finally:
+        if held is not None:
+            runner.add_requests = held
+        else:
+            del runner.add_requests
+
+
+def fresh_slot(engine, n: int = 1):
+    """``slots_next`` over ``n`` of the engine's never-used free slots."""
+    return slots_next(engine, fresh_slots(engine)[:n])
 
 
 def _engine_for(engine, n: int):
@@ -161,6 +182,11 @@ def compare(batch_ev: dict, alone_ev: dict) -> dict:
     return {"equal": True, "rows_compared": compared}
 
 
+def _slot_text(d: dict) -> str:
+    return (f"a fresh slot ({d.get('slot')})" if d.get("fresh") else
+            f"slot {d.get('slot')}, which earlier requests held (no fresh slot was taken)")
+
+
 def _differs_text(d: dict, slot) -> str:
     where = f"step {d['step']}, row {d['row']}"
     if d.get("column") is not None:
@@ -168,8 +194,7 @@ def _differs_text(d: dict, slot) -> str:
                 f"{d['alone_value']:.6g} alone (raw {d['raw']:.6g} in both)")
     else:
         what = f"the row emitted {d['emitted']} in the batch, {d['alone_emitted']} alone"
-    return (f"alone on a fresh slot ({slot}) its rows differ from the batch's at {where}: "
-            f"{what}")
+    return f"alone on {_slot_text(d)} its rows differ from the batch's at {where}: {what}"
 
 
 def check(engine, cfg, cases: dict, names: list[str], cells: dict, evidence: dict, *,
@@ -181,13 +206,14 @@ def check(engine, cfg, cases: dict, names: list[str], cells: dict, evidence: dic
     ``send``: the grid's batch sender (``cases.run_batch``)."""
     COST["batches"] += 1
     todo = [n for n in names if n in evidence and n in cells and (
-        everyone or _unexplained(cells[n]))]
+        everyone or (cells[n].first or {}).get("source") in ("unexplained", "neighbour"))]
     for name in todo:
         got, ev, slots, how = _send(engine, cfg, {name: cases[name]}, zero_head=zero_head,
                                     scale=scale, batch=batch, send=send)
         cell = cells[name]
         d = compare(evidence[name], ev.get(name) or {})
-        d.update(slot=slots[0] if slots else None, engine=how,
+        reg = (ev.get(name) or {}).get("registration") or {}
+        d.update(slot=reg.get("slot"), engine=how, fresh=reg.get("slot_seen") == 0,
                  output_alone=(got.get(name).output if got.get(name) else None))
         if d.get("raw_differs"):
             r = d["raw_differs"]
@@ -204,17 +230,58 @@ def check(engine, cfg, cases: dict, names: list[str], cells: dict, evidence: dic
         elif not d["equal"]:
             d["what"] = _differs_text(d, d["slot"])
         else:
-            d["what"] = (f"alone on a fresh slot ({d['slot']}) its {d['rows_compared']} "
+            d["what"] = (f"alone on {_slot_text(d)} its {d['rows_compared']} "
                          "compared rows and its output equal the batch's")
         cell.alone = d
         if not d["equal"]:
             name_cause(engine, cfg, cases, names, cell, evidence, d, zero_head=zero_head,
                        scale=scale, batch=batch, send=send)
-        elif _unexplained(cell):
+        elif cell.first and cell.first.get("source") in ("unexplained", "neighbour"):
+            # alone on a fresh slot, with no neighbour, the same change: its own processing
             cell.first["what"] += ("; " + d["what"] + ": the change is the request's own "
                                    "processing (neither the batch nor the slot's history)")
-            cell.first["cause"] = "the request's own processing: alone on a fresh slot the " \
-                                  "same change"
+            cell.first.update(source="own", cause=(
+                "the request's own processing: alone on a fresh slot the same change"))
+            cell.victim = False
+
+
+def _brings_back(cell, ev, pair_cells, pair_ev) -> bool:
+    """Beside one neighbour alone on fresh slots, the request's rows and output equal the
+    batch's (the batch's change comes back)."""
+    got = pair_cells.get(cell.constraint)
+    return compare(ev, pair_ev.get(cell.constraint) or {})["equal"] and (
+        got is None or got.output == cell.output)
+
+
+def _check_leak(cell, ev, names, evidence, cases, d, kw) -> None:
+    """A neighbour's contract found on the request's rows (the row judge's leak) checked by the
+    one run that separates it from the slot's history: the request beside that neighbour alone,
+    both on fresh slots — the change comes back (confirmed) or not (refuted: not the
+    neighbour's; the slot's previous occupant or the batch's composition)."""
+    rid = cell.first.get("by_request")
+    src = next((n for n in names if (evidence.get(n) or {}).get("req_id") == rid), None)
+    if src is None:
+        cell.first["what"] += f"; {d['what']} (the batch or the slot's history)"
+        return
+    got, pev, _slots, _how = _send(kw.pop("engine"), kw.pop("cfg"),
+                                   {cell.constraint: cases[cell.constraint], src: cases[src]},
+                                   **kw)
+    if _brings_back(cell, ev, got, pev):
+        cell.first["what"] += (f"; {d['what']}; beside {src} alone on fresh slots the change "
+                               "comes back: confirmed")
+        return
+    prev = ((ev.get("registration") or {}).get("previous") or {}).get("req_id")
+    if prev:  # what the slot held when the request was registered there
+        cell.first["stage"] = "registration"
+    cell.first.update(source="previous occupant" if prev else "unexplained",
+                      by_request=prev, cause=(
+                          f"not request {rid}'s: beside it alone on fresh slots the change does "
+                          "not come back; " + (f"the slot's previous occupant {prev}" if prev
+                                               else "the batch's composition or the slot's history")))
+    cell.first["what"] += (f"; {d['what']}; beside {src} alone on fresh slots the change does not "
+                           "come back: not its constraint (" + (
+                               f"the slot's previous occupant {prev}" if prev else
+                               "the batch's composition or the slot's history") + ")")
 
 
 def _unexplained(cell) -> bool:
@@ -235,11 +302,14 @@ def name_cause(engine, cfg, cases, names, cell, evidence, d: dict, **kw) -> None
                       "contract": "unexplained change", "column": d.get("column"),
                       "out_index": d.get("out_index"), "source": "unexplained",
                       "what": f"its own contracts held, yet {d['what']}"}
+    ev = evidence.get(cell.constraint) or {}
+    if cell.first and cell.first.get("source") == "neighbour":
+        _check_leak(cell, ev, names, evidence, cases, d, {"engine": engine, "cfg": cfg, **kw})
+        return
     if not _unexplained(cell):
         if cell.first:
             cell.first["what"] += "; " + d["what"] + " (confirmed: the batch or the slot's history)"
         return
-    ev = evidence.get(cell.constraint) or {}
     step = cell.first.get("step")
     present = [n for n in names if n != cell.constraint and any(
         s["step"] == step for s in (evidence.get(n) or {}).get("steps") or [])]

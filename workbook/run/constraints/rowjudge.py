@@ -356,21 +356,31 @@ def rejection(p, ctx, row) -> list:
 
 def _source(req_id, row, ctx, cols, peers, params, prompts, before, markers, reg=None):
     """What explains every differing column of this row, from positive evidence: the slot's
-    previous occupant whose parameters vLLM's registration still holds for this request
-    (``reg['unasked']`` names the setting and ``reg['previous']`` its owner: its contract gives
-    every found value), else another request of the step whose contract does. ``(request,
+    previous occupant whose parameters vLLM's registration still holds for this request —
+    a setting it did not ask for (``reg['unasked']``) whose owner's contract gives every found
+    value, or a setting it asked for whose values are the previous occupant's (this request's
+    parameters with that setting's fields the previous occupant's give every processed value:
+    ``SLOT_FIELDS``) —, else another request of the step whose contract does. ``(request,
     contract, column, expected, found, kind)`` for the first column (``kind``: ``previous`` or
     ``neighbour``), or None."""
     p = params[req_id]
     prev = (reg or {}).get("previous")
     left = {u["setting"] for u in (reg or {}).get("unasked") or []}
-    if prev and left and prev.get("params"):
+    if prev and prev.get("params"):
         pa = contracts.Params(**prev["params"])
-        names = [_explains(pa, ctx, p, ctx, b.column, row) for b in cols]
-        if all(n in left for n in names):
-            c = cols[0].column
-            e = contracts.expected(p, ctx, c, row["raw"][c])
-            return prev["req_id"], names[0], c, _value(e), row["proc"][c], "previous"
+        c = cols[0].column
+        e = contracts.expected(p, ctx, c, row["raw"][c])
+        if left:  # a setting it did not ask for, left by the previous occupant
+            names = [_explains(pa, ctx, p, ctx, b.column, row) for b in cols]
+            if all(n in left for n in names):
+                return prev["req_id"], names[0], c, _value(e), row["proc"][c], "previous"
+        for name, fields in SLOT_FIELDS.items():  # a setting it asked for, with the old values
+            if name not in p.constraints() or name not in pa.constraints() or all(
+                    getattr(p, f) == getattr(pa, f) for f in fields):
+                continue
+            mixed = dataclasses.replace(p, **{f: getattr(pa, f) for f in fields})
+            if all(_gives(mixed, ctx, b.column, row) for b in cols):
+                return prev["req_id"], name, c, _value(e), row["proc"][c], "previous"
     for rec in peers:
         a = rec["req_id"]
         if a == req_id or a not in params:
@@ -389,6 +399,18 @@ def _source(req_id, row, ctx, cols, peers, params, prompts, before, markers, reg
 
 
 UNEXPLAINED = "unexplained change"  # the verdict of a change no contract of the request explains
+# the request parameters vLLM's add_request writes into a slot's state, per setting
+SLOT_FIELDS = {"allowed_token_ids": ("allowed_token_ids",), "logit_bias": ("logit_bias",),
+               "bad_words": ("bad_words",), "min_tokens": ("min_tokens", "stop_token_ids"),
+               "penalties": ("repetition_penalty", "presence_penalty", "frequency_penalty"),
+               "thinking_token_budget": ("thinking_token_budget",)}
+
+
+def _gives(q, ctx, col: int, row: dict) -> bool:
+    """Whether parameters ``q`` predict the row's processed value at ``col``."""
+    e = contracts.expected(q, ctx, col, row["raw"][col])
+    got = row["proc"][col]
+    return got >= budget.FORCED_LOGIT if e.forced else contracts.close(got, e.value)
 
 
 def registration_text(req_id, reg: dict, label=lambda x: x) -> str:
