@@ -41,7 +41,8 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     eng = vengine.start(G.config_for("mtp"))
-    kw = {c: C.case_kwargs(c, [0] * 16, eng.tokenizer.decode) for c in C.CONSTRAINTS}
+    kw = {c: T.EXTRA.get(c) or C.case_kwargs(c, [0] * 16, eng.tokenizer.decode)
+          for c in (*C.CONSTRAINTS, *T.EXTRA)}
 
     plain = C.RunConfig(trace=False, thinking_token_budget=-1, max_tokens=16)  # the grid's
 
@@ -54,10 +55,11 @@ def main(argv=None) -> int:
     out = {"constraints": {}, "budget": {}, "healthy_invariance_on": {}}
     for name, (batches, want) in sorted(T.CASES.items()):
         print(f"{name} ...", flush=True)
-        healthy, hev = send(batches)
+        pin = name in T.PINNED  # the slot history the defect needs (tests/test_blame.py)
+        healthy, hev = T._send(eng, batches, max_tokens=16, pin=pin)
         invariance.reset_cost()
         with _defects.DEFECTS[name]():
-            cells, ev = send(batches)
+            cells, ev = T._send(eng, batches, max_tokens=16, pin=pin)
         cost = invariance.reset_cost()
         rows = {}
         for c, cell in cells.items():
