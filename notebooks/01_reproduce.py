@@ -49,6 +49,7 @@ logprobs_mode: str = None  # raw_logprobs | processed_logprobs | raw_logits | pr
 async_on_cpu: bool = False  # CPU: keep async scheduling on where vLLM turns it off (workbook.vllm.async_shim)
 kv_blocks: int = None  # a KV cache this many blocks small (preemption; None: sized by kv_cache_bytes)
 arrival: str = "step0"  # step0: every request added at once | staggered: request i added at step 2*i
+invariance: str = "auto"  # constraints grid: each request alone on a fresh slot vs the batch (auto: where a change no contract explains | on | off)
 drafter_steer: str = "none"  # none | allowed | greedy | forbidden: the drafter's proposals replaced (workbook.hooks.observe.steer)
 n: int = 1  # parallel sampling: outputs per request (SamplingParams.n)
 prompt_prefix: int = 0  # the constraints grid: a shared reasoning prefix this many tokens long (prefix caching, chunked prefill)

@@ -28,6 +28,7 @@ def _cli(*args):
     (["serve", "--set", "badkey=1"], "badkey", "spec_method"),
     (["watch", "--set", "badkey=1"], "badkey", "spec_method"),
     (["serve", "--set", "spec_method=foo"], "'foo'", "mtp"),
+    (["run", "constraints", "--set", "invariance=maybe"], "'maybe'", "auto, on, off"),
     (["serve", "--logprobs-mode", "foo"], "'foo'", "processed_logprobs"),
     (["serve", "--port", "99999"], "99999", "0-65535"),
     (["check-server", "http://127.0.0.1:9", "--logprobs-mode", "foo"], "'foo'", "raw"),

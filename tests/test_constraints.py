@@ -159,6 +159,9 @@ def test_fault_caught_at_its_contract_and_stage(engine, cases, fault):
     rows = [(r["row"], r["local_pos"], r.get("emitted_token"), r.get("logprob_ids"),
              r.get("logprobs"), r.get("logprob_truth"))
             for s in ev.get(c, {}).get("steps", [])[:3] for r in s["rows"]]
+    if fault in FAULT_NEIGHBOURS:  # the source's own rows and output are healthy vLLM's
+        assert cell.status == "holds", (cell.status, cell.first)
+        cell = cells[FAULT_NEIGHBOURS[fault][0]]
     assert cell.status == "violated", (cell.status, cell.message, rows)
     stages = stage if isinstance(stage, tuple) else (stage,)
     assert cell.first["contract"] == contract and cell.first["stage"] in stages, cell.first
@@ -168,12 +171,14 @@ def test_fault_caught_at_its_contract_and_stage(engine, cases, fault):
         assert at == FAULT_AT[fault], cell.first
     if cell.first.get("column") is not None and "expected" in cell.first:
         assert cell.first["expected"] != cell.first["found"], cell.first
-    for n in FAULT_NEIGHBOURS.get(fault, ()):  # attributed to the source, the neighbour held
-        assert cells[n].status == "holds", (cells[n].status, cells[n].first)
-        assert cells[n].affected_by and cells[n].affected_by[0]["by_name"].endswith(f"({c})")
-        assert cell.first["on_name"].endswith(f"({n})"), cell.first
-        assert cell.first["what"].startswith("request ") and " applied to request " in \
-            cell.first["what"], cell.first
+    for n in FAULT_NEIGHBOURS.get(fault, ()):  # the neighbour's rows changed: reported there,
+        # the source named; the source's own rows held (never violated: its cell is the victim's)
+        v = cells[n]
+        assert v.status == "violated" and v.victim, (v.status, v.first)
+        assert v.affected_by and v.affected_by[0]["by_name"].endswith(f"({c})")
+        assert v.first["by_name"].endswith(f"({c})") and v.first["contract"] == contract, v.first
+        assert v.first["what"].startswith("request ") and " applied to request " in \
+            v.first["what"], v.first
 
 
 def test_bad_case_rejected_before_engine():
@@ -201,8 +206,8 @@ def test_rowcheck_never_synchronizes_inside_a_step(engine, cases):
     prompts = [{"prompt_token_ids": C.prompt_for(engine.tokenizer, c)} for c in names]
     sps = [C.sampling_params(cases[c]) for c in names]
     with rq.zeroed_lm_head(engine), RowCheck() as rc:
-        with OpsFrom(os.path.join("workbook", "hooks", "rowcheck.py"),
-                     os.path.join("workbook", "hooks", "outputs.py")) as ops:
+        with OpsFrom(os.path.join("workbook", "hooks", "observe", "rowcheck.py"),
+                     os.path.join("workbook", "hooks", "observe", "outputs.py")) as ops:
             engine.llm.generate(prompts, sps, use_tqdm=False)
         n = rc._nsteps
         verdicts = rowjudge.judge(rc)  # after the run: the one synchronization, outside the steps

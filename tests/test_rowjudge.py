@@ -52,8 +52,10 @@ def test_healthy_rows_hold_at_every_kept_column():
 
 
 def test_a_neighbours_mask_is_attributed_to_it():
-    """B (no row contract) carries A's allowed_token_ids mask on its row: A's contract is
-    breached there ("request A's allowed_token_ids applied to request B's row"), B is not."""
+    """B (no row contract) carries A's allowed_token_ids mask on its row: B's rows changed, so B
+    is reported there (a victim: its own contracts held), the source named ("request A's
+    allowed_token_ids applied to request B's row"); A, whose own rows equal healthy vLLM's, is
+    never reported violated."""
     pa, pb = contracts.Params(allowed_token_ids=(5, 6, 7)), contracts.Params()
     raw = {0: 0.0, 5: 0.0, 9: 1.0}
     steps = [{"step": 0, "req_id": "A", "emitted": [5],
@@ -61,11 +63,12 @@ def test_a_neighbours_mask_is_attributed_to_it():
              {"step": 0, "req_id": "B", "emitted": [5],
               "rows": [_row(1, 0, raw, {0: NEG, 5: 0.0, 9: NEG}, 5)]}]
     v = _judge(steps, {"A": pa, "B": pb}, {"A": "A", "B": "B"})
-    assert v["B"]["breaches"] == [] and v["B"]["first"] is None
+    assert v["A"]["breaches"] == [] and v["A"]["first"] is None and not v["A"]["victim"]
     (a,) = v["B"]["affected_by"]
     assert a["by_request"] == "A" and a["contract"] == "allowed_token_ids"
-    f = v["A"]["first"]
-    assert f["on_request"] == "B" and (f["step"], f["row"], f["column"]) == (0, 1, 0)
+    f = v["B"]["first"]
+    assert v["B"]["victim"] and f["source"] == "neighbour" and f["by_request"] == "A"
+    assert (f["step"], f["row"], f["column"], f["contract"]) == (0, 1, 0, "allowed_token_ids")
     assert f["what"].startswith("request A's allowed_token_ids applied to request B's row at "
                                 "step 0, row 1")
     assert f["expected"] == 0.0 and f["found"] == NEG
@@ -82,7 +85,12 @@ def test_no_attribution_by_elimination():
              {"step": 0, "req_id": "B", "emitted": [5],
               "rows": [_row(1, 0, raw, {0: 0.0, 5: 1.0}, 5)]}]
     v = _judge(steps, {"A": pa, "B": pb})
-    assert v["B"]["first"]["column"] == 5 and v["B"]["affected_by"] == []
+    f = v["B"]["first"]
+    assert f["column"] == 5 and v["B"]["affected_by"] == [] and f["source"] == "unexplained"
+    assert f["contract"] == rowjudge.UNEXPLAINED and f["stage"] == "apply"
+    assert f["what"].startswith("changed where no constraint of request B applies: column 5 "
+                                "raised by +1 (0 -> 1) at step 0, row 1"), f["what"]
+    assert "present in the batch: A (allowed_token_ids" in f["what"]
     assert v["A"]["breaches"] == []
     pa2 = contracts.Params(repetition_penalty=1.5)  # prompt [1, 2, 3]: column 1 "changed" to 0
     pb2 = contracts.Params(allowed_token_ids=(5,))
@@ -111,9 +119,10 @@ def test_no_leak_claimed_once_the_row_broke_its_own_contract():
 
 
 def test_verdict_records_in_the_one_shape():
-    """The judge's verdict records (``verdicts.Verdict``): A's allowed_token_ids violated at
-    its first breach (the leak, with its cause); B — no contract of its own — held, with
-    ``affected_by`` naming A's constraint; a healthy request's contract held."""
+    """The judge's verdict records (``verdicts.Verdict``): A's allowed_token_ids held (its own
+    rows are healthy); B — no contract of its own — violated at its first changed row, with the
+    cause (A's constraint on its row) and ``affected_by`` naming it; a healthy request's
+    contract held."""
     from workbook.run.verdicts import Verdict
 
     keys = set(Verdict("r", "c", "held").to_dict())
@@ -125,11 +134,11 @@ def test_verdict_records_in_the_one_shape():
               "rows": [_row(1, 0, raw, {0: NEG, 5: 0.0, 9: NEG}, 5)]}]
     v = _judge(steps, {"A": pa, "B": pb}, {"A": "A", "B": "B"})
     (a,) = v["A"]["verdicts"]
-    assert set(a) == keys and a["verdict"] == "violated" and a["contract"] == "allowed_token_ids"
-    assert (a["step"], a["row"], a["column"], a["stage"]) == (0, 1, 0, "apply")
-    assert a["cause"] == "request A's allowed_token_ids applied to request B's row"
+    assert set(a) == keys and a["verdict"] == "held" and a["contract"] == "allowed_token_ids"
     (b,) = v["B"]["verdicts"]
-    assert b["verdict"] == "held" and b["contract"] == rowjudge.UNCONSTRAINED
+    assert set(b) == keys and b["verdict"] == "violated" and b["contract"] == "allowed_token_ids"
+    assert (b["step"], b["row"], b["column"], b["stage"]) == (0, 1, 0, "apply")
+    assert b["cause"] == "request A's allowed_token_ids applied to this request's row"
     (t,) = b["affected_by"]
     assert (t["request"], t["contract"], t["step"], t["row"]) == ("A", "allowed_token_ids", 0, 1)
     ok = _judge([{"step": 0, "req_id": "a", "emitted": [5], "rows": [_row(
@@ -152,10 +161,9 @@ def test_stages_are_the_one_list():
 
 def test_the_report_shows_a_neighbours_touch():
     """The judge's ``affected_by`` travels through the grid cell (its verdict record) into the
-    report's constraints section: the cell held, the touch named with its request, contract,
-    step and row, in the cell, the summary and the table under the grid; the source's cell is
-    violated with the leak's sentence."""
-    from workbook.report import constraints as section
+    report's constraints section: the touched cell violated as a victim (its own contract
+    held), the touch named with its request, contract, step and row, in the cell, the summary
+    and the table under the grid, with the leak's sentence; the source's cell held."""
     from workbook.run.constraints import cases as C
 
     pa, pb = contracts.Params(allowed_token_ids=(5, 6, 7)), contracts.Params(logit_bias={5: 1.0})
@@ -165,24 +173,26 @@ def test_the_report_shows_a_neighbours_touch():
              {"step": 0, "req_id": "B", "emitted": [5],
               "rows": [_row(1, 0, raw, {0: NEG, 5: 1.0, 9: NEG}, 5)]}]
     v = _judge(steps, {"A": pa, "B": pb}, {"A": "A", "B": "B"})
-    assert v["B"]["breaches"] == [] and len(v["B"]["affected_by"]) == 1
-    b = C.Cell("logit_bias", "mtp", "mixed", "holds", rows=1, affected_by=v["B"]["affected_by"])
-    a = C.Cell("allowed_token_ids", "mtp", "mixed", "violated", first=v["A"]["first"],
-               breaches=1, rows=1)
+    assert v["A"]["breaches"] == [] and len(v["B"]["affected_by"]) == 1
+    b = C.Cell("logit_bias", "mtp", "mixed", "violated", rows=1, first=v["B"]["first"],
+               breaches=1, affected_by=v["B"]["affected_by"], victim=v["B"]["victim"])
+    a = C.Cell("allowed_token_ids", "mtp", "mixed", "holds", rows=1)
     grid = {"vllm_version": "0.32.0", "constraints": ["allowed_token_ids", "logit_bias"],
             "methods": ["mtp"], "batches": ["mixed"], "cells": [a.to_dict(), b.to_dict()]}
     vb = grid["cells"][1]["verdict"]
-    assert vb["verdict"] == "held" and vb["affected_by"][0]["request"] == "A"
-    va = grid["cells"][0]["verdict"]
-    assert (va["verdict"], va["step"], va["row"], va["column"]) == ("violated", 0, 1, 0)
+    assert vb["verdict"] == "violated" and vb["affected_by"][0]["request"] == "A"
+    assert (vb["step"], vb["row"], vb["column"]) == (0, 1, 0)
+    assert vb["cause"] == "request A's allowed_token_ids applied to this request's row"
+    assert grid["cells"][0]["verdict"]["verdict"] == "held"
     text = section.text_grid(grid)
     assert "1 touched by a neighbour's constraint" in text
     assert ("touched by a neighbour (not a breach of its own contracts): request A's "
             "allowed_token_ids reached its row at step 0, row 1") in text
     assert "request A's allowed_token_ids applied to request B's row at step 0, row 1" in text
+    assert "1 of the violated are victims" in text
     (row,) = section.affected_rows(grid)
     assert (row["constraint"], row["own verdict"], row["by request"], row["column"]) == (
-        "logit_bias", "held", "A", 0)
+        "logit_bias", "violated", "A", 0)
     html = section.section_html([grid])
     assert "carried another request's constraint" in html
     assert not re.search(r"\bNone\b|\bnan\b", html)
@@ -245,3 +255,31 @@ def test_a_row_that_emitted_after_an_impossible_draft_is_still_judged():
                              [{"req_id": "a", "missing": []}], LONG_END)["a"]
     assert v["unreachable_rows"] == 0 and v["rows"] == 5
     assert (v["first"]["step"], v["first"]["row"]) == (2, 0)
+
+
+def test_headline_says_speculative_only_where_none_does_not_show_the_same():
+    """The report's lead says "under speculative decoding" only for a violation method none
+    does not show too; the grid's printed summary names victims (own contract held, rows or
+    output changed) beside the violated cells."""
+    from workbook.report import constraints as section
+    from workbook.run.constraints import cases as C
+    from workbook.run.constraints import grid as G
+
+    first = {"step": 0, "row": 1, "local_pos": 0, "stage": "apply", "contract":
+             rowjudge.UNEXPLAINED, "what": "changed where no constraint of request B applies",
+             "column": 2777, "out_index": 0, "source": "unexplained"}
+    cells = [C.Cell("stop", m, "mixed", "violated", first=first, breaches=1, victim=True)
+             for m in ("none", "mtp")]
+    both = {"vllm_version": "0.32.0", "methods": ["none", "mtp"], "batches": ["mixed"],
+            "constraints": ["stop"], "cells": [c.to_dict() for c in cells]}
+    from workbook.report import answer
+
+    (g,) = answer.violated_groups([both], [])
+    assert answer.speculation(g)[0] == "with and without speculative decoding"
+    only = {**both, "cells": [C.Cell("stop", "none", "mixed", "holds").to_dict(),
+                              cells[1].to_dict()]}
+    (g,) = answer.violated_groups([only], [])
+    assert answer.speculation(g) == ("only under speculative decoding",
+                                     "method none held at the same points")
+    text = "\n".join(G.summary_lines(both))
+    assert "2 victim(s)" in text and "violated (victim): stop / mtp / mixed" in text

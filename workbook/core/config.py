@@ -33,6 +33,7 @@ LOCALIZE = ("none", "module", "op")
 CONSTRAINT_FAULTS = ("none", *constraint_fault_catalogue.FAULTS)
 from workbook.core.contracts.base import LOGPROBS_MODES  # the logprobs contract's modes
 ARRIVALS = ("step0", "staggered")  # how a batch's requests reach the engine (workbook.run.constraints.cases)
+INVARIANCE = ("auto", "on", "off")  # the batch-invariance reference (RunConfig.invariance)
 DRAFTER_STEERS = ("none", "allowed", "greedy", "forbidden")  # workbook.hooks.observe.steer
 ABORTS = ("none", "mid-step")  # the constraints grid's abort axis (workbook.run.constraints.axes)
 PRIORITIES = ("none", "mixed")  # its priority axis: every request priority 0, or mixed
@@ -82,6 +83,10 @@ class RunConfig:
     preserve_thinking: bool = True
     prompt: str = "What is 1+1?"
     arrival: str = "step0"  # step0: every request of a batch added at once | staggered: request i added at step 2*i
+    # the batch-invariance reference of the constraints grid (workbook.run.constraints.invariance):
+    # auto: each request of a batch re-run alone on a fresh slot where the row check sees a change
+    # no contract explains | on: for every batch | off
+    invariance: str = "auto"
     drafter_steer: str = "none"  # none | allowed | greedy | forbidden: the drafter's proposals replaced (workbook.hooks.observe.steer)
     n: int = 1  # parallel sampling: outputs per request (SamplingParams.n; the constraints grid judges each)
     prompt_prefix: int = 0  # the constraints grid: every prompt starts with one shared reasoning prefix (<think> + filler) this many tokens long (prefix caching, chunked prefill)
@@ -276,6 +281,8 @@ def validate(cfg: RunConfig, *, on_cpu: bool | None = None, checks=None) -> RunC
     _check(cfg.kv_blocks is None or (isinstance(cfg.kv_blocks, int) and cfg.kv_blocks >= 1),
            f"kv_blocks={cfg.kv_blocks!r} must be None or an integer >= 1")
     _check(cfg.arrival in ARRIVALS, f"arrival={cfg.arrival!r} is unknown; choose one of {ARRIVALS}")
+    _check(cfg.invariance in INVARIANCE, f"invariance={cfg.invariance!r} is unknown; choose one "
+           f"of {INVARIANCE}")
     _check(cfg.drafter_steer in DRAFTER_STEERS,
            f"drafter_steer={cfg.drafter_steer!r} is unknown; choose one of {DRAFTER_STEERS}")
     _check(cfg.drafter_steer == "none" or cfg.spec_method != "none",

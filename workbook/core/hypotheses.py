@@ -157,6 +157,15 @@ HYPOTHESES: dict[str, Hypothesis] = {h.id: h for h in [
                "non-due row biased, or apply handed the kernel other tensors",
                "eager vs CUDA graphs; MTP off (draft rows only?); batch of 1",
                {**_MRV2, **_BUDGET_STATE, "alone": "violated"}),
+    Hypothesis("H-p", "apply", "another logits processor raised the end of reasoning",
+               "the end column was raised before the budget's own apply — by the logit-bias, "
+               "penalties, bad-words or a custom logits processor — in a row where no end was "
+               "due, and the end was emitted there: the budget's contract is broken whatever "
+               "stage put the end there",
+               "end_logit_before_apply above end_logit_raw in the emitting row (the trace's "
+               "end column after each stage), the budget's apply adding nothing",
+               "the request without its other sampling parameters; batch of 1",
+               {**_BUDGET_STATE, "alone": "violated"}),
     Hypothesis("H-d-column", "apply", "forcing bias written into another column",
                "the due row received +1e9, but in a column other than the due end token",
                "bias_cols of the due row do not include the due token",

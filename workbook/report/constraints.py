@@ -69,6 +69,11 @@ def summary(grid: dict) -> str:
     if touched:
         parts.append(f"{touched} touched by a neighbour's constraint (their own contracts "
                      "held there)")
+    victims = sum(1 for c in cells if c.get("victim"))
+    if victims:
+        parts.append(f"{victims} of the violated are victims (their own contracts held; their "
+                     "rows or output changed by another request, the slot's history or a "
+                     "cause no contract explains)")
     fault = f" with fault {grid['fault']}" if grid.get("fault") else ""
     return (f"vLLM {grid.get('vllm_version') or 'version not recorded'}{fault}: {len(cells)} cells "
             f"({len(grid.get('constraints', []))} constraints × methods {methods} × batches "

@@ -107,7 +107,7 @@ def of_cell(cell: dict) -> dict | None:
         contract=f.get("contract") or cell.get("constraint"), verdict=verdict,
         step=f.get("step"), row=f.get("row"), local_pos=f.get("local_pos"),
         column=f.get("column"), output_index=f.get("out_index"), stage=f.get("stage"),
-        cause=f.get("what") if f.get("on_request") is not None else None,
+        cause=f.get("cause"),
         evidence=evidence, affected_by=touched_by(cell.get("affected_by"))).to_dict()
 
 

@@ -33,7 +33,8 @@ across requests), the contracts (``workbook.core.contracts``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,48 @@ from workbook.vllm import hookpoints
 TOP_K = 4  # the largest columns of the raw and of the processed row kept per row
 REG_ATTRS = ("num_allowed_token_ids", "num_logit_bias", "min_lens", "num_stop_token_ids",
              "repetition_penalty", "frequency_penalty", "presence_penalty", "num_bad_words")
+# every slot's occupants as the row checks of this process saw them, per runner (an engine's
+# lifetime, across batches): the request a slot served before, its constraint parameters
+_LEDGER: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def slot_ledger(runner) -> dict[int, list[dict]]:
+    """Slot -> the requests registered in it on ``runner`` while a row check watched, oldest
+    first (``req_id``, ``constraints``, ``params``: ``contracts.Params`` as a dict)."""
+    try:
+        return _LEDGER.setdefault(runner, {})
+    except TypeError:  # not weak-referenceable
+        return {}
+
+
+def unasked(p: contracts.Params, got: dict, prompt_len: int) -> list[dict]:
+    """The other way of the registration check: per-slot state vLLM holds for the request
+    right after ``add_request`` that the request did not ask for (a slot's allowed ids, bias,
+    bad words, min_tokens' stop mask, penalties or thinking budget left by an earlier
+    occupant): ``[{setting, field, found, asked}]``. Only arrays the installed version has."""
+    out = []
+
+    def add(setting, field, asked):
+        out.append({"setting": setting, "field": field, "found": got[field], "asked": asked})
+
+    known = lambda a: got.get(a) is not None
+    if p.allowed_token_ids is None and known("num_allowed_token_ids") and \
+            got["num_allowed_token_ids"] != 0:
+        add("allowed_token_ids", "num_allowed_token_ids", 0)
+    if not p.logit_bias and known("num_logit_bias") and got["num_logit_bias"] != 0:
+        add("logit_bias", "num_logit_bias", 0)
+    if not p.bad_words and known("num_bad_words") and got["num_bad_words"] != 0:
+        add("bad_words", "num_bad_words", 0)
+    if p.min_tokens == 0 and known("num_stop_token_ids") and got["num_stop_token_ids"] != 0 \
+            and (not known("min_lens") or got["min_lens"] > prompt_len):
+        add("min_tokens", "num_stop_token_ids", 0)
+    for a in ("repetition_penalty", "frequency_penalty", "presence_penalty"):
+        if known(a) and abs(float(got[a]) - float(getattr(p, a))) > 1e-6 and not p.penalised:
+            add("penalties", a, getattr(p, a))
+    if p.thinking_token_budget is None and known("thinking_token_budget") and \
+            got["thinking_token_budget"] >= 0:
+        add("thinking_token_budget", "thinking_token_budget", -1)
+    return out
 
 
 @dataclass
@@ -181,7 +224,17 @@ class RowCheck(Collector):
             self._host_table[slot, :] = cols[0] if cols else 0
             self._host_table[slot, :len(cols)] = cols
             changed = True
-            self.registrations.append(self._registration(sampler, new.req_id, slot, p, plen))
+            reg = self._registration(sampler, new.req_id, slot, p, plen)
+            ledger = slot_ledger(runner)
+            before = ledger.get(slot) or []
+            prev = next((o for o in reversed(before) if o["req_id"] != new.req_id), None)
+            reg["previous"] = None if prev is None else {
+                k: prev[k] for k in ("req_id", "constraints", "params")}
+            reg["slot_seen"] = len(before)  # earlier registrations in this slot the checks saw
+            ledger.setdefault(slot, []).append({"req_id": new.req_id,
+                                                "constraints": p.constraints(),
+                                                "params": asdict(p)})
+            self.registrations.append(reg)
         if changed:  # a fresh host buffer each time: the copy may still be in flight
             host = torch.from_numpy(self._host_table.copy())
             if self._dev.type == "cuda":
@@ -224,8 +277,12 @@ class RowCheck(Collector):
         row_changing = contracts.gated(p)  # the contracts behind the sampler's gate
         if row_changing and got["gate"] is False:
             missing.append("gate")
+        tb = getattr(sampler, "thinking_budget_state", None)
+        arr = getattr(getattr(tb, "thinking_token_budget", None), "np", None)
+        if getattr(tb, "enabled", False) and isinstance(arr, np.ndarray) and arr.ndim == 1:
+            got["thinking_token_budget"] = int(arr[slot])
         return {"req_id": req_id, "slot": slot, "constraints": p.constraints(),
-                "missing": missing, **got}
+                "missing": missing, "unasked": unasked(p, got, prompt_len), **got}
 
     # ---- the step ------------------------------------------------------------------------------
     def _before_step(self, runner, *a, **k):

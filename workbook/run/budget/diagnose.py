@@ -63,7 +63,7 @@ from workbook.run import verdicts
 from workbook.run.budget.evidence_text import (cache_saw, history_saw, mapping_saw,  # noqa: F401
                                         reasoning_state)
 from workbook.run.budget.stages import (  # noqa: F401 (re-exported: the stage rules' public names)
-    FORCED, FORCING_RULES, RULES, Ctx, classify, row_forced, inputs_right)
+    FORCED, FORCING_RULES, RULES, Ctx, classify, end_push, row_forced, inputs_right)
 
 
 def _markers(frames, effective) -> budget.Markers:
@@ -74,8 +74,10 @@ def _markers(frames, effective) -> budget.Markers:
 
 def forced_indices(steps: list[dict], rows: list[dict], markers: budget.Markers) -> list[int]:
     """Output indices of a request whose end-marker token was forced, from its rows: the row's
-    own bias put +1e9 in that token's column (``apply``), or the token was replaced after
-    sampling (emitted != sampled: a guard or anything between sampler and commit)."""
+    own bias put +1e9 in that token's column (``apply``), a stage raised its column by any
+    amount (``stages.end_push``: the trace's end column after each stage — an earlier
+    processor, or the budget's apply short of +1e9), or the token was replaced after sampling
+    (emitted != sampled: a guard or anything between sampler and commit)."""
     ends = set(int(t) for t in markers.end)
     by_step: dict = {}
     for r in rows:
@@ -86,9 +88,10 @@ def forced_indices(steps: list[dict], rows: list[dict], markers: budget.Markers)
             em = r.get("emitted_token")
             if em is None or not r.get("emitted") or int(em) not in ends:
                 continue
+            first = markers.end and int(em) == int(markers.end[0])
             biased = int(em) in [int(x) for x in (r.get("bias_cols") or [])] or (
-                markers.end and int(em) == int(markers.end[0])
-                and (r.get("end_logit_after_apply") or 0) >= FORCED)
+                first and (r.get("end_logit_after_apply") or 0) >= FORCED) or (
+                first and end_push(r) is not None)  # any stage, any size of push
             sv = r.get("sampled_vllm")
             if biased or (sv is not None and int(sv) != int(em)):
                 out.append(offset + int(r["local_pos"]))
@@ -438,7 +441,7 @@ def _name(result: dict) -> None:
 def _head(fv: dict) -> str:
     """Where and how one budget broke: "budget B violated at step S, local_pos J (path): ..."."""
     kind = fv.get("kind") or "missing"
-    asked = "no budget" if fv.get("budget") is None else f"budget {fv.get('budget')}"
+    asked = _asked(fv.get("budget"))
     where = (f"at step {say(fv.get('step'), 'not located')}, local_pos "
              f"{say(fv.get('local_pos'), 'not located')} "
              f"({say(fv.get('path'), 'path not recorded')})")
@@ -448,6 +451,13 @@ def _head(fv: dict) -> str:
                 f"{say(fv.get('expected_token'), 'the end marker')}, emitted {emitted}")
     return (f"{asked} violated {where}: {budget.VIOLATION_KINDS[kind]} (output index "
             f"{say(fv.get('output_index'), 'not recorded')}, token {emitted})")
+
+
+def _asked(b) -> str:
+    """Whose budget broke, as the head of a sentence: a request without a budget breaks the
+    contract too (an end forced into it), never "no budget violated"."""
+    return "budget " + say(b) if b is not None else \
+        "the budget's contract, in a request without a budget,"
 
 
 def _reason(hyp: str, causes: list, anomalies: list) -> str:
@@ -469,7 +479,7 @@ def budget_verdicts(result: dict) -> list[dict]:
     out = []
     for r in result.get("requests") or []:
         rid, b = r["req_id"], r.get("budget")
-        asked = "no budget" if b is None else f"budget {b}"
+        asked = _asked(b)
         v = vios.get(rid)
         if r.get("honored") is False and v is not None:
             fv = v["first_violation"]
@@ -499,10 +509,11 @@ def budget_verdicts(result: dict) -> list[dict]:
             out.append(Verdict(rid, "thinking_token_budget", "held", evidence=(
                 f"{asked} held: the end of reasoning at output index {say(end)}, where the "
                 "budget put it" if b is not None and end is not None else
-                f"{asked} held: no end of reasoning was forced where none was due")).to_dict())
+                f"{'no budget asked; ' if b is None else asked + ' '}held: no end of "
+                "reasoning was forced where none was due")).to_dict())
         else:
             out.append(Verdict(rid, "thinking_token_budget", "not judged", evidence=(
-                f"{asked} could not bind within the request's "
+                f"{'no budget asked: it' if b is None else asked} could not bind within the request's "
                 f"{len(r.get('output') or [])} output tokens")).to_dict())
     return out
 

@@ -198,3 +198,53 @@ def cache_saw(st: dict) -> str:
             f"{hist}, where {reasoning_state(truth)}: "
             + "; ".join(facts + [gives]))
 
+
+def fmt(v) -> str:
+    return "an unrecorded value" if v is None else f"{v:.3g}"
+
+
+def bias_found(c) -> str:
+    """What ``apply`` really did at the due column of the violating row, against the logit
+    that won the row."""
+    row, due = c.row, c.due_token
+    before, after = row.get("due_logit_before_apply"), row.get("due_logit_after_apply")
+    if before is None and due is not None and c.markers.end and due == c.markers.end[0]:
+        before = row.get("end_logit_before_apply")
+    top, top_v = row.get("sampled_top"), row.get("sampled_top_logit")
+    if top is None:
+        ids, vals = row.get("topk_ids_after") or [], row.get("topk_vals_after") or []
+        top, top_v = (ids[0], vals[0]) if ids and vals else (None, None)
+    won = f"; token {top} won the row at {fmt(top_v)}" if top is not None else ""
+    if before is None or after is None:
+        return f"was not forced at the due column {say(due)} (left at {fmt(after)}){won}"
+    delta = after - before
+    if delta > 0:
+        return (f"got +{fmt(delta)} at the due column {say(due)} ({fmt(before)} -> "
+                f"{fmt(after)}), not +1e9, which was too weak against the winning logit"
+                + (f" {fmt(top_v)} of token {top}" if top is not None else ""))
+    return (f"got no bias at the due column {say(due)} (it stayed at {fmt(after)}) and +1e9 "
+            f"in no column{won}")
+
+
+PUSH_TOL = 1e-3  # a rise of the end column above this (relative to 1 + |value|) is a push
+
+
+def end_push(row: dict) -> tuple[str, float, float] | None:
+    """Whether a stage raised the end column of this row, from the trace's end column after
+    each stage (raw -> before the budget's apply -> after it): ``("earlier", raw, before)``
+    for a processor before the budget's apply, ``("apply", before, after)`` for the budget's
+    own apply (any size of push); None when neither raised it."""
+    raw, before, after = (row.get(k) for k in ("end_logit_raw", "end_logit_before_apply",
+                                                "end_logit_after_apply"))
+    up = lambda a, b: a is not None and b is not None and b - a > PUSH_TOL * (1 + abs(a))
+    if up(raw, before):
+        return "earlier", float(raw), float(before)
+    if up(before, after):
+        return "apply", float(before), float(after)
+    if before is None and up(raw, after):
+        return "apply", float(raw), float(after)
+    return None
+
+
+GUARD_KEEPS = ("the guard does not take it back: it takes back only an end that the budget's "
+               "own apply raised to at least 1e8 where none was due")

@@ -76,8 +76,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from workbook.core import budget
-from workbook.run.budget.evidence_text import (cache_saw, history_saw, in_batch, mapping_saw,
-                                        marker_write, reasoning_state)
+from workbook.run.budget.evidence_text import (GUARD_KEEPS, bias_found, cache_saw,  # noqa: F401
+                                               end_push, fmt, history_saw, in_batch, mapping_saw,
+                                               marker_write, reasoning_state)
 from workbook.run.verdicts import cause as _cause, dedupe as _dedupe, markers_text, say
 
 FORCED = budget.FORCED_LOGIT
@@ -297,7 +298,7 @@ def _rule_kernel(c: Ctx) -> list[dict]:
         return [_cause("H-e", f"the kernel wrote +1e9 at row {row['row']}, column "
                               f"{say(c.due_token)}, into a tensor that is not the one apply was "
                               "given (nor the one sampled): apply's logits kept "
-                              f"{_fmt(row.get('due_logit_after_apply'))} there")]
+                              f"{fmt(row.get('due_logit_after_apply'))} there")]
     bad = _substituted(c)
     handed = (f"; apply handed the kernel {' and '.join(bad)}, not the state's tensors"
               if bad else "")
@@ -306,7 +307,7 @@ def _rule_kernel(c: Ctx) -> list[dict]:
                                      f"count {say(row.get('count_host'))} >= budget "
                                      f"{say(c.budget, 'none')}) got +1e9 in column(s) "
                                      f"{say(cols)}, not in the due {say(c.due_token)} "
-                                     f"(left at {_fmt(row.get('due_logit_after_apply'))})"
+                                     f"(left at {fmt(row.get('due_logit_after_apply'))})"
                                      f"{handed}")]
     if bad:
         return [_cause("H-d-kernel", f"at step {st['step']} apply handed the kernel "
@@ -332,7 +333,7 @@ def _rule_kernel(c: Ctx) -> list[dict]:
     saw = (f"kernels launched at step {st['step']} with the state's own tensors, markers, "
            f"budget {say(st.get('budget_device'))}, history and caches right, yet {where} "
            f"(row {row['row']}, local_pos {row['local_pos']}, count "
-           f"{say(row.get('count_host'))} >= budget {say(c.budget, 'none')}) {_bias_found(c)}")
+           f"{say(row.get('count_host'))} >= budget {say(c.budget, 'none')}) {bias_found(c)}")
     pat = _pattern(c, "forced")
     if pat and pat["kind"] == "position":
         saw += f"; due rows were forced only when {pat['text']}"
@@ -354,29 +355,6 @@ def _due_delta(c: Ctx) -> float:
     return 0.0 if before is None or after is None else float(after) - float(before)
 
 
-def _bias_found(c: Ctx) -> str:
-    """What ``apply`` really did at the due column of the violating row, against the logit
-    that won the row."""
-    row, due = c.row, c.due_token
-    before, after = row.get("due_logit_before_apply"), row.get("due_logit_after_apply")
-    if before is None and due is not None and c.markers.end and due == c.markers.end[0]:
-        before = row.get("end_logit_before_apply")
-    top, top_v = row.get("sampled_top"), row.get("sampled_top_logit")
-    if top is None:
-        ids, vals = row.get("topk_ids_after") or [], row.get("topk_vals_after") or []
-        top, top_v = (ids[0], vals[0]) if ids and vals else (None, None)
-    won = f"; token {top} won the row at {_fmt(top_v)}" if top is not None else ""
-    if before is None or after is None:
-        return f"was not forced at the due column {say(due)} (left at {_fmt(after)}){won}"
-    delta = after - before
-    if delta > 0:
-        return (f"got +{_fmt(delta)} at the due column {say(due)} ({_fmt(before)} -> "
-                f"{_fmt(after)}), not +1e9, which was too weak against the winning logit"
-                + (f" {_fmt(top_v)} of token {top}" if top is not None else ""))
-    return (f"got no bias at the due column {say(due)} (it stayed at {_fmt(after)}) and +1e9 "
-            f"in no column{won}")
-
-
 def _rule_forced_kernel(c: Ctx) -> list[dict]:
     """A row that was not due carries the forcing bias (``apply``'s tensor)."""
     st, row = c.st, c.row
@@ -384,7 +362,9 @@ def _rule_forced_kernel(c: Ctx) -> list[dict]:
         return []
     cols = [int(x) for x in (row.get("bias_cols") or [])]
     em = row.get("emitted_token")
-    if em is None or not (int(em) in cols or (row_forced(row) and c.markers.end
+    earlier = (end_push(row) or ("",))[0] == "earlier"  # forced before the budget's apply
+    if em is None or not (int(em) in cols or (row_forced(row) and not earlier and
+                                              c.markers.end
                                               and int(em) == int(c.markers.end[0]))):
         return []
     b = c.budget
@@ -394,10 +374,41 @@ def _rule_forced_kernel(c: Ctx) -> list[dict]:
     bad = _substituted(c)
     handed = (f"; apply handed the kernel {' and '.join(bad)}, not the state's tensors"
               if bad else "; the state's inputs were right")
+    put = (f"apply put +1e9 in column(s) {say(cols)}" if cols else
+           f"apply raised the end column to {fmt(row.get('end_logit_after_apply'))} "
+           f"(from {fmt(row.get('end_logit_before_apply'))})")
     return [_cause("H-d-kernel", f"row {row['row']} (local_pos {row['local_pos']}) at step "
-                                 f"{st['step']} was not due ({why}), yet apply put +1e9 in "
-                                 f"column(s) {say(cols)}: {em} was forced"
+                                 f"{st['step']} was not due ({why}), yet {put}: {em} was forced"
                                  f"{handed}")]
+
+
+def _rule_forced_push(c: Ctx) -> list[dict]:
+    """A row that was not due whose end column a stage raised — an earlier processor by any
+    amount (+1e9 included), or the budget's apply short of the forcing bias — and the end was
+    emitted there: named from where the rise happened."""
+    st, row = c.st, c.row
+    if row is None or row.get("bias_cols"):
+        return []
+    em = row.get("emitted_token")
+    push = end_push(row)
+    if em is None or push is None or not c.markers.end or int(em) != int(c.markers.end[0]) \
+            or (push[0] == "apply" and row_forced(row)):
+        return []
+    b = c.budget
+    why = ("the request has no budget" if b is None else
+           f"count {say(row.get('count_host'))} < budget {b}" if c.kind == "early" else
+           "its reasoning had already ended")
+    where, lo, hi = push
+    at = f"row {row['row']} (local_pos {row['local_pos']}) at step {st['step']}"
+    if where == "earlier":
+        return [_cause("H-p", f"{at} was not due ({why}), yet its end column went "
+                              f"{fmt(lo)} -> {fmt(hi)} before the budget's apply (another "
+                              f"logits processor raised it; after apply "
+                              f"{fmt(row.get('end_logit_after_apply'))}) and {em} was "
+                              f"emitted; {GUARD_KEEPS}")]
+    return [_cause("H-d-kernel", f"{at} was not due ({why}), yet the budget's apply raised its "
+                                 f"end column by +{fmt(hi - lo)} ({fmt(lo)} -> {fmt(hi)}; "
+                                 f"not the +1e9 forcing) and {em} was emitted; {GUARD_KEEPS}")]
 
 
 def _rule_forced_commit(c: Ctx) -> list[dict]:
@@ -467,7 +478,7 @@ def _rule_sampling(c: Ctx) -> list[dict]:
         if top is not None and top_v is not None and top_v >= FORCED and int(top) != due:
             return [_cause("H-d-column", f"apply forced row {row['row']} at the due column "
                                          f"{due}, but in {where} the +1e9 sits in column {top} "
-                                         f"({_fmt(top_v)}; {due} holds {_fmt(ds)}): it moved "
+                                         f"({fmt(top_v)}; {due} holds {fmt(ds)}): it moved "
                                          "between apply and sampling", stage="sampling")]
         ident = row.get("sampled_is_biased")
         if ident is None:
@@ -476,13 +487,13 @@ def _rule_sampling(c: Ctx) -> list[dict]:
                "it was the same storage: the +1e9 was overwritten after apply" if ident else
                "which storage it was is not recorded")
         return [_cause("H-e", f"apply forced row {row['row']} (column {say(due)} = "
-                              f"{_fmt(row.get('due_logit_after_apply'))}), but {where} held "
-                              f"{_fmt(ds)} there — {how}")]
+                              f"{fmt(row.get('due_logit_after_apply'))}), but {where} held "
+                              f"{fmt(ds)} there — {how}")]
     sv = row.get("sampled_vllm")
     if sv is None or int(sv) == due:
         return []
     if row.get("from_draft") is False:
-        return [_cause("H-e-sample", f"row {row['row']} was forced in {where} ({_fmt(ds)} at "
+        return [_cause("H-e-sample", f"row {row['row']} was forced in {where} ({fmt(ds)} at "
                                      f"{say(due)}, its top-1 {say(row.get('sampled_top'))}), "
                                      "yet the "
                                      f"{sampler} sampled {sv} from it (its own sample, not a "
@@ -529,7 +540,7 @@ RULES = (("state", _rule_state), ("registration", _rule_registration),
 # without a budget, twice). Gate and launch cannot add a forcing; the stages that can, in order
 FORCING_RULES = (("registration", _rule_registration), ("batch mapping", _rule_mapping),
                  ("device state", _rule_device_state), ("apply", _rule_forced_kernel),
-                 ("commit", _rule_forced_commit))
+                 ("apply", _rule_forced_push), ("commit", _rule_forced_commit))
 
 
 def row_forced(row: dict) -> bool:
@@ -537,10 +548,6 @@ def row_forced(row: dict) -> bool:
     if v is None:
         v = row.get("end_logit_after_apply")
     return v is not None and v >= FORCED
-
-
-def _fmt(v) -> str:
-    return "an unrecorded value" if v is None else f"{v:.3g}"
 
 
 def _pattern(c: Ctx, what: str) -> dict | None:

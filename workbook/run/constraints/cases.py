@@ -84,6 +84,10 @@ from workbook.core import contracts
 from workbook.core.config import ConfigError, RunConfig
 from workbook.run.constraints.caseparams import is_refusal, sampling_params  # noqa: F401  (re-exported)
 
+from workbook.run.constraints.differential import (  # noqa: E402,F401 (re-exported)
+    differential, emitted_at, evidence_key)
+from workbook.run.constraints.grammar_rows import grammar_evidence  # noqa: E402,F401
+
 METHODS = ("none", "mtp", "eagle", "ngram", "draft_model")
 BATCHES = ("single", "mixed", "mixed-natural", "mixed-scaled")
 SCALE = 1e5  # mixed-scaled: the lm_heads times this (request.scaled_lm_head)
@@ -156,6 +160,10 @@ class Cell:
     cached_tokens: int | None = None  # vLLM's RequestOutput.num_cached_tokens (prefix caching)
     samples: list = field(default_factory=list)  # n > 1: each output's request id and verdict
     invariance: dict | None = None  # vs the same cell at its axis value's reference (axes)
+    # its own contracts held, its rows or output changed (by a neighbour, the slot's history or
+    # a cause no contract explains): reported at its first changed row, never among the holds
+    victim: bool = False
+    alone: dict | None = None  # batch invariance: the request alone on a fresh slot vs in the batch
 
     def to_dict(self) -> dict:
         from workbook.run import verdicts
@@ -271,6 +279,13 @@ def run_batch(engine, cases: dict[str, dict], *, zero_head: bool, batch: str,
     judge_batch(rc, names, outs, cases, batch, engine, tok, sps, cells, evidence)
     for name, o in zip(names, outs):
         cells[name].cached_tokens = getattr(o, "num_cached_tokens", None)
+    mode = getattr(cfg, "invariance", "off")
+    if mode == "on" or mode == "auto" and any(  # a cause in the batch or the slot's history
+            (cells[n].first or {}).get("source") in ("unexplained", "neighbour") for n in names):
+        from workbook.run.constraints import invariance  # the reference a defect cannot share
+
+        invariance.check(engine, cfg, cases, names, cells, evidence, zero_head=zero_head,
+                         scale=scale, batch=batch, everyone=mode == "on", send=run_batch)
     for name in names:
         cells[name].preemptions = pc.of(prompt_of(tok, name, cfg))
         if cells[name].status == "error" and cells[name].preemptions:
@@ -374,7 +389,16 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
     breaches.sort(key=_where)
     cell.breaches = len(breaches)
     if breaches:
-        cell.status, cell.first = "violated", breaches[0]
+        cell.status, cell.first = "violated", dict(breaches[0])
+        cell.victim = bool(verdict.get("victim")) and all(
+            b.get("source") not in (None, "own") for b in breaches)
+        c = cell.first.get("column")
+        if cell.first.get("source") == "unexplained" and c is not None and output:
+            k = sum(1 for t in output if t == c)
+            cell.first["what"] += (f"; its output holds {c} at {k} of its {len(output)} "
+                                   "token(s)" + (" (all of them)" if k == len(output) else ""))
+    if verdict.get("registration"):
+        cell.message = "; ".join(x for x in (cell.message, verdict["registration"]) if x)
     else:
         unj = {**contracts.unjudged(p, output, comp.finish_reason, comp.text, grammar=grammar,
                                     no_grammar=no_grammar),
@@ -394,63 +418,6 @@ def judge_request(name: str, batch: str, o, rc, req: str | None, verdict: dict |
 def _where(b: dict) -> tuple:
     return (b["step"] if b.get("step") is not None else 1 << 30,
             b["row"] if b.get("row") is not None else 1 << 30)
-
-
-def grammar_evidence(engine, rc, req: str, output: list[int]):
-    """For a request with a JSON schema: the output through its grammar
-    (``contracts.GrammarTruth``), why there is none (a sentence, else None), and the row
-    breaches — per structured-output row (draft rows included), the grammar advanced through
-    the committed output + the row's drafts ``[:j]`` from where vLLM starts it
-    (``grammar.grammar_start``: after the reasoning) must allow the processed row's argmax,
-    and the row may hold no more finite columns than the grammar allows (+1: the budget's
-    forced column). Rows before the grammar starts, after it ended, or after a draft it
-    rejects are not judged by it (vLLM does not constrain them or never emits them); nor are
-    rows vLLM samples nothing from or whose token it never returns
-    (``contracts.grammar_bound_rows``)."""
-    p = rc.params[req]
-    if p.json_schema is None:
-        return None, None, []
-    if engine is None:
-        return None, "no engine to build the grammar on", []
-    from workbook.vllm import grammar as vgrammar
-
-    if hasattr(engine, "grammar_for"):  # a served engine: from the folder it loaded
-        chk, why, reasoning = engine.grammar_for(p)
-    else:
-        chk, why = vgrammar.for_request(engine.llm, engine.tokenizer, p)
-        reasoning = vgrammar.reasoning_on(engine.llm) if chk is not None else False
-    if chk is None:
-        return None, why, []
-    prompt = rc.prompts[req]
-    truth = chk.truth(prompt, output, rc.markers, reasoning)
-    rows: list[dict] = []
-    committed: list[int] = []
-    for rec, bound in contracts.grammar_bound_rows(rc.steps, req, len(output)):
-        for row in bound:
-            j = row["local_pos"]
-            seen = committed + [int(t) for t in row["drafts"][:j]]
-            start = vgrammar.grammar_start(prompt, seen, rc.markers, reasoning)
-            if start is None or start > len(seen):
-                continue
-            mask = chk.allowed_mask(seen[start:])
-            if mask is None:
-                continue
-            top1, n_allowed = int(row["top1"]), int(mask.sum())
-            limit = n_allowed + (1 if p.thinking_token_budget is not None else 0)
-            what = None
-            if not (0 <= top1 < len(mask) and mask[top1]):
-                what = (f"the processed row's argmax {top1} is not allowed by the grammar "
-                        f"after {len(seen) - start} grammar token(s) ({n_allowed} allowed)")
-            elif row.get("finite") is not None and row["finite"] > limit:
-                what = (f"{row['finite']} finite columns, the grammar allows {n_allowed} after "
-                        f"{len(seen) - start} grammar token(s)")
-            if what:
-                rows.append({"step": rec["step"], "row": row["row"], "local_pos": j,
-                             "stage": "grammar bitmask", "contract": "structured_output",
-                             "what": what, "column": top1, "out_index": len(seen)})
-                break
-        committed += [int(t) for t in rec["emitted"]]
-    return truth, None, rows
 
 
 def _host_prompt_logprobs(o) -> list[dict | None] | None:
@@ -548,85 +515,6 @@ _is_refusal, _msg = is_refusal, one_line  # the names run_batch / judge_request 
 
 def _jsonable(x):
     return json.loads(json.dumps(x, default=str))
-
-
-def evidence_key(batch: str, axes: dict | None) -> str:
-    """The evidence file of a batch at a grid point: ``<batch>`` at the default point (no axes
-    given), else ``<batch>@axis=value,...``."""
-    return batch + ("@" + ",".join(f"{k}={v}" for k, v in axes.items()) if axes else "")
-
-
-def differential(cells: list[Cell], evidence: dict, reference: list[Cell] | None = None,
-                 spec_only=()) -> None:
-    """Fill each spec cell's ``differential`` against method ``none``'s same request at the
-    same grid point (axes in ``spec_only`` — the drafter's — ignored: ``none`` has no
-    drafter): the cells of ``reference`` (the healthy configuration's, when the grid injects
-    a constraint fault), else the grid's own ``none`` cells."""
-    point = lambda c: tuple(sorted((k, str(v)) for k, v in (c.axes or {}).items()
-                                   if k not in spec_only))
-    ref = {(c.constraint, c.batch, point(c)): c
-           for c in (cells if reference is None else reference) if c.method == "none"}
-    for c in cells:
-        r = ref.get((c.constraint, c.batch, point(c)))
-        if c.method == "none" or r is None or not c.output or not r.output:
-            continue
-        if c.samples or r.samples:  # sampled (the n axis): no greedy equality to compare
-            c.differential = {"vs": "none", "unavailable": "sampled outputs (n > 1 at "
-                              "temperature > 0): speculative decoding keeps the distribution, "
-                              "not the draws"}
-            continue
-        if r.status == "error":  # the reference went unobserved: no differential claimed
-            c.differential = {"vs": "none", "unavailable": f"the reference cell: {r.message}"}
-            continue
-        c.differential = None  # filled afresh (the grid refills it as methods finish)
-        if c.prompt_logprobs is not None or r.prompt_logprobs is not None:
-            _prompt_differential(c, r)
-        i = contracts.first_divergence(c.output, r.output)
-        if i is None:
-            c.differential = {"vs": "none", "identical": True, "tokens": len(c.output),
-                              **({"prompt_logprobs": c.differential["prompt_logprobs"]}
-                                 if c.differential else {})}
-            continue
-        ev = evidence.get(c.method, {}).get(evidence_key(c.batch, c.axes), {}).get(
-            c.constraint, {})
-        at = emitted_at(ev, i)
-        c.differential = {"vs": "none", "identical": False, "out_index": i,
-                          "token": c.output[i] if i < len(c.output) else None,
-                          "reference_token": r.output[i] if i < len(r.output) else None, **at,
-                          **({"prompt_logprobs": c.differential["prompt_logprobs"]}
-                             if c.differential else {})}
-
-
-def _prompt_differential(c: Cell, r: Cell) -> None:
-    """Prompt logprobs are the prompt's, whatever the method: a spec cell's must equal
-    ``none``'s for the same request (``contracts.prompt_logprobs_divergence``); a difference
-    is a violation of the cell's ``prompt_logprobs`` contract at stage ``differential vs
-    none`` (the rows it came from are self-consistent: the hidden states differ)."""
-    unpack = lambda pl: None if pl is None else [None if d is None else {int(t): float(v)
-                                                 for t, v in d} for d in pl]
-    d = contracts.prompt_logprobs_divergence(unpack(c.prompt_logprobs), unpack(r.prompt_logprobs))
-    c.differential = {"prompt_logprobs": d or "identical"}
-    if d is not None and c.constraint == "prompt_logprobs" and c.status in ("holds",
-                                                                           "not judged"):
-        c.status, c.breaches = "violated", c.breaches + 1
-        c.first = {"step": None, "row": None, "local_pos": None, "stage": "differential vs none",
-                   "contract": "prompt_logprobs", "what": d["what"], "column": d.get("token"),
-                   "out_index": None, "position": d.get("position")}
-
-
-def emitted_at(ev: dict, i: int) -> dict:
-    """Where output index ``i`` was emitted in one request's row evidence: step, row, local
-    position and that row's top-1/top-2 margin ({} when not recorded)."""
-    n = 0
-    for s in ev.get("steps", []):
-        for row in s["rows"]:
-            if row.get("emitted_token") is None:
-                continue
-            if n == i:
-                return {"step": s["step"], "row": row["row"], "local_pos": row["local_pos"],
-                        "margin": row["top1_val"] - row["top2_val"]}
-            n += 1
-    return {}
 
 
 def reproducer(cell: dict, grid: dict) -> str:

@@ -179,8 +179,10 @@ class Engine:
         return self.backend.engine
 
     def __exit__(self, *exc):
+        from workbook.run.constraints import invariance
         from workbook.vllm import engine as vengine
 
+        invariance.release()  # the fresh-slot reference engines of this configuration
         self.backend.stop()
         if self.cfg.mode == "server":
             return False
@@ -247,6 +249,10 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None, progress=None) -
     engines: list = []
     baseline = None
     t0 = time.time()
+    from workbook.run.constraints import invariance
+
+    invariance.reset_cost()
+    inv_cost = invariance.COST  # accumulates as batches run (the grid prints it)
 
     def assemble(status: str) -> dict:
         ref = ref_cells if p.fault else None
@@ -262,6 +268,8 @@ def grid_of(p: Plan, out: str | None = None, *, on_method=None, progress=None) -
                 "points": p.points, "engines": engines,
                 "seconds": round(time.time() - t0, 1), "cells": [c.to_dict() for c in cells]}
         grid["benchmark"] = benchmark(grid)
+        grid["batch_invariance"] = {k: round(v, 1) if isinstance(v, float) else v
+                              for k, v in inv_cost.items()}
         if p.fault:
             grid["reference"] = {"method": "none", "fault": None,
                                  "cells": [c.to_dict() for c in ref_cells]}
@@ -449,6 +457,15 @@ def summary_lines(grid: dict, run_dir: str | None = None) -> list[str]:
     if unreached:
         lines.append(f"{unreached} cell(s) did not reach their axis value (e.g. no preemption "
                      "happened): see each cell's 'unreached'")
+    inv = grid.get("batch_invariance")
+    if inv and inv.get("runs"):
+        lines.append(f"batch-invariance reference: {inv['runs']} re-run(s) alone on fresh "
+                     f"slots for {inv['batches']} batch(es), {inv['seconds']} s, "
+                     f"{inv['engine_starts']} engine start(s) ({inv['start_seconds']} s)")
+    victims = [c for c in cells if c.get("victim")]
+    if victims:
+        lines.append(f"{len(victims)} victim(s): their own contract held, their rows or output "
+                     "changed (listed as violated below, with the cause)")
     for c in cells:
         if c["status"] in ("violated", "error", "method refused"):
             first = c.get("first") or {}
@@ -456,7 +473,8 @@ def summary_lines(grid: dict, run_dir: str | None = None) -> list[str]:
                      f"({first.get('stage')}): {first.get('what')}" if first
                      else f": {c.get('message')}")
             at = f" [{A.label(c['axes'])}]" if c.get("axes") else ""
-            lines.append(f"  {c['status']}: {c['constraint']} / {c['method']} / "
+            st = "violated (victim)" if c.get("victim") else c["status"]
+            lines.append(f"  {st}: {c['constraint']} / {c['method']} / "
                          f"{c['batch']}{at}{where}")
             if run_dir and c["status"] == "violated":
                 lines += report_lines(run_dir, cell_key(c))

@@ -118,6 +118,8 @@ def plan(env: str = ENV, overrides: dict | None = None, *, only=None, methods=No
                           "does not use it (its requests are its cases: "
                           "workbook.run.constraints.cases.case_kwargs)")
     merged = {**defaults, **{k: v for k, v in entry.items() if k in fields}, **overrides}
+    if isinstance(merged.get("invariance"), bool):  # YAML reads on / off as booleans
+        merged["invariance"] = "on" if merged["invariance"] else "off"
     try:
         base = RunConfig.from_dict(merged)
     except TypeError as e:

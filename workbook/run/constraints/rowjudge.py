@@ -71,6 +71,11 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
         if req_id not in params:
             continue
         p, r = params[req_id], res(req_id)
+        reg = regs.get(req_id)
+        if reg is not None and reg.get("unasked") and "registration" not in r:
+            # state in its slot it did not ask for: a breach only where a row it processed
+            # changed (then the stage of that row's breach); else a note on the cell
+            r["registration"] = registration_text(req_id, reg, label)
         row0_ok = True
         for row in rec["rows"]:
             j = row["local_pos"]
@@ -83,36 +88,67 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
             r["draft_rows"] += j > 0
             found = contracts.check_row(p, ctx, row["raw"], row["proc"], row["finite"])
             cols = [b for b in found if b.column is not None]
-            leak = _source(req_id, row, ctx, cols, by_step[rec["step"]], params, prompts,
-                           before, markers) if cols else None
-            if leak is not None and leak[1] in broken.get(req_id, ()):
+            src = _source(req_id, row, ctx, cols, by_step[rec["step"]], params, prompts,
+                          before, markers, reg) if cols else None
+            if src is not None and src[1] in broken.get(req_id, ()):
                 # B already broke this contract on its own rows: its later values of it follow
                 # from its own wrong state and cannot be told from A's (no leak claimed)
-                leak = None
-            leak_stage = _draft_aware("apply", j, row0_ok)
-            if leak is not None:
-                a, name, col, exp, got = leak
-                what = (f"request {label(a)}'s {name} applied to request {label(req_id)}'s row "
-                        f"at step {rec['step']}, row {row['row']}: column {col} expected "
-                        f"{exp:.6g} by request {label(req_id)}'s contracts, found {got:.6g}, "
-                        f"what request {label(a)}'s {name} gives there")
-                at = {"step": rec["step"], "row": row["row"], "local_pos": j, "stage": leak_stage,
-                      "contract": name, "what": what, "column": col, "out_index": ctx.out_index,
-                      "expected": exp, "found": got, "columns": len(cols)}
-                res(a)["breaches"].append({**at, "on_request": req_id,
-                                           "on_name": label(req_id)})
-                r["affected_by"].append({**at, "by_request": a, "by_name": label(a)})
+                src = None
+            st_here = _draft_aware("apply", j, row0_ok)
+            if src is not None:
+                a, name, col, exp, got, kind = src
+                at = {"step": rec["step"], "row": row["row"], "local_pos": j,
+                      "column": col, "out_index": ctx.out_index, "expected": exp,
+                      "found": got, "columns": len(cols)}
+                if kind == "previous":
+                    what = (f"request {label(a)}'s {name}, left in slot {reg.get('slot')} when "
+                            f"it finished, applied to request {label(req_id)}'s row at step "
+                            f"{rec['step']}, row {row['row']}: column {col} expected "
+                            f"{exp:.6g} by request {label(req_id)}'s contracts, found "
+                            f"{got:.6g}, what request {label(a)}'s {name} gives there"
+                            + _unasked_text(reg))
+                    r["breaches"].append({**at, "stage": "registration", "contract": name,
+                                          "what": what, "source": "previous occupant",
+                                          "by_request": a, "by_name": label(a)})
+                else:
+                    what = (f"request {label(a)}'s {name} applied to request {label(req_id)}'s "
+                            f"row at step {rec['step']}, row {row['row']}: column {col} "
+                            f"expected {exp:.6g} by request {label(req_id)}'s contracts, found "
+                            f"{got:.6g}, what request {label(a)}'s {name} gives there")
+                    # the victim's breach (its rows changed); the source's own rows held
+                    r["breaches"].append({**at, "stage": st_here, "contract": name,
+                                          "what": what, "source": "neighbour",
+                                          "by_request": a, "by_name": label(a)})
+                r["affected_by"].append({**at, "stage": st_here, "contract": name,
+                                         "what": what, "by_request": a, "by_name": label(a)})
                 found = [b for b in found if b.column is None]
-            marked = [(b, stage(regs.get(req_id), row, j, row0_ok, p)) for b in _per_contract(
+            unexpl = [] if src is not None else [
+                b for b in found if b.column is not None and b.column in row["raw"]
+                and not contracts.expected(p, ctx, b.column, row["raw"][b.column]).by
+                and own_transform(p, ctx, b.column, row["raw"][b.column],
+                                  row["proc"][b.column], row) is None]
+            found = [_owned(p, ctx, b, row) for b in found]
+            if unexpl:
+                found = [b for b in found if b not in unexpl]
+                r["breaches"].append(_unexplained(req_id, rec, row, ctx, unexpl, reg, p,
+                                                  by_step[rec["step"]], params, label,
+                                                  "registration" if reg and reg.get("unasked")
+                                                  else st_here))
+            marked = [(b, stage(reg, row, j, row0_ok, p, ctx)) for b in _per_contract(
                 found)] if found else []
-            if not marked and leak is None:
+            if not marked and src is None and not unexpl:
                 marked = rejection(p, ctx, row)
             if j == 0:
-                row0_ok = not marked and leak is None
+                row0_ok = not marked and src is None and not unexpl
             for b, st in marked:
                 broken.setdefault(req_id, set()).add(b.contract)
                 d = {"step": rec["step"], "row": row["row"], "local_pos": j, "stage": st,
-                     **b.to_dict()}
+                     "source": "own", **b.to_dict()}
+                off = counts_off(row, ctx) if st == "device state" else None
+                if off is not None:
+                    d["what"] += (f"; vLLM's penalty counts hold {off[1]} at column {off[0]} "
+                                  f"where request {label(req_id)}'s own output holds {off[2]}"
+                                  f" — {_previous_text(reg, label)}" if reg else "")
                 if b.column is not None and b.column in row["raw"]:
                     e = contracts.expected(p, ctx, b.column, row["raw"][b.column])
                     d.update(expected=_value(e), found=row["proc"][b.column],
@@ -120,7 +156,13 @@ def judge_steps(steps: list[dict], params: dict, prompts: dict, registrations: l
                 r["breaches"].append(d)
     for req_id, r in out.items():
         r["breaches"].sort(key=lambda b: (b["step"], b["row"]))
+        for b in r["breaches"]:
+            b["cause"] = cause_of(b)
         r["first"] = r["breaches"][0] if r["breaches"] else None
+        # its own contracts held, its rows changed by another request or by the slot's
+        # history: a victim (reported at its first changed row, never among the holds)
+        r["victim"] = bool(r["breaches"]) and all(b.get("source") not in (None, "own")
+                                                  for b in r["breaches"])
         r["verdicts"] = records(req_id, r, label)
     return out
 
@@ -150,15 +192,82 @@ def records(req_id: str, r: dict, label=lambda x: x) -> list[dict]:
                 f"{name} held at {r['rows']} rows ({r['draft_rows']} draft rows)"),
                 affected_by=touched).to_dict())
             continue
-        leak = b.get("on_request")
         out.append(Verdict(
             req_id, name, "violated", step=b.get("step"), row=b.get("row"),
             local_pos=b.get("local_pos"), column=b.get("column"),
-            output_index=b.get("out_index"), stage=b.get("stage"),
-            cause=None if leak is None else
-            f"request {label(req_id)}'s {name} applied to request {b.get('on_name')}'s row",
+            output_index=b.get("out_index"), stage=b.get("stage"), cause=cause_of(b),
             evidence=b.get("what") or "", affected_by=touched).to_dict())
     return out
+
+
+def own_transform(p, ctx, col: int, raw: float, got: float, row: dict | None = None
+                  ) -> str | None:
+    """The request's own contract whose transform gives ``got`` at a column it should have left
+    alone — its stage applied it to the wrong column: a penalty as if the column were in the
+    history (1-4 times, with vLLM's device count, or in the prompt), a mask (``-inf``) at a
+    column one of its masking contracts names (an allowed id, a bad word's last token, a stop
+    id under min_tokens).
+    None: no contract of this request produces that value (an unexplained change)."""
+    dev = (row or {}).get("counts") or {}
+    ks = list(dict.fromkeys([*range(1, 5), *([int(dev[col]) - ctx.output.count(col)]
+                                             if dev.get(col) else [])]))
+    for k in (k for k in ks if k > 0):
+        for cx in (contracts.RowContext(ctx.prompt, tuple(ctx.output) + (col,) * k, ctx.drafts,
+                                        ctx.local_pos, ctx.markers),
+                   contracts.RowContext(tuple(ctx.prompt) + (col,) * k, ctx.output,
+                                        ctx.drafts, ctx.local_pos, ctx.markers)):
+            for q in _parts(p):
+                e = contracts.expected(q, cx, col, raw)
+                if e.by and not e.forced and contracts.close(got, e.value):
+                    return e.by[-1]
+    if got == float("-inf"):  # a masking contract's own columns only
+        own = {"allowed_token_ids": set(p.allowed_token_ids or ()),
+               "bad_words": {w[-1] for w in p.bad_words if w},
+               "min_tokens": set(p.masked_by_min_tokens) if p.min_tokens else set()}
+        return next((n for n, cols in own.items() if col in cols and n in p.constraints()),
+                    None)
+    return None
+
+
+def _parts(p):
+    """The request's parameters, then each of its penalties alone (the penalties stage applies
+    three transforms; one of them on a wrong column is still that stage's)."""
+    out = [p]
+    if p.penalised:
+        neutral = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+        for keep in neutral:
+            if getattr(p, keep) != neutral[keep]:
+                out.append(dataclasses.replace(p, **{k: v for k, v in neutral.items()
+                                                     if k != keep}))
+    return out
+
+
+def _owned(p, ctx, b, row):
+    """A breach at a column none of the request's contracts names, booked against the own
+    contract whose transform gives the found value there (``own_transform``)."""
+    if b.column is None or b.column not in row["raw"]:
+        return b
+    e = contracts.expected(p, ctx, b.column, row["raw"][b.column])
+    if e.by:
+        return b
+    name = own_transform(p, ctx, b.column, row["raw"][b.column], row["proc"][b.column], row)
+    return b if name is None else contracts.Breach(name, b.what, b.column, b.out_index)
+
+
+def cause_of(b: dict) -> str | None:
+    """A row breach's named source, from its evidence (None: the request's own state)."""
+    src = b.get("source")
+    if src == "neighbour":
+        return f"request {b.get('by_name')}'s {b.get('contract')} applied to this request's row"
+    if src == "previous occupant":
+        return (f"request {b.get('by_name')}'s {b.get('contract')} left in the slot it had "
+                "occupied")
+    if src == "unexplained":
+        return "not separated by the row evidence: " + ("; ".join(
+            x for x in (f"present in the batch: {', '.join(b.get('present') or []) or 'none'}",
+                        f"the slot's previous occupant: {b['previous']}" if b.get("previous")
+                        else None) if x))
+    return None
 
 
 def _on_rows(name: str) -> bool:
@@ -196,7 +305,7 @@ def _draft_aware(name: str, j: int, row0_ok: bool) -> str:
     return f"{name} on draft rows" if j > 0 and row0_ok else name
 
 
-def stage(reg: dict | None, row: dict, j: int, row0_ok: bool, p) -> str:
+def stage(reg: dict | None, row: dict, j: int, row0_ok: bool, p, ctx=None) -> str:
     """The stage a row breach belongs to, from positive evidence: ``registration`` (vLLM's
     per-slot state after ``add_request`` lacks the parameter), ``gate`` (the slot's
     gate off, or ``apply_sampling_params`` returned its input), ``device state`` (the device
@@ -204,11 +313,23 @@ def stage(reg: dict | None, row: dict, j: int, row0_ok: bool, p) -> str:
     (``apply on draft rows`` when row 0 of the same step held)."""
     if reg is not None and set(reg["missing"]) - {"gate"}:
         return "registration"
-    if row["gate"] is False or row["fast_path"]:
+    if contracts.gated(p) and (row["gate"] is False or row["fast_path"]):
         return "gate"
-    if not row["history_ok"]:
+    if not row["history_ok"] or counts_off(row, ctx) is not None:
         return "device state"
     return _draft_aware("apply", j, row0_ok)
+
+
+def counts_off(row: dict, ctx) -> tuple[int, int, int] | None:
+    """vLLM's penalty counts the row was processed with (``row['counts']``, kept when a
+    request is penalised) against the request's own committed output: the first column where
+    they differ, ``(column, device count, own count)``; None when they agree or were not kept."""
+    counts = row.get("counts") if ctx is not None else None
+    for c, n in sorted((counts or {}).items()):
+        own = list(ctx.output).count(c)
+        if int(n) != own:
+            return c, int(n), own
+    return None
 
 
 def rejection(p, ctx, row) -> list:
@@ -233,10 +354,33 @@ def rejection(p, ctx, row) -> list:
     return []
 
 
-def _source(req_id, row, ctx, cols, peers, params, prompts, before, markers):
-    """The other request of the step whose contract explains every differing column of this
-    row: ``(request, contract, column, expected, found)`` for the first column, or None."""
+def _source(req_id, row, ctx, cols, peers, params, prompts, before, markers, reg=None):
+    """What explains every differing column of this row, from positive evidence: the slot's
+    previous occupant whose parameters vLLM's registration still holds for this request —
+    a setting it did not ask for (``reg['unasked']``) whose owner's contract gives every found
+    value, or a setting it asked for whose values are the previous occupant's (this request's
+    parameters with that setting's fields the previous occupant's give every processed value:
+    ``SLOT_FIELDS``) —, else another request of the step whose contract does. ``(request,
+    contract, column, expected, found, kind)`` for the first column (``kind``: ``previous`` or
+    ``neighbour``), or None."""
     p = params[req_id]
+    prev = (reg or {}).get("previous")
+    left = {u["setting"] for u in (reg or {}).get("unasked") or []}
+    if prev and prev.get("params"):
+        pa = contracts.Params(**prev["params"])
+        c = cols[0].column
+        e = contracts.expected(p, ctx, c, row["raw"][c])
+        if left:  # a setting it did not ask for, left by the previous occupant
+            names = [_explains(pa, ctx, p, ctx, b.column, row) for b in cols]
+            if all(n in left for n in names):
+                return prev["req_id"], names[0], c, _value(e), row["proc"][c], "previous"
+        for name, fields in SLOT_FIELDS.items():  # a setting it asked for, with the old values
+            if name not in p.constraints() or name not in pa.constraints() or all(
+                    getattr(p, f) == getattr(pa, f) for f in fields):
+                continue
+            mixed = dataclasses.replace(p, **{f: getattr(pa, f) for f in fields})
+            if all(_gives(mixed, ctx, b.column, row) for b in cols):
+                return prev["req_id"], name, c, _value(e), row["proc"][c], "previous"
     for rec in peers:
         a = rec["req_id"]
         if a == req_id or a not in params:
@@ -250,8 +394,88 @@ def _source(req_id, row, ctx, cols, peers, params, prompts, before, markers):
             if all(names):
                 c = cols[0].column
                 e = contracts.expected(p, ctx, c, row["raw"][c])
-                return a, names[0], c, _value(e), row["proc"][c]
+                return a, names[0], c, _value(e), row["proc"][c], "neighbour"
     return None
+
+
+UNEXPLAINED = "unexplained change"  # the verdict of a change no contract of the request explains
+# the request parameters vLLM's add_request writes into a slot's state, per setting
+SLOT_FIELDS = {"allowed_token_ids": ("allowed_token_ids",), "logit_bias": ("logit_bias",),
+               "bad_words": ("bad_words",), "min_tokens": ("min_tokens", "stop_token_ids"),
+               "penalties": ("repetition_penalty", "presence_penalty", "frequency_penalty"),
+               "thinking_token_budget": ("thinking_token_budget",)}
+
+
+def _gives(q, ctx, col: int, row: dict) -> bool:
+    """Whether parameters ``q`` predict the row's processed value at ``col``."""
+    e = contracts.expected(q, ctx, col, row["raw"][col])
+    got = row["proc"][col]
+    return got >= budget.FORCED_LOGIT if e.forced else contracts.close(got, e.value)
+
+
+def registration_text(req_id, reg: dict, label=lambda x: x) -> str:
+    """The registration check's other way, as a sentence: the settings vLLM holds for the
+    request that it did not ask for, the slot, and the request that left them there."""
+    parts = ", ".join(f"{u['field']} {_num(u['found'])} (asked {_num(u['asked'])})"
+                      for u in reg.get("unasked") or [])
+    return (f"registration: slot {reg.get('slot')} holds {parts} for request {label(req_id)}, "
+            f"which did not ask for {', '.join(dict.fromkeys(u['setting'] for u in reg['unasked']))}"
+            f"; {_previous_text(reg, label)}")
+
+
+def _previous_text(reg: dict, label=lambda x: x) -> str:
+    prev = (reg or {}).get("previous")
+    if prev is None:
+        return (f"the slot's earlier occupants were not seen by the row check "
+                f"({reg.get('slot_seen', 0)} registration(s) in it seen)")
+    return (f"the slot's previous occupant: request {label(prev['req_id'])} "
+            f"({', '.join(prev.get('constraints') or []) or 'no constraint'})")
+
+
+def _unasked_text(reg: dict | None) -> str:
+    if not reg or not reg.get("unasked"):
+        return ""
+    return "; its registration holds " + ", ".join(
+        f"{u['field']} {_num(u['found'])}" for u in reg["unasked"]) + " it did not ask for"
+
+
+def _num(v) -> str:
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def _unexplained(req_id, rec, row, ctx, breaches, reg, p, peers, params, label, st) -> dict:
+    """A change no contract of this request explains (a column none of its contracts touches
+    differs from raw), and no neighbour's or earlier occupant's contract gives it: its own
+    verdict (``UNEXPLAINED``), never booked against a contract that held. The sentence says the
+    change, the emitted token there, who was present in the batch and what the slot held —
+    the candidates, and the check that separates them (the request alone on a fresh slot,
+    ``workbook.run.constraints.invariance``)."""
+    b0 = breaches[0]
+    c = b0.column
+    raw, got = row["raw"][c], row["proc"][c]
+    how = ("masked" if got == float("-inf") else "raised" if got > raw else "lowered")
+    delta = "" if not (math.isfinite(got) and math.isfinite(raw)) else \
+        f" by {got - raw:+.6g}"
+    others = [f"{label(x['req_id'])} ({', '.join(params[x['req_id']].constraints()) or 'no constraint'})"
+              for x in peers if x["req_id"] != req_id and x["req_id"] in params]
+    t = row.get("emitted_token")
+    emitted = "" if t is None else (f"; the row emitted {t}" + (" (the changed column)"
+                                                                if t == c else ""))
+    what = (f"changed where no constraint of request {label(req_id)} applies: column {c} "
+            f"{how}{delta} ({raw:.6g} -> {got:.6g}) at step {rec['step']}, row {row['row']}"
+            + (f" ({len(breaches)} columns changed)" if len(breaches) > 1 else "") + emitted
+            + f" — present in the batch: {'; '.join(others) or 'no other request'}"
+            + (f"; {registration_text(req_id, reg, label)}" if reg and reg.get("unasked")
+               else f"; {_previous_text(reg, label)}" if reg else "")
+            + "; none of their contracts gives these values: the request alone on a fresh "
+              "slot (the batch-invariance reference) separates the batch from the slot's "
+              "history")
+    return {"step": rec["step"], "row": row["row"], "local_pos": row["local_pos"],
+            "stage": st, "contract": UNEXPLAINED, "what": what, "column": c,
+            "out_index": ctx.out_index, "expected": raw, "found": got,
+            "columns": len(breaches), "source": "unexplained",
+            "present": [x["req_id"] for x in peers if x["req_id"] != req_id],
+            "previous": ((reg or {}).get("previous") or {}).get("req_id")}
 
 
 def _explains(pa, cx, p, ctx, col: int, row: dict) -> str | None:
