@@ -164,6 +164,7 @@ def test_the_report_shows_a_neighbours_touch():
     report's constraints section: the touched cell violated as a victim (its own contract
     held), the touch named with its request, contract, step and row, in the cell, the summary
     and the table under the grid, with the leak's sentence; the source's cell held."""
+    from workbook.report import constraints as section
     from workbook.run.constraints import cases as C
 
     pa, pb = contracts.Params(allowed_token_ids=(5, 6, 7)), contracts.Params(logit_bias={5: 1.0})
@@ -261,7 +262,6 @@ def test_headline_says_speculative_only_where_none_does_not_show_the_same():
     """The report's lead says "under speculative decoding" only for a violation method none
     does not show too; the grid's printed summary names victims (own contract held, rows or
     output changed) beside the violated cells."""
-    from workbook.report import constraints as section
     from workbook.run.constraints import cases as C
     from workbook.run.constraints import grid as G
 
