@@ -133,9 +133,9 @@ def test_tracer_never_synchronizes_inside_a_step(engines):
     with Tracer() as t:
         request.run_budgets(eng, [1, 3], max_tokens=6)  # the tracer's one-time device indices
         n0 = len(t.steps)
-        with OpsFrom(os.path.join("workbook", "hooks", "tracer.py"),
-                     os.path.join("workbook", "hooks", "budget_trace.py"),
-                     os.path.join("workbook", "hooks", "outputs.py")) as ops:
+        with OpsFrom(os.path.join("workbook", "hooks", "observe", "tracer.py"),
+                     os.path.join("workbook", "hooks", "observe", "budget_trace.py"),
+                     os.path.join("workbook", "hooks", "observe", "outputs.py")) as ops:
             request.run_budgets(eng, [1, 3, None], max_tokens=10)
         n = len(t.steps) - n0
     assert n > 0 and ops.seen, "the tracer issued no device work in its steps"
