@@ -34,6 +34,10 @@ if ! "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is 
   [ -f .bundle/install.sh ] && eval "$(bash .bundle/install.sh .bundle)"
   [ -f .bundle/install-flashinfer.sh ] && eval "$(bash .bundle/install-flashinfer.sh .bundle)"
 fi
+if [ -f .bundle/extras.tar.xz ]; then  # lm-format-enforcer & co. (scripts/bundle/fetch_extras.sh)
+  mkdir -p /tmp/extras && tar xJf .bundle/extras.tar.xz -C /tmp/extras \
+    && export PYTHONPATH="/tmp/extras:${PYTHONPATH:-}"
+fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 export WORKBOOK_CACHE=${WORKBOOK_CACHE:-/tmp/workbook-cache} VLLM_USE_FLASHINFER_SAMPLER=0
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
