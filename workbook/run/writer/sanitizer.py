@@ -434,16 +434,21 @@ def api_writer(doc: dict | None, watch: dict | None = None,
             "stack": (w.get("stack") or [])[:12], "n_api_writes": len(recs)}
 
 
-def read_api_writes(watch_json: str) -> dict | None:
-    """``api_writes.json`` beside a run's ``watch.json`` (None when the subscriber wrote none)."""
+def read_beside(watch_json: str, name: str) -> dict | None:
+    """The JSON file ``name`` written beside a run's ``watch.json`` (None when absent or
+    unreadable)."""
     import os
 
-    p = os.path.join(os.path.dirname(watch_json), "api_writes.json")
     try:
-        with open(p) as f:
+        with open(os.path.join(os.path.dirname(watch_json), name)) as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+def read_api_writes(watch_json: str) -> dict | None:
+    """``api_writes.json`` beside a run's ``watch.json`` (None when the subscriber wrote none)."""
+    return read_beside(watch_json, "api_writes.json")
 
 
 def _place(e: dict, layout: list[dict]) -> dict | None:
@@ -533,14 +538,7 @@ def synthetic(watch: dict) -> str:
 
 def read_modules(watch_json: str) -> dict | None:
     """The child's module table written beside its ``watch.json`` (``modules.json``)."""
-    import os
-
-    p = os.path.join(os.path.dirname(watch_json), "modules.json")
-    try:
-        with open(p) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+    return read_beside(watch_json, "modules.json")
 
 
 def main(argv=None) -> int:
