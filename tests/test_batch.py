@@ -267,7 +267,7 @@ def test_failing_runs_keep_partial_notebook_and_failure_row(tmp_path):
                                                     "model_type": "no_such_model"}))
     out = tmp_path / "outputs"
     env = env_file(tmp_path, "failing", [
-        {"name": "slow", "notebook": "tests/notebooks/blocks.py", "timeout": 60},  # blocks
+        {"name": "slow", "notebook": "tests/notebooks/blocks.py", "timeout": 15},  # blocks
         {"name": "broken", "spec_method": "none", "model": str(broken)},  # ... engine error
     ])
     res = workbook("run", env, "--out", out)

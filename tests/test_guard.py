@@ -718,8 +718,10 @@ def _guard_takes_back_the_forced_end(eng, fault):
 
 
 SAMPLED = dict(temperature=0.8, seed=1234)  # a sampled request with a seed (vLLM: reproducible)
+# H-d-twice under MTP is left out: its forced decode rows are the ones H-d-unbudgeted forces
+# there (the rejection sampler's draw either way), and the suite's 45 minutes are spent elsewhere
 SAMPLED_FAULTS = {"none": ("H-d-unbudgeted", "H-d-twice"),
-                  "mtp": ("H-d-unbudgeted", "H-d-twice", "H-d-early")}
+                  "mtp": ("H-d-unbudgeted", "H-d-early")}
 SAMPLED_MAX_TOKENS = 8
 # With MTP the target is uniform over three tokens and the zeroed drafter drafts token 0 (its
 # argmax): each draft is kept with probability 1/3, so draft rows — the rows H-d-early forces —

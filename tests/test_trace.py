@@ -17,9 +17,9 @@ from workbook.run import request
 from workbook.vllm import hookpoints, patching
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# budgets 0-9 over the union of spec methods (each budget runs under two methods)
-BUDGETS = {"mtp": range(0, 10), "eagle": (0, 2, 4, 6, 8), "ngram": (1, 3, 5, 7, 9),
-           "draft_model": (0, 3, 6, 9)}
+# single requests, traced and untraced; every method's mixed batch of budgets 0-9 traced and
+# untraced is test_diagnose's healthy test, so here MTP alone, at the budgets' edges
+BUDGETS = {"mtp": (0, 1, 2, 5, 9)}
 
 
 def _outputs(eng, budgets, zero: bool):

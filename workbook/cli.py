@@ -192,6 +192,8 @@ def cmd_run(args) -> int:
     if intr:
         import signal
 
+        rundir.ignore_late_signals()
+
         print(f"workbook: interrupted by {intr['signal']} during run {intr.get('run')}; "
               f"the run folder is complete (manifest, SHA256SUMS): {run_dir}", file=sys.stderr)
         print(run_dir)
@@ -588,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workbook: configuration error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # one line: what was interrupted, where its record is
+        from workbook.core import rundir
+
+        rundir.ignore_late_signals()
         said = getattr(args, "record", None) or "nothing was started"
         print(f"\nworkbook {args.command}: interrupted (Ctrl-C); {said}", file=sys.stderr)
         return 130

@@ -173,3 +173,17 @@ def verify(run_dir: str) -> list[str]:
     problems += [f"not listed: {rel}" for rel in list_files(run_dir)
                  if rel not in listed and rel.removesuffix(".gz") not in listed]
     return problems
+
+
+def ignore_late_signals() -> None:
+    """A signal has closed the run folder: SIGINT, SIGTERM and SIGHUP are ignored for the rest
+    of the command, so that a late one (a second Ctrl-C, a signal reaching the process after
+    Python's own handlers are gone at exit) cannot turn the documented exit status 128 + N into
+    a death by signal. For the command line's exit path only (main thread)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)

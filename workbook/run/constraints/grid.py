@@ -390,7 +390,9 @@ def execute(p: Plan, out: str = "outputs", *, report=None, progress=None
             ) -> tuple[str, dict]:
     """Plan ``p`` into a fresh run folder under ``out``; returns (folder, manifest).
     ``report(run_dirs, path)`` (the layer above passes ``workbook.report.write``) writes
-    ``report.html`` before ``SHA256SUMS``; ``progress``: ``grid_of``'s."""
+    ``report.html`` before ``SHA256SUMS``; ``progress``: ``grid_of``'s. SIGINT and SIGTERM
+    stop it (status ``interrupted``) even where a library turned the exception into an error of
+    its own (pydantic's schema build does): the handler records every signal."""
     run_id, run_dir = rundir.new_run_dir(os.path.abspath(out), p.hardware)
     rel = os.path.relpath(p.env_path, REPO)
     manifest = {"study": "constraints", "environment": os.path.splitext(
@@ -403,29 +405,47 @@ def execute(p: Plan, out: str = "outputs", *, report=None, progress=None
     path = os.path.join(run_dir, rundir.MANIFEST)
     rundir.write_json(path, manifest)
 
+    received: list[int] = []  # every SIGINT/SIGTERM: a library may swallow the exception
+    closing = []  # set once the folder is being closed: a signal then is only recorded
+
     def on_method(row):
         manifest["engines"].append(row)
         rundir.write_json(path, manifest)
+        if received:  # an engine turned the signal into its own error: stop all the same
+            raise Interrupted(received[0])
 
     def stop(signum, frame):
-        raise Interrupted(signum)
+        received.append(signum)
+        if not closing:  # a second one while an engine stops forces it, as the first
+            raise Interrupted(signum)
 
-    old = signal.signal(signal.SIGTERM, stop)
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         grid = grid_of(p, run_dir, on_method=on_method, progress=progress)
+        if received:
+            raise Interrupted(received[0])
         manifest["status"] = "ok"
         manifest["counts"] = dict(Counter(c["status"] for c in grid["cells"]))
     except (KeyboardInterrupt, Interrupted) as e:
+        closing.append(True)
         name = e.args[0] if isinstance(e, Interrupted) else "SIGINT"
         done = {r["method"] for r in manifest["engines"]}
         manifest.update(status="interrupted", interrupted={
             "signal": name, "method": next((m for m in p.methods if m not in done), None),
             "at": rundir.now()})
     except Exception as e:
-        manifest.update(status="failed", failure={"ename": type(e).__name__,
-                                                  "evalue": str(e)[:2000]})
+        closing.append(True)
+        if received:  # the signal surfaced as another error: it is still an interruption
+            manifest.update(status="interrupted", interrupted={
+                "signal": signal.Signals(received[0]).name, "method": None,
+                "at": rundir.now()})
+        else:
+            manifest.update(status="failed", failure={"ename": type(e).__name__,
+                                                      "evalue": str(e)[:2000]})
     finally:
-        signal.signal(signal.SIGTERM, old)
+        closing.append(True)
+        for s, h in old.items():
+            signal.signal(s, h)
         manifest["finished"] = rundir.now()
         rundir.write_json(path, manifest)
     if report is not None and manifest["status"] != "interrupted":
@@ -507,6 +527,7 @@ def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods
         print(f"report: {os.path.join(run_dir, rundir.REPORT)}")
     st = manifest["status"]
     if st == "interrupted":
+        rundir.ignore_late_signals()
         sig = manifest["interrupted"]["signal"]
         print(f"workbook: interrupted by {sig}; the run folder keeps what it had (manifest, "
               f"grid.json, SHA256SUMS): {run_dir}", file=sys.stderr)
