@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import signal
 
 import pytest
 
@@ -17,6 +18,12 @@ from workbook.core.config import RunConfig
 from workbook.vllm import engine as _engine
 
 _ENGINES: dict[tuple, object] = {}
+
+# The Ctrl-C tests send SIGINT to the commands they start. A suite started in the background
+# (`... &` in a script: the shell ignores SIGINT there, and every child inherits the ignore)
+# would leave those commands deaf to it; a handler here is reset to the default at each exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def get_engine(**overrides):

@@ -610,6 +610,14 @@ def test_the_report_leads_with_what_the_constraints_grids_found():
            "configuration violated; violated in 2 cells, in 1 configuration: " \
            "reasoning=after-end with and without speculative decoding (finding end-str-cut)" \
            in lines[0]
+    # a finding whose reproducer held on a version does not cover that version's cells
+    stop_f = {"id": "stop-past", "constraint": "stop_strings", "triage": "known",
+              "versions": {"0.31.0": "violated", "0.32.0": "held"}}
+    later = {**bad, "vllm_version": "0.32.0"}
+    got = {(g.constraint, g.finding["id"] if g.finding else None, len(g.cells))
+           for g in answer.violated_groups([bad, later], [stop_f]) if g.constraint ==
+           "stop_strings"}
+    assert got == {("stop_strings", "stop-past", 1), ("stop_strings", None, 1)}
     ok = answer.constraints_html([clean], answer.violated_groups([clean], []))
     assert "Every judged constraint held" in ok and "alarm" not in ok
     assert answer.constraints_html([], []) == ""
@@ -636,3 +644,6 @@ def test_first_screen_of_the_committed_grids_never_contradicts_itself():
             assert all(answer.non_default(g, c).get("reasoning") not in (None, "default")
                        for g, c in x.cells)
     assert answer.grids_label(grids).startswith("committed evidence (")
+    # every violated group of the committed grids is a registered, triaged finding
+    assert [(x.constraint, answer.configuration_text(x)) for x in groups
+            if x.finding is None] == []

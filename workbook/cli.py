@@ -583,7 +583,15 @@ COMMANDS = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify,
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:  # the parser imports what lists the choices (seconds on a cold start)
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        from workbook.core import rundir
+
+        rundir.ignore_late_signals()
+        print("\nworkbook: interrupted (Ctrl-C) before a command started; nothing was started",
+              file=sys.stderr)
+        return 130
     try:
         return COMMANDS[args.command](args)
     except ConfigError as e:

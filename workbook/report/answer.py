@@ -14,8 +14,9 @@ points is said to happen "only under speculative decoding". Committed grids say 
 committed evidence and of which versions.
 
 ``violated_groups(grids, findings)`` is the grouping: a violated cell belongs to a finding when
-the finding's constraint is the cell's constraint or the contract its verdict names and every
-axis value the finding names is the cell's; the rest is grouped by constraint. Counted from the
+the finding's constraint is the cell's constraint or the contract its verdict names, every
+axis value the finding names is the cell's, and the finding's reproducer did not hold on the
+cell's vLLM version; the rest is grouped by constraint. Counted from the
 cells themselves. Not here: judging (``workbook.run.constraints``), the findings registry
 (``workbook.report.findings``), the grid tables (``workbook.report.constraints``).
 """
@@ -66,10 +67,12 @@ def non_default(grid: dict, cell: dict) -> dict[str, str]:
             if k in defaults and str(v) != str(defaults[k])}
 
 
-def _covers(f: dict, cell: dict) -> bool:
+def _covers(f: dict, cell: dict, version=None) -> bool:
     contract = (verdict_of(cell) or {}).get("contract")
     if f.get("constraint") not in (cell["constraint"], contract):
         return False
+    if (f.get("versions") or {}).get(str(version)) == "held":
+        return False  # the finding's reproducer held on the cell's version: not this one
     axes = {k: str(v) for k, v in (cell.get("axes") or {}).items()}
     return all(axes.get(k) == str(v) for k, v in (f.get("axes") or {}).items())
 
@@ -81,7 +84,7 @@ def violated_groups(grids: list[dict], findings: list[dict]) -> list[Group]:
         for c in g.get("cells", []):
             if c["status"] != "violated":
                 continue
-            f = next((f for f in findings if _covers(f, c)), None)
+            f = next((f for f in findings if _covers(f, c, g.get("vllm_version"))), None)
             key = (c["constraint"], f["id"] if f else None)
             out.setdefault(key, Group(c["constraint"], f)).cells.append((g, c))
     return list(out.values())

@@ -386,13 +386,15 @@ class Interrupted(BaseException):  # not an Exception: no per-method handler swa
         self.signum = signum
 
 
-def execute(p: Plan, out: str = "outputs", *, report=None, progress=None
-            ) -> tuple[str, dict]:
+def execute(p: Plan, out: str = "outputs", *, report=None, progress=None,
+            last: bool = False) -> tuple[str, dict]:
     """Plan ``p`` into a fresh run folder under ``out``; returns (folder, manifest).
     ``report(run_dirs, path)`` (the layer above passes ``workbook.report.write``) writes
     ``report.html`` before ``SHA256SUMS``; ``progress``: ``grid_of``'s. SIGINT and SIGTERM
     stop it (status ``interrupted``) even where a library turned the exception into an error of
-    its own (pydantic's schema build does): the handler records every signal."""
+    its own (pydantic's schema build does): the handler records every signal. ``last``: the
+    command ends with this grid — once a signal closed the folder, later ones are ignored
+    (``rundir.ignore_late_signals``) instead of the previous handlers coming back."""
     run_id, run_dir = rundir.new_run_dir(os.path.abspath(out), p.hardware)
     rel = os.path.relpath(p.env_path, REPO)
     manifest = {"study": "constraints", "environment": os.path.splitext(
@@ -419,7 +421,9 @@ def execute(p: Plan, out: str = "outputs", *, report=None, progress=None
         if not closing:  # a second one while an engine stops forces it, as the first
             raise Interrupted(signum)
 
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    # a signal the caller ignores (a job started in the background: SIGINT) stays ignored
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)
+           if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         grid = grid_of(p, run_dir, on_method=on_method, progress=progress)
         if received:
@@ -444,8 +448,11 @@ def execute(p: Plan, out: str = "outputs", *, report=None, progress=None
                                                       "evalue": str(e)[:2000]})
     finally:
         closing.append(True)
-        for s, h in old.items():
-            signal.signal(s, h)
+        if received and last:
+            rundir.ignore_late_signals()
+        else:
+            for s, h in old.items():
+                signal.signal(s, h)
         manifest["finished"] = rundir.now()
         rundir.write_json(path, manifest)
     if report is not None and manifest["status"] != "interrupted":
@@ -520,7 +527,7 @@ def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods
           + (f"; constraint fault {p.fault}" if p.fault else ""), flush=True)
     with wprogress.Progress(n_engines(p), "constraints grid", wprogress.enabled(progress),
                             unit="engine") as bar:
-        run_dir, manifest = execute(p, out, report=report, progress=bar)
+        run_dir, manifest = execute(p, out, report=report, progress=bar, last=True)
     grid = rundir.read_json(os.path.join(run_dir, "grid.json"), {}) or {}
     print("\n".join(summary_lines(grid, run_dir)))
     if os.path.exists(os.path.join(run_dir, rundir.REPORT)):
