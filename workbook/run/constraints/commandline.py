@@ -7,13 +7,16 @@ values, the default first) with the constraint faults and the modes, for the opt
 ``exit_code``: 0 every judged cell held, 1 a cell violated, 2 bad input (raised before, as
 ``ConfigError``), 3 no violation but the grid failed or a cell errored (as ``check-server
 --constraints``), 128 + N a signal (the caller); ``engine_line``: one line per engine as it
-ends (``workbook.core.progress``). Not here: running the grid (``grid``).
+ends (``workbook.core.progress``); ``Signals``: SIGINT and SIGTERM while a grid runs. Not here:
+running the grid (``grid``).
 """
 
 from __future__ import annotations
 
+import signal
 from collections import Counter
 
+from workbook.core import rundir
 from workbook.core.config import ConfigError
 from workbook.run.constraints import axes as A
 from workbook.run.constraints.plan import ENV, find
@@ -66,3 +69,57 @@ def help_choices(env: str = ENV) -> dict[str, str]:
     except (OSError, ConfigError, yaml.YAMLError) as e:  # help never fails
         out["entries"] = out["axes"] = f"(environments/{env}.yaml unreadable: {e})"
     return out
+
+
+class Interrupted(BaseException):  # not an Exception: no per-method handler swallows it
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Signals:
+    """SIGINT and SIGTERM while a grid runs (a context manager; main thread). Every signal is
+    recorded (``received``): the first raises ``Interrupted`` where the grid is — and so does a
+    second one while an engine stops —, and a signal a library turned into an error of its own
+    (pydantic's schema build does) is still known. ``closing()``: the folder is being closed,
+    later signals are only recorded. On exit the previous handlers come back, or, with
+    ``last`` (the command ends with this grid) after a signal, every signal is ignored until the
+    process exits (``rundir.ignore_late_signals``). A signal the caller ignores (a job started
+    in the background: SIGINT) stays ignored."""
+
+    def __init__(self, last: bool = False):
+        self.last = last
+        self.received: list[int] = []
+        self._closing = False
+        self._old: dict = {}
+
+    def __enter__(self) -> "Signals":
+        self._old = {s: signal.signal(s, self._stop) for s in (signal.SIGINT, signal.SIGTERM)
+                     if signal.getsignal(s) is not signal.SIG_IGN}
+        return self
+
+    def _stop(self, signum, frame):
+        self.received.append(signum)
+        if not self._closing:
+            raise Interrupted(signum)
+
+    def check(self) -> None:
+        """Raise ``Interrupted`` when a signal came and was swallowed on its way."""
+        if self.received:
+            raise Interrupted(self.received[0])
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received[0]).name
+
+    def closing(self) -> None:
+        self._closing = True
+
+    def __exit__(self, *exc) -> bool:
+        self._closing = True
+        if self.received and self.last:
+            rundir.ignore_late_signals()
+        else:
+            for s, h in self._old.items():
+                signal.signal(s, h)
+        return False

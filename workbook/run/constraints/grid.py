@@ -30,7 +30,8 @@ from workbook.core import rundir
 from workbook.core.config import ConfigError, RunConfig, installed_vllm_version
 from workbook.run.constraints import axes as A
 from workbook.run.constraints import cases as C
-from workbook.run.constraints.commandline import (EXIT_CODES, engine_line, exit_code,  # noqa: F401
+from workbook.run.constraints.commandline import (EXIT_CODES, Interrupted, Signals,  # noqa: F401
+                                                  engine_line, exit_code,
                                                   help_choices)
 from workbook.run.verdicts import cell_key, report_lines
 from workbook.run.constraints.plan import (ENTRY_KEYS, ENV, REPO, UNUSED, Plan, check_engine_kwargs,  # noqa: F401
@@ -380,12 +381,6 @@ def run(methods=C.METHODS, constraints=C.CONSTRAINTS, *, out: str | None = None,
                    out)
 
 
-class Interrupted(BaseException):  # not an Exception: no per-method handler swallows it
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 def execute(p: Plan, out: str = "outputs", *, report=None, progress=None,
             last: bool = False) -> tuple[str, dict]:
     """Plan ``p`` into a fresh run folder under ``out``; returns (folder, manifest).
@@ -407,54 +402,39 @@ def execute(p: Plan, out: str = "outputs", *, report=None, progress=None,
     path = os.path.join(run_dir, rundir.MANIFEST)
     rundir.write_json(path, manifest)
 
-    received: list[int] = []  # every SIGINT/SIGTERM: a library may swallow the exception
-    closing = []  # set once the folder is being closed: a signal then is only recorded
+    sig = Signals(last)
 
     def on_method(row):
         manifest["engines"].append(row)
         rundir.write_json(path, manifest)
-        if received:  # an engine turned the signal into its own error: stop all the same
-            raise Interrupted(received[0])
+        sig.check()  # an engine turned the signal into its own error: stop all the same
 
-    def stop(signum, frame):
-        received.append(signum)
-        if not closing:  # a second one while an engine stops forces it, as the first
-            raise Interrupted(signum)
-
-    # a signal the caller ignores (a job started in the background: SIGINT) stays ignored
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)
-           if signal.getsignal(s) is not signal.SIG_IGN}
-    try:
-        grid = grid_of(p, run_dir, on_method=on_method, progress=progress)
-        if received:
-            raise Interrupted(received[0])
-        manifest["status"] = "ok"
-        manifest["counts"] = dict(Counter(c["status"] for c in grid["cells"]))
-    except (KeyboardInterrupt, Interrupted) as e:
-        closing.append(True)
-        name = e.args[0] if isinstance(e, Interrupted) else "SIGINT"
+    def interrupted(name: str) -> None:
         done = {r["method"] for r in manifest["engines"]}
         manifest.update(status="interrupted", interrupted={
             "signal": name, "method": next((m for m in p.methods if m not in done), None),
             "at": rundir.now()})
-    except Exception as e:
-        closing.append(True)
-        if received:  # the signal surfaced as another error: it is still an interruption
-            manifest.update(status="interrupted", interrupted={
-                "signal": signal.Signals(received[0]).name, "method": None,
-                "at": rundir.now()})
-        else:
-            manifest.update(status="failed", failure={"ename": type(e).__name__,
-                                                      "evalue": str(e)[:2000]})
-    finally:
-        closing.append(True)
-        if received and last:
-            rundir.ignore_late_signals()
-        else:
-            for s, h in old.items():
-                signal.signal(s, h)
-        manifest["finished"] = rundir.now()
-        rundir.write_json(path, manifest)
+
+    with sig:
+        try:
+            grid = grid_of(p, run_dir, on_method=on_method, progress=progress)
+            sig.check()
+            manifest["status"] = "ok"
+            manifest["counts"] = dict(Counter(c["status"] for c in grid["cells"]))
+        except (KeyboardInterrupt, Interrupted) as e:
+            sig.closing()
+            interrupted(e.args[0] if isinstance(e, Interrupted) else "SIGINT")
+        except Exception as e:
+            sig.closing()
+            if sig.received:  # the signal surfaced as another error: still an interruption
+                interrupted(sig.name)
+            else:
+                manifest.update(status="failed", failure={"ename": type(e).__name__,
+                                                          "evalue": str(e)[:2000]})
+        finally:
+            sig.closing()
+            manifest["finished"] = rundir.now()
+            rundir.write_json(path, manifest)
     if report is not None and manifest["status"] != "interrupted":
         try:
             report([run_dir], os.path.join(run_dir, rundir.REPORT))
