@@ -84,3 +84,20 @@ def test_grid_summary_names_each_violation_with_its_commands():
     assert sum(1 for x in lines if "--repro repro.py && python repro.py" in x) == len(bad)
     assert G.summary_lines(g) == [x for x in lines if "report-issue" not in x]
     assert issue.registered(bad[0], "0.32.0") is not None
+
+
+def test_check_server_hints_keep_the_result_and_name_both_commands(tmp_path, capsys):
+    """Under a check-server violation: the result kept where --json said, then per violated
+    case the reproducer's and the upstream report's commands on that file."""
+    from workbook.run.servers import check
+
+    out = tmp_path / "check.json"
+    check.report_hints(str(out), {"verdicts": []}, ["stop", "logprobs"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert not out.exists()  # --json writes it at the end of check-server, not the hints
+    assert lines[0] == f"the result is kept in {out}; per violation:"
+    assert [x.strip() for x in lines[1:] if x.strip().endswith(":")] == ["stop:", "logprobs:"]
+    assert sum(f"workbook report-issue {out} --cell 'stop' --repro repro.py" in x
+               for x in lines) == 1
+    assert sum(f"workbook report-issue {out} --cell 'logprobs' -o issue.md" in x
+               for x in lines) == 1

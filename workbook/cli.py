@@ -511,27 +511,8 @@ def cmd_check_server(args) -> int:
         with open(args.json_out, "w") as f:
             json.dump(res.to_dict(), f, indent=1)
     if res.verdict == "violated":
-        _report_hints(args, res.to_dict(), [None])
+        servercheck.report_hints(args.json_out, res.to_dict(), [None])
     return {"honored": 0, "violated": 1}.get(res.verdict, 3)
-
-
-def _report_hints(args, data: dict, keys: list) -> None:
-    """Under a violation: where the result is kept (--json, else outputs/servers/) and, per
-    violated case, the commands for its plain-vLLM reproducer and upstream report."""
-    import json
-    import time
-
-    from workbook.run.verdicts import report_lines
-
-    path = args.json_out
-    if not path:
-        path = os.path.join("outputs", "servers", time.strftime("check-%Y%m%d-%H%M%S.json"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(data, f, indent=1)
-    print(f"\nthe result is kept in {path}; per violation:")
-    for k in keys:
-        print("\n".join(([f"  {k}:"] if k else []) + report_lines(path, k)))
 
 
 def _check_server_constraints(args, markers) -> int:
@@ -560,7 +541,7 @@ def _check_server_constraints(args, markers) -> int:
             json.dump(res.to_dict(), f, indent=1)
     bad = [v["case"] for v in res.verdicts if v["status"] == "violated"]
     if bad:
-        _report_hints(args, res.to_dict(), bad)
+        servercheck.report_hints(args.json_out, res.to_dict(), bad)
     return res.rc
 
 

@@ -38,7 +38,8 @@ token has no logprobs at all was changed after vLLM's sampler scored the positio
 returns top logprobs only for a token the sampler scored). It cannot see draft rows or
 rejected tokens, the gate, the fast path, the device budget or markers, the marker cache,
 which of those stages lost it, or anything about start-up; without a processed logprobs mode
-it judges the tokens only.
+it judges the tokens only. ``report_hints``: under a violation, where the result is kept and
+the commands that reproduce it on plain vLLM and write its upstream report.
 
 Not here: the HTTP transport, the served model and the markers' ids (``workbook.run.serverapi``),
 starting a server (``workbook.run.server``), hooks of any kind, streaming.
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -522,3 +524,22 @@ def render(res: Result) -> str:
         lines.append(RAW_ONLY)
     lines += ["", CAN_TELL, CANNOT_TELL]
     return "\n".join(lines)
+
+
+def report_hints(json_out: str | None, data: dict, keys: list) -> None:
+    """Under a violation (``workbook check-server``): where the result is kept (``--json``, else
+    ``outputs/servers/``) and, per violated case (``keys``; ``[None]`` for the budget's check),
+    the commands for its plain-vLLM reproducer and upstream report."""
+    import time
+
+    from workbook.run.verdicts import report_lines
+
+    path = json_out
+    if not path:
+        path = os.path.join("outputs", "servers", time.strftime("check-%Y%m%d-%H%M%S.json"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+    print(f"\nthe result is kept in {path}; per violation:")
+    for k in keys:
+        print("\n".join(([f"  {k}:"] if k else []) + report_lines(path, k)))
