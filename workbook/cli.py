@@ -564,16 +564,9 @@ COMMANDS = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify,
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:  # the parser imports what lists the choices (seconds on a cold start)
+    args = None
+    try:  # the parser too: it imports what lists the choices (seconds on a cold start)
         args = build_parser().parse_args(argv)
-    except KeyboardInterrupt:
-        from workbook.core import rundir
-
-        rundir.ignore_late_signals()
-        print("\nworkbook: interrupted (Ctrl-C) before a command started; nothing was started",
-              file=sys.stderr)
-        return 130
-    try:
         return COMMANDS[args.command](args)
     except ConfigError as e:
         print(f"workbook: configuration error: {e}", file=sys.stderr)
@@ -582,8 +575,10 @@ def main(argv: list[str] | None = None) -> int:
         from workbook.core import rundir
 
         rundir.ignore_late_signals()
+        what = (f"workbook {args.command}" if args is not None
+                else "workbook (before a command started)")
         said = getattr(args, "record", None) or "nothing was started"
-        print(f"\nworkbook {args.command}: interrupted (Ctrl-C); {said}", file=sys.stderr)
+        print(f"\n{what}: interrupted (Ctrl-C); {said}", file=sys.stderr)
         return 130
 
 

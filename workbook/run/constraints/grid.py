@@ -513,8 +513,7 @@ def command(env: str = ENV, overrides: dict | None = None, *, only=None, methods
     if os.path.exists(os.path.join(run_dir, rundir.REPORT)):
         print(f"report: {os.path.join(run_dir, rundir.REPORT)}")
     st = manifest["status"]
-    if st == "interrupted":
-        rundir.ignore_late_signals()
+    if st == "interrupted":  # late signals are ignored by now (execute's last=True)
         sig = manifest["interrupted"]["signal"]
         print(f"workbook: interrupted by {sig}; the run folder keeps what it had (manifest, "
               f"grid.json, SHA256SUMS): {run_dir}", file=sys.stderr)
